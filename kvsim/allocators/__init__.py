@@ -1,0 +1,48 @@
+"""KV-cache allocators, one module per family, and the registry that builds them.
+
+A scenario names an allocator by its YAML key and gives a byte budget; the builders
+here turn bytes into slots with the frozen KVSpec, so allocators only count slots.
+
+  paged       vLLM-style fixed blocks (options: block_size)
+  contiguous  one region per sequence (options: reserve = max | pow2 | oracle,
+              placement = first-fit | buddy)
+"""
+from __future__ import annotations
+
+from kvsim.allocators.base import Breakdown, InvariantError, KVAllocator, SeqShape
+from kvsim.allocators.contiguous import ContiguousAllocator
+from kvsim.allocators.paged import PagedAllocator
+from kvsim.specs import KVSpec
+
+
+def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int,
+           block_size: int = 16) -> PagedAllocator:
+    # Whole blocks only: the remainder of the pool is never handed out.
+    num_blocks = int(pool_bytes // (block_size * kv.bytes_per_token))
+    return PagedAllocator(num_blocks, block_size)
+
+
+def _contiguous(pool_bytes: float, kv: KVSpec, max_model_len: int,
+                reserve: str = "max", placement: str = "first-fit") -> ContiguousAllocator:
+    capacity = int(pool_bytes // kv.bytes_per_token)
+    return ContiguousAllocator(capacity, max_model_len, reserve, placement)
+
+
+ALLOCATORS = {
+    "contiguous": _contiguous,
+    "paged": _paged,
+}
+
+
+def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
+                   **options) -> KVAllocator:
+    """Build the allocator registered as `kind` over a pool of `pool_bytes` bytes."""
+    if kind not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {kind!r}; valid: {', '.join(sorted(ALLOCATORS))}")
+    return ALLOCATORS[kind](pool_bytes, kv, max_model_len, **options)
+
+
+__all__ = [
+    "ALLOCATORS", "Breakdown", "ContiguousAllocator", "InvariantError", "KVAllocator",
+    "PagedAllocator", "SeqShape", "make_allocator",
+]

@@ -1,0 +1,100 @@
+"""The interface between the scheduler and KV-cache memory.
+
+An allocator is a plain synchronous object: no SimPy, no clock. The scheduler calls it
+through `KVAllocator` only; block tables, holes and free lists stay inside.
+
+Units are token slots: the space for one token's KV. A paged pool of N blocks of B
+tokens has N*B slots; a contiguous pool has one slot per token of address space.
+Byte sizes come from the frozen KVSpec (slots * bytes_per_token).
+
+Accounting of one sequence that holds `tokens` slots of KV, has `allocated` slots
+assigned to it, and will end at `final` tokens (prompt + every output token):
+  token        = tokens                                   (KV of tokens that exist)
+  reservation  = max(0, min(allocated, final) - tokens)   (will be filled later)
+  internal     = allocated - max(tokens, min(allocated, final))   (never to be used)
+Slots a placement adds on top of what was asked (a buddy region's round-up) are
+`padding` and count as external fragmentation, as in the vLLM paper's
+"external fragmentation & others".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SeqShape:
+    """What the allocator may know of a request: its prompt and its true output length."""
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    def final_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """The pool at one instant, in slots. The six parts sum to `capacity`.
+
+    `padding` (slots a placement added to a region) and `unusable` (free space the next
+    waiting sequence cannot use) together make the external fragmentation.
+    """
+    token: int
+    reservation: int
+    internal: int
+    padding: int
+    unusable: int
+    free: int
+
+    @property
+    def external(self) -> int:
+        return self.padding + self.unusable
+
+    @property
+    def allocated(self) -> int:
+        """Slots held by sequences, used or not."""
+        return self.token + self.reservation + self.internal + self.padding
+
+    @property
+    def capacity(self) -> int:
+        return self.allocated + self.unusable + self.free
+
+
+def split_used(tokens: int, allocated: int, final: int) -> tuple[int, int, int]:
+    """(token, reservation, internal) slots of one sequence; see the module docstring."""
+    usable = min(allocated, final)
+    reservation = max(0, usable - tokens)
+    return tokens, reservation, allocated - tokens - reservation
+
+
+class KVAllocator(Protocol):
+    """What every registered allocator provides.
+
+    Every method that can fail returns False and leaves the allocator unchanged.
+    """
+    capacity: int   # slots
+
+    def unfit_reason(self, shape: SeqShape) -> str | None:
+        """Why this sequence could never run even in an empty pool, or None if it can."""
+
+    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int) -> bool:
+        """Admit a sequence holding `num_tokens` tokens of KV."""
+
+    def grow(self, seq_id: int, num_tokens: int) -> bool:
+        """Let a sequence hold `num_tokens` tokens in all (never fewer than it holds)."""
+
+    def free(self, seq_id: int) -> None:
+        """Release everything the sequence holds."""
+
+    def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
+        """The pool split into the five parts; `next_seq` (the head of the waiting
+        queue and the tokens it would be admitted with) decides which free space is
+        usable: free space it could not use is external fragmentation."""
+
+    def check_invariants(self) -> None:
+        """Raise InvariantError if the internal structures disagree."""
+
+
+class InvariantError(AssertionError):
+    """Memory accounting is broken: a block lost, double-owned, or overlapping."""

@@ -1,0 +1,134 @@
+"""Paged KV cache, as in vLLM's PagedAttention.
+
+The pool is `num_blocks` physical blocks of `block_size` token slots each. A sequence
+owns a block table: the list of physical block ids that hold its tokens, in logical
+order. It takes a new block only when its last block is full, so at most one block per
+sequence is partly empty (internal fragmentation under one block), and any free block
+serves any sequence: there are no holes, and free slots are unusable only when the
+next waiting request needs more blocks than are free.
+
+Free blocks wait in a FIFO queue. It starts as 0..N-1; allocation takes from the left.
+`free` appends a sequence's blocks to the right tail-first (reverse table order), as
+vLLM's block pool does, so the blocks at the end of a finished sequence, which hold the
+least shareable prefix, are handed out again first among them.
+
+Invariants: each block id is in exactly one place (the free queue or one block table);
+a table covers its tokens and holds no block beyond the last one it needs.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks needed to hold `tokens` slots (ceil division)."""
+    return -(-tokens // block_size)
+
+
+@dataclass
+class _Seq:
+    shape: SeqShape
+    tokens: int
+    table: list[int]
+
+
+class PagedAllocator:
+    """Fixed-size blocks handed out one at a time from a FIFO free queue."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 0 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 0 and block_size >= 1, "
+                             f"got {num_blocks} and {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.capacity = num_blocks * block_size
+        # Owned here only: every block id is either in this queue or in one table.
+        self._free: deque[int] = deque(range(num_blocks))
+        self._seqs: dict[int, _Seq] = {}
+
+    # -- views for tests and reports ------------------------------------------------
+
+    @property
+    def free_blocks(self) -> list[int]:
+        """Free block ids in queue order (the next allocation takes the first)."""
+        return list(self._free)
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self._seqs[seq_id].table)
+
+    # -- KVAllocator ----------------------------------------------------------------
+
+    def unfit_reason(self, shape: SeqShape) -> str | None:
+        # A sequence that cannot finish even alone would be preempted and re-admitted
+        # forever, so the scheduler must reject it up front.
+        if blocks_for(shape.final_tokens, self.block_size) > self.num_blocks:
+            return "final length exceeds KV pool"
+        return None
+
+    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int) -> bool:
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        need = blocks_for(num_tokens, self.block_size)
+        if need > len(self._free):
+            return False
+        table = [self._free.popleft() for _ in range(need)]
+        self._seqs[seq_id] = _Seq(shape, num_tokens, table)
+        return True
+
+    def grow(self, seq_id: int, num_tokens: int) -> bool:
+        seq = self._seqs[seq_id]
+        if num_tokens < seq.tokens:
+            raise ValueError(f"sequence {seq_id} holds {seq.tokens} tokens; "
+                             f"cannot grow to {num_tokens}")
+        extra = blocks_for(num_tokens, self.block_size) - len(seq.table)
+        if extra > len(self._free):
+            return False
+        seq.table.extend(self._free.popleft() for _ in range(extra))
+        seq.tokens = num_tokens
+        return True
+
+    def free(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id)
+        self._free.extend(reversed(seq.table))
+
+    def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
+        token = reservation = internal = 0
+        for seq in self._seqs.values():
+            t, r, i = split_used(seq.tokens, len(seq.table) * self.block_size,
+                                 seq.shape.final_tokens)
+            token, reservation, internal = token + t, reservation + r, internal + i
+        free_slots = len(self._free) * self.block_size
+        starved = (next_seq is not None
+                   and len(self._free) < blocks_for(next_seq[1], self.block_size))
+        return Breakdown(token, reservation, internal, padding=0,
+                         unusable=free_slots if starved else 0,
+                         free=0 if starved else free_slots)
+
+    def check_invariants(self) -> None:
+        owner: dict[int, str] = {}
+
+        def claim(block: int, where: str) -> None:
+            if not 0 <= block < self.num_blocks:
+                raise InvariantError(f"block {block} in {where} is out of range")
+            if block in owner:
+                raise InvariantError(f"block {block} is in both {owner[block]} and {where}")
+            owner[block] = where
+
+        for block in self._free:
+            claim(block, "the free queue")
+        for seq_id, seq in self._seqs.items():
+            for block in seq.table:
+                claim(block, f"seq {seq_id}'s table")
+            held = len(seq.table) * self.block_size
+            if held < seq.tokens:
+                raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in "
+                                     f"{held} slots (blocks {seq.table})")
+            if len(seq.table) > blocks_for(seq.tokens, self.block_size):
+                raise InvariantError(f"seq {seq_id} keeps block {seq.table[-1]} "
+                                     f"beyond its {seq.tokens} tokens")
+        if len(owner) != self.num_blocks:
+            lost = sorted(set(range(self.num_blocks)) - owner.keys())
+            raise InvariantError(f"blocks {lost} are neither free nor in a table")

@@ -1,0 +1,92 @@
+"""The discrete-event model: SimPy drives arrivals and the engine's step loop.
+
+Two processes share one environment per policy:
+- `arrivals` hands each request to the scheduler at its arrival time;
+- `engine` repeatedly plans a step, records the memory it holds, waits the step's
+  cost-model time, and applies the step. With nothing to do it sleeps until the next
+  arrival.
+Order of simultaneous events: requests arriving at the instant a step ends are queued
+before the next step is planned (the engine yields one zero-delay timeout after each
+step, which SimPy runs after every event already scheduled for that instant).
+
+`simulate` runs one policy and returns plain records; kvsim.metrics turns them into
+tables. Nothing here writes files or reads a clock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import simpy
+
+from .allocators import KVAllocator, SeqShape
+from .costmodel import CostModel
+from .scheduler import Scheduler, Seq
+from .workload import RequestSpec
+
+# One row per step: the memory breakdown (slots) while the step runs.
+STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens",
+               "token", "reservation", "internal", "external", "free", "allocated")
+
+
+@dataclass
+class PolicyRun:
+    name: str
+    capacity_slots: int
+    seqs: list[Seq]
+    steps: list[tuple] = field(default_factory=list)
+    preemptions: int = 0
+
+
+def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cost: CostModel, *,
+             max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
+             chunked_prefill: bool, on_step: Callable[[int], None] | None = None) -> PolicyRun:
+    """Replay `requests` against one allocator; `on_step(finished_so_far)` reports progress."""
+    env = simpy.Environment()
+    sched = Scheduler(allocator, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill)
+    seqs = [Seq(r, SeqShape(r.prompt_tokens, r.output_tokens)) for r in requests]
+    run = PolicyRun(name, allocator.capacity, seqs)
+    state = {"ended": 0, "wake": env.event()}
+
+    def arrivals():
+        for seq in seqs:
+            delay = seq.spec.arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            sched.arrive(seq, env.now)
+            if seq.outcome:          # rejected on arrival
+                state["ended"] += 1
+            if not state["wake"].triggered:
+                state["wake"].succeed()
+
+    def engine():
+        while state["ended"] < len(seqs):
+            if not sched.running and not sched.waiting:
+                state["wake"] = env.event()
+                yield state["wake"]
+                continue
+            step = sched.schedule(env.now)
+            if not step.work:
+                raise RuntimeError(f"{name}: no progress possible at t={env.now:.6f}s with "
+                                   f"{len(sched.waiting)} waiting; this is a kvsim bug")
+            dt = cost.step_time(step.cost)
+            _record(run, sched, step, env.now, dt)
+            yield env.timeout(dt)
+            state["ended"] += len(sched.complete(step, env.now))
+            if on_step:
+                on_step(state["ended"])
+            yield env.timeout(0)     # let arrivals at this instant join first
+
+    env.process(arrivals())
+    env.run(until=env.process(engine()))
+    run.preemptions = sched.preemptions
+    return run
+
+
+def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:
+    b = sched.allocator.breakdown(sched.next_waiting())
+    prefill = sum(n for s, n in step.work if s.prefilling)
+    run.steps.append((now, dt, len(sched.running), len(sched.waiting), prefill,
+                      len(step.work) - sum(1 for s, _ in step.work if s.prefilling),
+                      b.token, b.reservation, b.internal, b.external, b.free, b.allocated))

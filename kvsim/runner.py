@@ -1,0 +1,78 @@
+"""One scenario, every policy, one request stream: `run_scenario` returns the tables.
+
+Building and running never write files; kvsim.cli writes what this returns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from .allocators import make_allocator
+from .costmodel import COST_MODELS
+from .engine import simulate
+from .errors import InputError
+from .memory import PoolSizing, activation_estimate, size_pool
+from .metrics import request_table, step_table, summarize, tidy
+from .scenario import Scenario
+from .specs import GIB, KVSpec, resolve_kv_dtype
+from .workload import generate_requests
+
+
+@dataclass
+class Results:
+    summary: pd.DataFrame
+    timeseries: pd.DataFrame
+    requests: pd.DataFrame
+    pool: PoolSizing
+
+
+def plan_pool(scn: Scenario, base_dir: Path, src: str) -> PoolSizing:
+    model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
+    tp = scn.tensor_parallel_size
+    act = (scn.activation_memory_gib * GIB if scn.activation_memory_gib is not None else
+           activation_estimate(model, scn.batched_token_budget, scn.scheduler.max_num_seqs, tp))
+    pool = size_pool(model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
+                     kv_cache_memory_gib=scn.kv_cache_memory_gib, activation_bytes=act)
+    if pool.pool_bytes <= 0:
+        raise InputError(src, "gpu_memory_utilization",
+                         f"no memory left for the KV cache: {scn.gpu_memory_utilization} x "
+                         f"{gpu.memory_gib} GiB holds {pool.weight_bytes / GIB:.1f} GiB of weights and "
+                         f"{pool.activation_bytes / GIB:.1f} GiB of activations per GPU; raise "
+                         "tensor_parallel_size or gpu_memory_utilization, or use a larger GPU")
+    return pool
+
+
+def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario",
+                 on_progress: Callable[[str, int, int], None] | None = None) -> Results:
+    """Run every policy of `scn`; on_progress(policy, finished, total) reports progress."""
+    model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
+    pool = plan_pool(scn, base_dir, src)
+    requests = generate_requests(scn, base_dir, src)
+    summaries, series, tables = [], [], []
+    for policy in scn.policies:
+        kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model))
+        allocator = make_allocator(policy.allocator, pool.pool_bytes, kv, scn.max_model_len,
+                                   **policy.options())
+        if allocator.capacity <= 0:
+            raise InputError(src, f"policies.{policy.name}",
+                             f"the KV pool ({pool.pool_bytes / GIB:.3f} GiB) holds not even one block")
+        cost = COST_MODELS[scn.cost_model](model, gpu, kv, scn.tensor_parallel_size)
+        progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
+        run = simulate(policy.name, requests, allocator, cost, max_model_len=scn.max_model_len,
+                       max_num_seqs=scn.scheduler.max_num_seqs,
+                       max_num_batched_tokens=scn.batched_token_budget,
+                       chunked_prefill=scn.scheduler.enable_chunked_prefill, on_step=progress)
+        table = request_table(run)
+        summaries.append({
+            "policy": policy.name, "allocator": policy.allocator,
+            "kv_cache_dtype": kv.kv_cache_dtype,
+            "kv_pool_gib": tidy(pool.pool_bytes / GIB), "kv_capacity_tokens": allocator.capacity,
+            **summarize(run, table), "cost_model": cost.label,
+        })
+        series.append(step_table(run))
+        tables.append(table)
+    return Results(pd.DataFrame(summaries), pd.concat(series, ignore_index=True),
+                   pd.concat(tables, ignore_index=True), pool)

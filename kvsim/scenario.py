@@ -1,0 +1,339 @@
+"""Scenario files: YAML, validated once at load into frozen objects.
+
+Everything deeper in kvsim receives these objects and trusts them. Every problem with
+the file becomes one InputError naming the file, the field and what is allowed; an
+unknown key names the closest valid key.
+"""
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+
+from .errors import InputError
+from .specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
+
+KVDtype = Literal["auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"]
+assert set(typing.get_args(KVDtype)) - {"auto"} == set(DTYPE_BITS)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- workload --------------------------------------------------------------------
+class Poisson(Strict):
+    process: Literal["poisson"]
+    rate_per_s: float = Field(gt=0)
+
+
+class Gamma(Strict):
+    """Gamma-distributed gaps: cv > 1 is burstier than Poisson, cv < 1 more regular."""
+    process: Literal["gamma"]
+    rate_per_s: float = Field(gt=0)
+    cv: float = Field(gt=0)
+
+
+class Burst(Strict):
+    """Every request arrives at t = 0: memory capacity alone sets the batch."""
+    process: Literal["burst"]
+
+
+Arrival = Annotated[Union[Poisson, Gamma, Burst], Field(discriminator="process")]
+
+
+class Bounded(Strict):
+    min: int = Field(1, ge=1)
+    max: int = Field(1 << 20, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class Fixed(Strict):
+    dist: Literal["fixed"]
+    value: int = Field(ge=1)
+
+
+class Uniform(Bounded):
+    dist: Literal["uniform"]
+
+
+class Lognormal(Bounded):
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    cv: float = Field(gt=0)
+
+
+class Empirical(Bounded):
+    """Draws with replacement from one column of a CSV (path relative to the scenario)."""
+    dist: Literal["empirical"]
+    file: str
+    column: str
+
+
+LengthDist = Annotated[Union[Fixed, Uniform, Lognormal, Empirical], Field(discriminator="dist")]
+
+
+class Workload(Strict):
+    num_requests: int | None = Field(None, ge=1)
+    arrival: Arrival | None = None
+    prompt_tokens: LengthDist | None = None
+    output_tokens: LengthDist | None = None
+    dataset: str | None = None     # joint lengths from a preset (kvsim.datasets)
+    trace: str | None = None       # CSV of arrival time and lengths, replayed as is
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        sources = [self.trace is not None, self.dataset is not None,
+                   self.prompt_tokens is not None or self.output_tokens is not None]
+        if sum(sources) != 1:
+            raise ValueError("give exactly one length source: prompt_tokens and "
+                             "output_tokens, or dataset, or trace")
+        if sources[2] and (self.prompt_tokens is None or self.output_tokens is None):
+            raise ValueError("prompt_tokens and output_tokens go together")
+        if self.trace is not None and self.arrival is not None:
+            raise ValueError("a trace brings its own arrival times: drop arrival")
+        if self.trace is None and (self.arrival is None or self.num_requests is None):
+            raise ValueError("arrival and num_requests are required without a trace")
+        return self
+
+
+# --- engine ----------------------------------------------------------------------
+class Scheduler(Strict):
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)   # default max(max_model_len, 2048)
+    enable_chunked_prefill: bool = False
+    preemption_mode: Literal["recompute"] = "recompute"
+
+
+class Contiguous(Strict):
+    name: str
+    allocator: Literal["contiguous"]
+    reserve: Literal["max", "pow2", "oracle"] = "max"
+    placement: Literal["first-fit", "buddy"] = "first-fit"
+    kv_cache_dtype: KVDtype = "auto"
+
+    def options(self) -> dict:
+        return {"reserve": self.reserve, "placement": self.placement}
+
+
+class Paged(Strict):
+    name: str
+    allocator: Literal["paged"]
+    block_size: int = Field(16, ge=1, le=4096)
+    kv_cache_dtype: KVDtype = "auto"
+
+    def options(self) -> dict:
+        return {"block_size": self.block_size}
+
+
+Policy = Annotated[Union[Contiguous, Paged], Field(discriminator="allocator")]
+
+
+class InlineModel(Strict):
+    name: str = "custom"
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    vocab_size: int = Field(32000, ge=1)
+    params: float = Field(gt=0)
+    active_params: float | None = Field(None, gt=0)
+    dtype: Literal["fp32", "fp16", "bf16"] = "bf16"
+    kv_lora_rank: int = Field(0, ge=0)
+    qk_rope_head_dim: int = Field(0, ge=0)
+    sliding_window: int | None = Field(None, ge=1)
+
+
+class HFModel(Strict):
+    hf_config: str
+
+
+class InlineGPU(Strict):
+    name: str = "custom"
+    memory_gib: float = Field(gt=0)
+    hbm_tb_s: float = Field(gt=0)
+    bf16_tflops: float = Field(gt=0)
+    fp8_tflops: float | None = Field(None, gt=0)
+    pcie_gb_s: float = Field(64.0, gt=0)
+
+
+def _spec_kind(value) -> str:
+    """A model or GPU is a preset name, a Hugging Face config, or given inline."""
+    if isinstance(value, str):
+        return "preset"
+    return "hf" if isinstance(value, dict) and "hf_config" in value else "inline"
+
+
+_SPEC_TAGS = {"preset": str, "inline": None, "hf": HFModel}
+
+
+class Scenario(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = Field(0, ge=0)
+    model: Annotated[Union[Annotated[str, Tag("preset")], Annotated[InlineModel, Tag("inline")],
+                           Annotated[HFModel, Tag("hf")]], Discriminator(_spec_kind)]
+    gpu: Annotated[Union[Annotated[str, Tag("preset")], Annotated[InlineGPU, Tag("inline")]],
+                   Discriminator(_spec_kind)]
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    kv_cache_memory_gib: float | None = Field(None, gt=0)
+    activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
+    max_model_len: int = Field(ge=1)
+    cost_model: Literal["roofline"] = "roofline"
+    workload: Workload
+    scheduler: Scheduler = Scheduler()
+    policies: list[Policy] = Field(min_length=1)
+
+    # Resolved views: the rest of kvsim uses these, not the raw fields.
+    @property
+    def batched_token_budget(self) -> int:
+        return self.scheduler.max_num_batched_tokens or max(self.max_model_len, 2048)
+
+    def model_spec(self, base_dir: Path = Path(".")) -> ModelSpec:
+        if isinstance(self.model, str):
+            return MODEL_PRESETS[self.model]
+        if isinstance(self.model, HFModel):
+            return model_from_hf_config(base_dir / self.model.hf_config)
+        return ModelSpec(**self.model.model_dump())
+
+    def gpu_spec(self) -> GPUSpec:
+        return GPU_PRESETS[self.gpu] if isinstance(self.gpu, str) else GPUSpec(**self.gpu.model_dump())
+
+
+# --- loading ---------------------------------------------------------------------
+def load_scenario(path: str | Path) -> tuple[Scenario, Path]:
+    """Read and validate a scenario; returns it and the folder relative paths start from."""
+    path = Path(path)
+    src = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(src, "file", "not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(src, "file", f"cannot be read as UTF-8 text ({type(e).__name__})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "YAML"
+        raise InputError(src, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    if not isinstance(raw, dict):
+        raise InputError(src, "top level", "must be a mapping of scenario keys (name, model, ...)")
+    return validate_scenario(raw, src), path.parent
+
+
+def validate_scenario(raw: dict, src: str) -> Scenario:
+    try:
+        scn = Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise _input_error(e, src) from None
+    base = Path(src).parent
+    names = [p.name for p in scn.policies]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(src, "policies", f"policy names must be unique; repeated: {', '.join(dup)}")
+    budget = scn.scheduler.max_num_batched_tokens
+    if budget is not None and budget < scn.max_model_len and not scn.scheduler.enable_chunked_prefill:
+        raise InputError(src, "scheduler.max_num_batched_tokens",
+                         f"{budget} is smaller than max_model_len ({scn.max_model_len}), so a long "
+                         "prompt could never be prefilled; raise it or set enable_chunked_prefill: true")
+    if isinstance(scn.model, str) and scn.model not in MODEL_PRESETS:
+        raise InputError(src, "model", _unknown(scn.model, MODEL_PRESETS, "preset"))
+    if isinstance(scn.gpu, str) and scn.gpu not in GPU_PRESETS:
+        raise InputError(src, "gpu", _unknown(scn.gpu, GPU_PRESETS, "preset"))
+    if isinstance(scn.model, HFModel):
+        try:
+            scn.model_spec(base)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise InputError(src, "model.hf_config", f"not a usable config.json: {e!r}") from None
+    wl = scn.workload
+    if wl.trace is not None and not (base / wl.trace).is_file():
+        raise InputError(src, "workload.trace", f"file {base / wl.trace} not found")
+    for key in ("prompt_tokens", "output_tokens"):
+        dist = getattr(wl, key)
+        if isinstance(dist, Empirical) and not (base / dist.file).is_file():
+            raise InputError(src, f"workload.{key}.file", f"file {base / dist.file} not found")
+    if wl.dataset is not None:
+        from .datasets import DATASETS
+        if wl.dataset not in DATASETS:
+            raise InputError(src, "workload.dataset", _unknown(wl.dataset, DATASETS, "dataset"))
+    return scn
+
+
+def _unknown(value: str, valid, what: str) -> str:
+    close = difflib.get_close_matches(value, list(valid), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown {what} '{value}'{hint}; choose from: {', '.join(sorted(valid))}"
+
+
+def _input_error(exc: ValidationError, src: str) -> InputError:
+    """The first validation problem as one line; unknown keys get the closest valid key."""
+    err = exc.errors()[0]
+    loc = err["loc"]
+    field = _dotted(loc) or "top level"
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(loc[:-1])
+        return InputError(src, field, _unknown(str(loc[-1]), allowed, "key"))
+    msg = err["msg"].removeprefix("Value error, ")
+    return InputError(src, field, msg)
+
+
+def _dotted(loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _TAGS or part in _SPEC_TAGS:
+            continue   # pydantic's union branch names, not the user's keys
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _fields_at(loc) -> list[str]:
+    """The keys allowed at a pydantic error location (walking unions by their tag)."""
+    candidates: list[type[BaseModel]] = [Scenario]
+    prev = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if part in _TAGS:
+            candidates = [_TAGS[part]]
+            continue
+        if part in _SPEC_TAGS:
+            field = {"hf": "HFModel", "inline": "Inline" + ("Model" if prev == "model" else "GPU")}
+            candidates = [globals()[field[part]]]
+            continue
+        prev = part
+        model = candidates[0]
+        candidates = _models_in(model.model_fields[part].annotation)
+    return sorted({f for m in candidates for f in m.model_fields})
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (Annotated,):
+        return _models_in(args[0])
+    return [m for a in args for m in _models_in(a)] if args else []
+
+
+def _tag_of(model: type[BaseModel]) -> str | None:
+    for key in ("process", "dist", "allocator"):
+        if key in model.model_fields:
+            return typing.get_args(model.model_fields[key].annotation)[0]
+    return None
+
+
+_TAGS = {_tag_of(m): m for m in (Poisson, Gamma, Burst, Fixed, Uniform, Lognormal, Empirical,
+                                  Contiguous, Paged)}

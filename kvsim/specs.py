@@ -1,0 +1,165 @@
+"""Model, GPU and KV-cache layout specs, and their presets.
+
+A transformer caches, per layer and per token, one key and one value vector for each
+KV head (MHA: every query head; GQA: a few shared heads; MQA: one). MLA models
+(DeepSeek-V2/V3) instead cache one latent vector of kv_lora_rank + qk_rope_head_dim
+elements per layer and token, with no separate K and V. So
+
+    bytes per token = 2 * layers * kv_heads * head_dim * dtype bytes      (MHA/GQA/MQA)
+    bytes per token = layers * (kv_lora_rank + qk_rope_head_dim) * dtype bytes   (MLA)
+
+Model shapes and GPU peaks are the published figures collected in
+shared/guide/FACTS.md (model cards and vendor datasheets).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+# Bits per cached element. fp8 means e4m3 or e5m2: both are one byte.
+DTYPE_BITS = {
+    "fp32": 32, "fp16": 16, "bf16": 16,
+    "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4,
+}
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    params: float                 # total parameters (weights held in memory)
+    active_params: float | None = None   # per-token parameters for MoE models
+    dtype: str = "bf16"           # weight and default KV dtype
+    kv_lora_rank: int = 0         # MLA only: latent KV width
+    qk_rope_head_dim: int = 0     # MLA only: decoupled RoPE key width
+    sliding_window: int | None = None
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def attention_kind(self) -> str:
+        if self.is_mla:
+            return "MLA"
+        if self.num_kv_heads == self.num_heads:
+            return "MHA"
+        return "MQA" if self.num_kv_heads == 1 else "GQA"
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """Cached elements per token over all layers (K and V both, or the MLA latent)."""
+        if self.is_mla:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    @property
+    def flop_params(self) -> float:
+        return self.active_params or self.params
+
+    def weight_bytes(self) -> float:
+        return self.params * DTYPE_BITS[self.dtype] / 8
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_gib: float
+    hbm_tb_s: float       # HBM bandwidth, TB/s (1e12 bytes per second)
+    bf16_tflops: float    # dense peak
+    fp8_tflops: float | None = None
+    pcie_gb_s: float = 64.0   # host link, GB/s (PCIe 5.0 x16 per direction; 4.0 is 32)
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """One frozen layout from which every allocator derives its sizes."""
+    model: ModelSpec
+    kv_cache_dtype: str
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.model.kv_elements_per_token * DTYPE_BITS[self.kv_cache_dtype] / 8
+
+    def bytes_for(self, tokens: int) -> float:
+        return tokens * self.bytes_per_token
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, model: ModelSpec) -> str:
+    """vLLM's "auto" means the model's own dtype."""
+    return model.dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+
+
+def _model(name, layers, heads, kv_heads, head_dim, hidden, ffn, vocab, params, **kw):
+    return ModelSpec(name, layers, heads, kv_heads, head_dim, hidden, ffn, vocab, params, **kw)
+
+
+# Shapes from FACTS.md ("Model shapes"): the models' Hugging Face config.json files.
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "llama-3-8b": _model("llama-3-8b", 32, 32, 8, 128, 4096, 14336, 128256, 8.03e9),
+    "llama-3-70b": _model("llama-3-70b", 80, 64, 8, 128, 8192, 28672, 128256, 70.6e9),
+    "llama-2-7b": _model("llama-2-7b", 32, 32, 32, 128, 4096, 11008, 32000, 6.74e9),
+    "llama-2-13b": _model("llama-2-13b", 40, 40, 40, 128, 5120, 13824, 32000, 13.0e9),
+    "llama-2-70b": _model("llama-2-70b", 80, 64, 8, 128, 8192, 28672, 32000, 69.0e9),
+    "mistral-7b": _model("mistral-7b", 32, 32, 8, 128, 4096, 14336, 32000, 7.24e9,
+                         sliding_window=4096),
+    "qwen2-7b": _model("qwen2-7b", 28, 28, 4, 128, 3584, 18944, 152064, 7.07e9),
+    "opt-13b": _model("opt-13b", 40, 40, 40, 128, 5120, 20480, 50272, 12.9e9, dtype="fp16"),
+    # MLA: the per-head fields describe queries; the cache holds the 512 + 64 latent.
+    "deepseek-v2": _model("deepseek-v2", 60, 128, 128, 128, 5120, 1536, 102400, 236e9,
+                          active_params=21e9, kv_lora_rank=512, qk_rope_head_dim=64),
+    "deepseek-v3": _model("deepseek-v3", 61, 128, 128, 128, 7168, 2048, 129280, 671e9,
+                          active_params=37e9, kv_lora_rank=512, qk_rope_head_dim=64),
+}
+
+# Dense peaks from FACTS.md ("GPUs"): NVIDIA A100 and H100/H200 datasheets (SXM parts).
+# Memory is what the CUDA driver reports, in GiB: the A100s' "40/80 GB" are 40/80 GiB;
+# an H100 80GB reports 81,559 MiB; an H200's "141 GB" shows as about 139 GiB usable
+# (the H200 machine lent to this project, see the device tool's notes).
+GPU_PRESETS: dict[str, GPUSpec] = {
+    "a100-40gb": GPUSpec("a100-40gb", 40, 1.555, 312, None, pcie_gb_s=32),
+    "a100-80gb": GPUSpec("a100-80gb", 80, 2.039, 312, None, pcie_gb_s=32),
+    "h100-80gb": GPUSpec("h100-80gb", 79.6, 3.35, 989, 1979),
+    "h200": GPUSpec("h200", 139, 4.8, 989, 1979),
+}
+
+
+def model_from_hf_config(path: str | Path) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config.json (missing fields take HF's defaults).
+
+    Raises KeyError naming the missing field, or ValueError for unreadable JSON.
+    """
+    cfg = json.loads(Path(path).read_text())
+    heads = cfg["num_attention_heads"]
+    hidden = cfg["hidden_size"]
+    layers = cfg["num_hidden_layers"]
+    head_dim = cfg.get("head_dim") or hidden // heads
+    ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden
+    vocab = cfg.get("vocab_size", 32000)
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(
+        cfg.get("torch_dtype", "bfloat16"), "bf16")
+    # Dense estimate: attention projections + gated (3 matrices) or plain (2) MLP + embeddings.
+    mlp_mats = 3 if cfg.get("hidden_act", "silu") in ("silu", "swiglu") else 2
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    params = layers * (attn + mlp_mats * hidden * ffn) + 2 * vocab * hidden
+    return ModelSpec(
+        name=cfg.get("_name_or_path") or Path(path).parent.name or "hf-model",
+        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        hidden_size=hidden, intermediate_size=ffn, vocab_size=vocab, params=float(params),
+        dtype=dtype, kv_lora_rank=cfg.get("kv_lora_rank") or 0,
+        qk_rope_head_dim=cfg.get("qk_rope_head_dim") or 0,
+        sliding_window=cfg.get("sliding_window"),
+    )
+
+
+def with_kv_heads(model: ModelSpec, num_kv_heads: int | None) -> ModelSpec:
+    return model if num_kv_heads is None else replace(model, num_kv_heads=num_kv_heads)

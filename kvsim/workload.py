@@ -1,0 +1,129 @@
+"""The request stream: arrival times and prompt/output lengths, drawn once per run.
+
+Every policy replays the same stream. Randomness comes from one SeedSequence built from
+the scenario's seed, split into independent streams for arrivals and for lengths, so
+changing the arrival rate does not change the lengths drawn (and vice versa).
+
+Lengths outside a distribution's [min, max] are redrawn, and so is any request whose
+prompt + output exceeds max_model_len. A trace is replayed as it is: its requests that
+exceed max_model_len are later rejected with that reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError
+from .scenario import Burst, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
+
+MAX_REDRAW_ROUNDS = 200
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> list[RequestSpec]:
+    wl = scn.workload
+    arrival_ss, length_ss = np.random.SeedSequence(scn.seed).spawn(2)
+    if wl.trace is not None:
+        from .datasets import read_trace
+        df = read_trace(base_dir / wl.trace)
+        if wl.num_requests is not None:
+            df = df.iloc[: wl.num_requests]
+        arrivals, prompt, output = (df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens"))
+    else:
+        n = wl.num_requests
+        arrivals = draw_arrivals(wl.arrival, n, np.random.default_rng(arrival_ss))
+        prompt, output = _draw_lengths(scn, n, np.random.default_rng(length_ss), base_dir, src)
+    return [RequestSpec(i, float(a), int(p), int(o))
+            for i, (a, p, o) in enumerate(zip(arrivals, prompt, output))]
+
+
+def draw_arrivals(arrival: Poisson | Gamma | Burst, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times in seconds; the first request comes one gap after t = 0."""
+    if isinstance(arrival, Burst):
+        return np.zeros(n)
+    if isinstance(arrival, Poisson):
+        gaps = rng.exponential(1.0 / arrival.rate_per_s, n)
+    else:   # gamma with mean 1/rate and the given coefficient of variation
+        shape = 1.0 / arrival.cv ** 2
+        gaps = rng.gamma(shape, 1.0 / (arrival.rate_per_s * shape), n)
+    return np.cumsum(gaps)
+
+
+def _draw_lengths(scn: Scenario, n: int, rng: np.random.Generator, base_dir: Path, src: str):
+    wl = scn.workload
+    if wl.dataset is not None:
+        from .datasets import sample_lengths
+        draw = lambda k: sample_lengths(wl.dataset, k, rng)   # noqa: E731
+    else:
+        prompt = _sampler(wl.prompt_tokens, base_dir, src, "workload.prompt_tokens")
+        output = _sampler(wl.output_tokens, base_dir, src, "workload.output_tokens")
+        draw = lambda k: (prompt(k, rng), output(k, rng))     # noqa: E731
+    prompts, outputs, have = [], [], 0
+    for _ in range(MAX_REDRAW_ROUNDS):
+        p, o = draw(max(n - have, 16))
+        keep = (p + o) <= scn.max_model_len
+        p, o = p[keep][: n - have], o[keep][: n - have]
+        prompts.append(p)
+        outputs.append(o)
+        have += len(p)
+        if have == n:
+            return np.concatenate(prompts), np.concatenate(outputs)
+    raise InputError(src, "workload", f"too few drawn requests fit max_model_len ({scn.max_model_len}) "
+                     "after prompt + output; widen max_model_len or shorten the lengths")
+
+
+def _sampler(dist, base_dir: Path, src: str, field: str):
+    """A function (k, rng) -> k integer lengths inside the distribution's bounds."""
+    if isinstance(dist, Fixed):
+        return lambda k, rng: np.full(k, dist.value, dtype=np.int64)
+    if isinstance(dist, Uniform):
+        return lambda k, rng: rng.integers(dist.min, dist.max + 1, k)
+    if isinstance(dist, Lognormal):
+        sigma2 = np.log1p(dist.cv ** 2)          # moments of the underlying normal
+        mu = np.log(dist.mean) - sigma2 / 2
+        raw = lambda k, rng: np.rint(rng.lognormal(mu, np.sqrt(sigma2), k)).astype(np.int64)  # noqa: E731
+    else:
+        values = _read_column(dist, base_dir, src, field)
+        raw = lambda k, rng: rng.choice(values, k)    # noqa: E731
+    return lambda k, rng: _bounded(raw, k, rng, dist.min, dist.max, src, field)
+
+
+def _bounded(raw, k, rng, lo, hi, src, field) -> np.ndarray:
+    out, have = [], 0
+    for _ in range(MAX_REDRAW_ROUNDS):
+        x = raw(max(k - have, 16), rng)
+        x = x[(x >= lo) & (x <= hi)][: k - have]
+        out.append(x)
+        have += len(x)
+        if have == k:
+            return np.concatenate(out)
+    raise InputError(src, field, f"almost no draws fall inside [min {lo}, max {hi}]; widen the bounds")
+
+
+def _read_column(dist: Empirical, base_dir: Path, src: str, field: str) -> np.ndarray:
+    path = base_dir / dist.file
+    try:
+        df = pd.read_csv(path)
+    except Exception as e:   # pandas raises many types for bad files; all are bad input here
+        raise InputError(str(path), "file", f"not a readable CSV ({type(e).__name__})") from None
+    if dist.column not in df.columns:
+        raise InputError(str(path), f"column '{dist.column}'",
+                         f"not found; columns are: {', '.join(map(str, df.columns))}")
+    col = pd.to_numeric(df[dist.column], errors="coerce")
+    bad = col.isna() | (col < 1) | (col != np.floor(col))
+    if bad.any():
+        line = int(np.flatnonzero(bad.to_numpy())[0]) + 2   # header is line 1
+        raise InputError(str(path), f"line {line}", f"column '{dist.column}' must hold whole numbers >= 1")
+    if col.empty:
+        raise InputError(str(path), f"column '{dist.column}'", "has no rows")
+    return col.to_numpy(dtype=np.int64)

@@ -1,0 +1,132 @@
+"""Plots: the four PNGs are written, valid and closed; downsampling keeps time means."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib import pyplot
+
+from kvsim.plots import FILES, downsample, latency_samples, policy_colours, write_plots
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def make_summary(policies, basis="waiting"):
+    rows = []
+    for i, name in enumerate(policies):
+        token = 0.3 + 0.2 * i
+        rows.append(dict(
+            policy=name, kv_utilization=token, token_fraction=token,
+            reservation_fraction=0.1, internal_fraction=0.15, external_fraction=0.05,
+            free_fraction=1 - token - 0.3, fraction_basis=basis, allocation_waste=0.3,
+            mean_batch_size=8.0 + i, achievable_batch_size=12.0 + 2 * i, max_batch_size=256,
+            throughput_tok_s=900.0 * (i + 1), request_throughput=3.0,
+            ttft_p50_s=0.2, ttft_p99_s=1.5, tpot_p50_s=0.03, e2e_p50_s=4.0,
+            preemptions=i, requests_completed=40, requests_rejected=0, cost_model="roofline"))
+    return pd.DataFrame(rows)
+
+
+def make_timeseries(policies, steps=300):
+    frames = []
+    for i, name in enumerate(policies):
+        step = np.arange(steps)
+        step_s = np.full(steps, 0.02 + 0.01 * i)
+        token = 0.3 + 0.2 * np.sin(step / 20) ** 2
+        frames.append(pd.DataFrame(dict(
+            policy=name, step=step, time_s=np.r_[0, np.cumsum(step_s)[:-1]], step_s=step_s,
+            running=(step % 17) + 1, waiting=step % 5, token=token, reservation=0.1,
+            internal=0.1, external=0.05, free=0.75 - token)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def make_requests(policies, n=40, rejected=()):
+    rng = np.random.default_rng(0)
+    frames = []
+    for name in policies:
+        arrival = np.sort(rng.uniform(0, 5, n))
+        first = arrival + rng.exponential(0.3, n)
+        out = rng.integers(1, 200, n)
+        finish = first + 0.03 * out
+        frame = pd.DataFrame(dict(
+            policy=name, request_id=np.arange(n), arrival_s=arrival, admitted_s=arrival,
+            first_token_s=first, finish_s=finish, prompt_tokens=rng.integers(10, 500, n),
+            output_tokens=out, preemptions=0, outcome="completed", reason=""))
+        if name in rejected:
+            frame = frame.assign(admitted_s=np.nan, first_token_s=np.nan, finish_s=np.nan,
+                                 outcome="rejected", reason="prompt exceeds KV pool")
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def assert_pngs(paths, out_dir):
+    assert paths == [out_dir / name for name in FILES]
+    for path in paths:
+        data = path.read_bytes()
+        assert data[:8] == PNG_SIGNATURE
+        assert len(data) > 5_000
+    assert pyplot.get_fignums() == []
+
+
+def test_writes_four_pngs_with_a_policy_that_completed_nothing(tmp_path):
+    policies = ["contiguous-max", "paged-16", "paged-fp8"]
+    paths = write_plots(make_summary(policies), make_timeseries(policies),
+                        make_requests(policies, rejected={"contiguous-max"}), tmp_path)
+    assert_pngs(paths, tmp_path)
+
+
+@pytest.mark.parametrize("case", ["single policy", "no steps for one", "no steps at all",
+                                  "no requests", "mixed basis"])
+def test_edge_cases_still_draw(tmp_path, case):
+    policies = ["paged-16"] if case == "single policy" else ["contiguous-max", "paged-16"]
+    summary, timeseries, requests = (make_summary(policies), make_timeseries(policies),
+                                     make_requests(policies))
+    if case == "no steps for one":
+        timeseries = timeseries[timeseries["policy"] == "paged-16"]
+    if case == "no steps at all":
+        timeseries = timeseries.iloc[:0]
+    if case == "no requests":
+        requests = requests.iloc[:0]
+    if case == "mixed basis":
+        summary.loc[1, "fraction_basis"] = "busy"
+    assert_pngs(write_plots(summary, timeseries, requests, tmp_path), tmp_path)
+
+
+def test_downsample_buckets_by_time_and_weights_by_duration():
+    series = pd.DataFrame(dict(time_s=[4.0, 0.0, 3.0, 1.0], step_s=[1.0, 1.0, 1.0, 2.0],
+                               token=[20.0, 10.0, 0.0, 40.0]))
+    # span 0..5 s, two 2.5 s buckets: steps at 0 and 1 s, then at 3 and 4 s
+    out = downsample(series, ["token"], max_points=2)
+    assert out["time_s"].tolist() == [0.0, 3.0]
+    assert out["step_s"].tolist() == [3.0, 2.0]
+    assert out["token"].tolist() == [30.0, 10.0]
+
+
+def test_downsample_keeps_the_time_weighted_mean_of_a_long_series():
+    rng = np.random.default_rng(1)
+    step_s = rng.uniform(0.001, 0.1, 100_000)
+    series = pd.DataFrame(dict(time_s=np.r_[0, np.cumsum(step_s)[:-1]], step_s=step_s,
+                               token=rng.uniform(0, 1, step_s.size)))
+    out = downsample(series, ["token"])
+    assert len(out) <= 2000
+    assert out["step_s"].sum() == pytest.approx(step_s.sum())
+    expected = np.average(series["token"], weights=series["step_s"])
+    assert np.average(out["token"], weights=out["step_s"]) == pytest.approx(expected, rel=1e-12)
+    assert out.equals(downsample(series.iloc[::-1], ["token"]))
+
+
+def test_latency_samples_define_tpot_only_beyond_the_first_token():
+    requests = pd.DataFrame(dict(
+        policy=["a", "a", "a"], arrival_s=[0.0, 1.0, 2.0], first_token_s=[0.5, 1.25, np.nan],
+        finish_s=[2.5, 1.25, np.nan], output_tokens=[5, 1, 0],
+        outcome=["completed", "completed", "rejected"]))
+    got = latency_samples(requests)
+    assert got["ttft_s"].tolist() == [0.5, 0.25]
+    assert got["tpot_s"].iloc[0] == 0.5 and np.isnan(got["tpot_s"].iloc[1])
+    assert got["e2e_s"].tolist() == [2.5, 0.25]
+
+
+def test_policy_colours_follow_summary_order_then_first_appearance():
+    colours = policy_colours(pd.DataFrame({"policy": ["b", "a"]}),
+                             pd.DataFrame({"policy": ["a", "c"]}))
+    assert list(colours) == ["b", "a", "c"]
+    assert len(set(colours.values())) == 3
