@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .allocators import InvariantError
 from .errors import InputError
 from .memory import kv_footprint
 from .specs import DTYPE_BITS, MODEL_PRESETS, model_from_hf_config, with_kv_heads
@@ -38,7 +39,10 @@ def cli():
 @click.option("--policy", "policies", multiple=True, metavar="NAME",
               help="Run only this policy (repeatable).")
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary table.")
-def run(scenario, out, seed, num_requests, policies, quiet):
+@click.option("--check-invariants", is_flag=True, envvar="KVSIM_CHECK_INVARIANTS",
+              help="Verify the allocator and scheduler after every step (slower).")
+@click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
+def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, force):
     """Run every policy of SCENARIO on one request stream and write results and plots."""
     from .runner import run_scenario
     from .scenario import load_scenario
@@ -47,9 +51,14 @@ def run(scenario, out, seed, num_requests, policies, quiet):
     scn, base_dir = load_scenario(scenario)
     scn = _override(scn, str(scenario), seed, num_requests, policies)
     out = out or Path("results") / scn.name
+    if not force:
+        _refuse_foreign(out, scn.name)
     bar = Progress(len(scn.policies), enabled=not quiet and sys.stderr.isatty())
-    results = run_scenario(scn, base_dir, str(scenario), on_progress=bar.update)
-    bar.close()
+    try:
+        results = run_scenario(scn, base_dir, str(scenario), on_progress=bar.update,
+                               check_invariants=check_invariants)
+    finally:
+        bar.close()
     meta = {
         "kvsim_version": __version__, "python": platform.python_version(),
         "scenario": str(scenario), "seed": scn.seed, "policies": [p.name for p in scn.policies],
@@ -75,6 +84,24 @@ def _override(scn, src, seed, num_requests, policies):
                 raise InputError(src, "--policy", f"no policy '{name}'; the scenario has: {', '.join(known)}")
         update["policies"] = [known[n] for n in dict.fromkeys(policies)]
     return scn.model_copy(update=update)
+
+
+def _refuse_foreign(out: Path, name: str) -> None:
+    """An existing, non-empty --out is replaced only if it holds this scenario's results."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise InputError("command line", "--out", f"{out} is a file, not a folder")
+    if not any(out.iterdir()):
+        return
+    try:
+        import yaml
+        held = yaml.safe_load((out / "scenario.yaml").read_text()).get("name")
+    except Exception:   # unreadable or absent: not a kvsim results folder
+        held = None
+    if held != name:
+        what = f"results of scenario '{held}'" if held else "files that are not kvsim results"
+        raise InputError("command line", "--out", f"{out} holds {what}; pass --force to replace it")
 
 
 def _write_results(results, scn, out: Path, meta: dict) -> None:
@@ -207,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"option {e.param.opts[0]}" if getattr(e, "param", None) is not None and e.param.opts else "command line"
         click.echo(f"kvsim: error: command line: {e.format_message()}".replace("\n", " "), err=True)
         return 2
+    except InvariantError as e:
+        click.echo(f"kvsim: invariant violated: {e}", err=True)
+        return 3
     except click.exceptions.Abort:
         click.echo("kvsim: interrupted; earlier results left as they were", err=True)
         return 130

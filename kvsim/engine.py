@@ -19,7 +19,7 @@ from typing import Callable
 
 import simpy
 
-from .allocators import KVAllocator, SeqShape
+from .allocators import InvariantError, KVAllocator, SeqShape
 from .costmodel import CostModel
 from .scheduler import Scheduler, Seq
 from .workload import RequestSpec
@@ -40,8 +40,14 @@ class PolicyRun:
 
 def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cost: CostModel, *,
              max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
-             chunked_prefill: bool, on_step: Callable[[int], None] | None = None) -> PolicyRun:
-    """Replay `requests` against one allocator; `on_step(finished_so_far)` reports progress."""
+             chunked_prefill: bool, on_step: Callable[[int], None] | None = None,
+             check_invariants: bool = False, time_limit_s: float | None = None) -> PolicyRun:
+    """Replay `requests` against one allocator; `on_step(finished_so_far)` reports progress.
+
+    check_invariants: verify allocator and scheduler after every planned and every
+    completed step; a violation raises InvariantError naming the step and the time.
+    time_limit_s: stop the simulated clock there; requests not finished stay "unfinished".
+    """
     env = simpy.Environment()
     sched = Scheduler(allocator, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill)
@@ -72,16 +78,28 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
                                    f"{len(sched.waiting)} waiting; this is a kvsim bug")
             dt = cost.step_time(step.cost)
             _record(run, sched, step, env.now, dt)
+            if check_invariants:
+                _check(sched, f"{name}: step {len(run.steps) - 1} planned at t={env.now:.6f}s")
             yield env.timeout(dt)
             state["ended"] += len(sched.complete(step, env.now))
+            if check_invariants:
+                _check(sched, f"{name}: step {len(run.steps) - 1} completed at t={env.now:.6f}s")
             if on_step:
                 on_step(state["ended"])
             yield env.timeout(0)     # let arrivals at this instant join first
 
     env.process(arrivals())
-    env.run(until=env.process(engine()))
+    done = env.process(engine())
+    env.run(until=done if time_limit_s is None else env.any_of([done, env.timeout(time_limit_s)]))
     run.preemptions = sched.preemptions
     return run
+
+
+def _check(sched: Scheduler, where: str) -> None:
+    try:
+        sched.check()
+    except InvariantError as e:
+        raise InvariantError(f"{where}: {e}") from None
 
 
 def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:

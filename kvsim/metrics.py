@@ -84,6 +84,7 @@ def summarize(run: PolicyRun, requests: pd.DataFrame) -> dict:
         "requests_total": len(requests),
         "requests_completed": int(len(done)),
         "requests_rejected": int((requests.outcome == "rejected").sum()),
+        "requests_unfinished": int((requests.outcome == "unfinished").sum()),
         **fractions,
         "fraction_basis": basis,
         "kv_utilization": fractions["token_fraction"],

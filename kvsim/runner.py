@@ -45,26 +45,31 @@ def plan_pool(scn: Scenario, base_dir: Path, src: str) -> PoolSizing:
     return pool
 
 
-def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario",
-                 on_progress: Callable[[str, int, int], None] | None = None) -> Results:
+def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
+                 on_progress: Callable[[str, int, int], None] | None = None,
+                 check_invariants: bool = False) -> Results:
     """Run every policy of `scn`; on_progress(policy, finished, total) reports progress."""
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
     pool = plan_pool(scn, base_dir, src)
     requests = generate_requests(scn, base_dir, src)
-    summaries, series, tables = [], [], []
-    for policy in scn.policies:
+    setups = []     # build every policy first: bad input fails before any simulation
+    for i, policy in enumerate(scn.policies):
         kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model))
         allocator = make_allocator(policy.allocator, pool.pool_bytes, kv, scn.max_model_len,
                                    **policy.options())
         if allocator.capacity <= 0:
-            raise InputError(src, f"policies.{policy.name}",
-                             f"the KV pool ({pool.pool_bytes / GIB:.3f} GiB) holds not even one block")
+            raise InputError(src, f"policies[{i}]", f"the KV pool ({pool.pool_bytes / GIB:.3g} GiB) "
+                             f"holds not even one block of policy '{policy.name}'")
+        setups.append((policy, kv, allocator))
+    summaries, series, tables = [], [], []
+    for policy, kv, allocator in setups:
         cost = COST_MODELS[scn.cost_model](model, gpu, kv, scn.tensor_parallel_size)
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
         run = simulate(policy.name, requests, allocator, cost, max_model_len=scn.max_model_len,
                        max_num_seqs=scn.scheduler.max_num_seqs,
                        max_num_batched_tokens=scn.batched_token_budget,
-                       chunked_prefill=scn.scheduler.enable_chunked_prefill, on_step=progress)
+                       chunked_prefill=scn.scheduler.enable_chunked_prefill, on_step=progress,
+                       check_invariants=check_invariants, time_limit_s=scn.time_limit_s)
         table = request_table(run)
         summaries.append({
             "policy": policy.name, "allocator": policy.allocator,

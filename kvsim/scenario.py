@@ -190,6 +190,7 @@ class Scenario(Strict):
     kv_cache_memory_gib: float | None = Field(None, gt=0)
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
     max_model_len: int = Field(ge=1)
+    time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
     cost_model: Literal["roofline"] = "roofline"
     workload: Workload
     scheduler: Scheduler = Scheduler()

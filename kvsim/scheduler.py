@@ -23,7 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .allocators import KVAllocator, SeqShape
+from .allocators import InvariantError, KVAllocator, SeqShape
 from .costmodel import StepBatch
 from .workload import RequestSpec
 
@@ -136,6 +136,31 @@ class Scheduler:
         seq.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(seq)
+
+    def check(self) -> None:
+        """Raise InvariantError where the scheduler and the allocator disagree."""
+        self.allocator.check_invariants()
+        running = {id(s) for s in self.running}
+        for seq in self.waiting:
+            if id(seq) in running:
+                raise InvariantError(f"request {seq.spec.id} is both running and waiting")
+            if self.allocator.tokens_of(seq.spec.id) is not None:
+                raise InvariantError(f"waiting request {seq.spec.id} still holds KV")
+        for seq in self.running:
+            held = self.allocator.tokens_of(seq.spec.id)
+            if held != seq.held:
+                raise InvariantError(f"request {seq.spec.id} should hold {seq.held} tokens of KV; "
+                                     f"the allocator has {held}")
+            if seq.held > seq.shape.final_tokens:
+                raise InvariantError(f"request {seq.spec.id} holds {seq.held} tokens, more than "
+                                     f"its final length {seq.shape.final_tokens}")
+        b = self.allocator.breakdown(self.next_waiting())
+        parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)
+        if min(parts) < 0 or b.capacity != self.allocator.capacity:
+            raise InvariantError(f"breakdown {parts} does not split the pool of {self.allocator.capacity}")
+        if b.token != sum(s.held for s in self.running):
+            raise InvariantError(f"the pool counts {b.token} token slots; running requests hold "
+                                 f"{sum(s.held for s in self.running)}")
 
     def complete(self, step: Step, now: float) -> list[Seq]:
         """Apply a finished step at time `now`; returns the sequences that finished."""

@@ -31,7 +31,8 @@ def make_requests(*rows):
 
 def run(requests, allocator, *, max_model_len=64, max_num_seqs=256, budget=64, chunked=False, cost=None):
     return simulate("p", requests, allocator, cost or OneSecondSteps(), max_model_len=max_model_len,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked)
+                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked,
+                    check_invariants=True)
 
 
 def timeline(result):

@@ -87,6 +87,9 @@ class KVAllocator(Protocol):
     def free(self, seq_id: int) -> None:
         """Release everything the sequence holds."""
 
+    def tokens_of(self, seq_id: int) -> int | None:
+        """Tokens of KV the sequence holds, or None if it holds nothing."""
+
     def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
         """The pool split into the five parts; `next_seq` (the head of the waiting
         queue and the tokens it would be admitted with) decides which free space is

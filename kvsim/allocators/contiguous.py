@@ -212,6 +212,10 @@ class ContiguousAllocator:
         """Free (start, size) runs sorted by start; for buddy, the free blocks."""
         return self._placement.holes()
 
+    def tokens_of(self, seq_id: int) -> int | None:
+        r = self._regions.get(seq_id)
+        return None if r is None else r.tokens
+
     # -- KVAllocator ----------------------------------------------------------------
 
     def unfit_reason(self, shape: SeqShape) -> str | None:

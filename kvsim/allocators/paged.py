@@ -59,6 +59,10 @@ class PagedAllocator:
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._seqs[seq_id].table)
 
+    def tokens_of(self, seq_id: int) -> int | None:
+        seq = self._seqs.get(seq_id)
+        return None if seq is None else seq.tokens
+
     # -- KVAllocator ----------------------------------------------------------------
 
     def unfit_reason(self, shape: SeqShape) -> str | None:
@@ -108,6 +112,16 @@ class PagedAllocator:
                          free=0 if starved else free_slots)
 
     def check_invariants(self) -> None:
+        owned = [b for seq in self._seqs.values() for b in seq.table]
+        everywhere = set(self._free).union(owned)
+        fast_ok = (len(everywhere) == len(self._free) + len(owned) == self.num_blocks
+                   and (not everywhere or (min(everywhere) >= 0 and max(everywhere) < self.num_blocks))
+                   and all(blocks_for(s.tokens, self.block_size) == len(s.table)
+                           for s in self._seqs.values()))
+        if not fast_ok:   # find and name the culprit
+            self._diagnose()
+
+    def _diagnose(self) -> None:
         owner: dict[int, str] = {}
 
         def claim(block: int, where: str) -> None:
