@@ -231,7 +231,6 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"kvsim: error: {e}", err=True)
         return 2
     except click.UsageError as e:
-        where = f"option {e.param.opts[0]}" if getattr(e, "param", None) is not None and e.param.opts else "command line"
         click.echo(f"kvsim: error: command line: {e.format_message()}".replace("\n", " "), err=True)
         return 2
     except InvariantError as e:

@@ -22,7 +22,7 @@ assert set(typing.get_args(KVDtype)) - {"auto"} == set(DTYPE_BITS)
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # --- workload --------------------------------------------------------------------
@@ -179,7 +179,7 @@ _SPEC_TAGS = {"preset": str, "inline": None, "hf": HFModel}
 
 
 class Scenario(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: int = Field(0, ge=0)
     model: Annotated[Union[Annotated[str, Tag("preset")], Annotated[InlineModel, Tag("inline")],
                            Annotated[HFModel, Tag("hf")]], Discriminator(_spec_kind)]
@@ -213,20 +213,36 @@ class Scenario(Strict):
 
 
 # --- loading ---------------------------------------------------------------------
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML where a repeated key is an error, not a silent last-one-wins."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_scenario(path: str | Path) -> tuple[Scenario, Path]:
     """Read and validate a scenario; returns it and the folder relative paths start from."""
     path = Path(path)
     src = str(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise InputError(src, "file", "not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(src, "file", f"cannot be read as UTF-8 text ({type(e).__name__})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "YAML"
-        raise InputError(src, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+        where = (f"line {mark.line + 1}" if mark else
+                 f"character {e.position}" if hasattr(e, "position") else "YAML")
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())   # one line
+        raise InputError(src, where, f"invalid YAML: {problem}") from None
     if not isinstance(raw, dict):
         raise InputError(src, "top level", "must be a mapping of scenario keys (name, model, ...)")
     return validate_scenario(raw, src), path.parent
@@ -278,7 +294,9 @@ def _unknown(value: str, valid, what: str) -> str:
 
 def _input_error(exc: ValidationError, src: str) -> InputError:
     """The first validation problem as one line; unknown keys get the closest valid key."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # An unknown key explains a "missing" one next to it (a typo), so it goes first.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = err["loc"]
     field = _dotted(loc) or "top level"
     if err["type"] == "extra_forbidden":

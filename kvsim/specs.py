@@ -138,13 +138,24 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     Raises KeyError naming the missing field, or ValueError for unreadable JSON.
     """
     cfg = json.loads(Path(path).read_text())
-    heads = cfg["num_attention_heads"]
-    hidden = cfg["hidden_size"]
-    layers = cfg["num_hidden_layers"]
-    head_dim = cfg.get("head_dim") or hidden // heads
-    ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden
-    vocab = cfg.get("vocab_size", 32000)
-    kv_heads = cfg.get("num_key_value_heads") or heads
+    if not isinstance(cfg, dict):
+        raise ValueError("the file must hold a JSON object")
+
+    def size(key, default=None, minimum=1):
+        value = cfg.get(key, default)
+        if value is None:
+            raise KeyError(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{key} must be a whole number >= {minimum}, got {value!r}")
+        return value
+
+    heads = size("num_attention_heads")
+    hidden = size("hidden_size")
+    layers = size("num_hidden_layers")
+    head_dim = size("head_dim", cfg.get("head_dim") or hidden // heads)
+    ffn = size("intermediate_size", cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden)
+    vocab = size("vocab_size", 32000)
+    kv_heads = size("num_key_value_heads", cfg.get("num_key_value_heads") or heads)
     dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(
         cfg.get("torch_dtype", "bfloat16"), "bf16")
     # Dense estimate: attention projections + gated (3 matrices) or plain (2) MLP + embeddings.
@@ -155,9 +166,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         name=cfg.get("_name_or_path") or Path(path).parent.name or "hf-model",
         num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         hidden_size=hidden, intermediate_size=ffn, vocab_size=vocab, params=float(params),
-        dtype=dtype, kv_lora_rank=cfg.get("kv_lora_rank") or 0,
-        qk_rope_head_dim=cfg.get("qk_rope_head_dim") or 0,
-        sliding_window=cfg.get("sliding_window"),
+        dtype=dtype, kv_lora_rank=size("kv_lora_rank", cfg.get("kv_lora_rank") or 0, minimum=0),
+        qk_rope_head_dim=size("qk_rope_head_dim", cfg.get("qk_rope_head_dim") or 0, minimum=0),
+        sliding_window=cfg.get("sliding_window") and size("sliding_window"),
     )
 
 

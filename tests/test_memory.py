@@ -246,15 +246,11 @@ def test_binary_config_json_exits_2(tmp_path, capsys):
     assert str(path) in line
 
 
-@pytest.mark.xfail(strict=True, reason="specs.model_from_hf_config: num_attention_heads 0 raises "
-                   "ZeroDivisionError (hidden // heads), which kvsim.cli._model_arg does not catch: traceback, exit 1")
 def test_config_with_zero_heads_exits_2(tmp_path, capsys):
     path = write_config(tmp_path, num_hidden_layers=32, num_attention_heads=0, hidden_size=4096)
     assert_one_error_line(capsys, main(["memory", "--model", path, "--context", "1"]))
 
 
-@pytest.mark.xfail(strict=True, reason="specs.model_from_hf_config does not check that sizes are positive "
-                   "integers: num_hidden_layers -32 gives negative byte counts and exit 0")
 def test_config_with_negative_layers_exits_2(tmp_path, capsys):
     path = write_config(tmp_path, num_hidden_layers=-32, num_attention_heads=32, hidden_size=4096)
     assert_one_error_line(capsys, main(["memory", "--model", path, "--context", "1"]))
