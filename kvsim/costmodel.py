@@ -19,17 +19,33 @@ from .specs import GPUSpec, KVSpec, ModelSpec
 
 @dataclass(frozen=True)
 class StepBatch:
-    new_tokens: int          # prefill tokens + one per decoding sequence
-    attended_pairs: float    # sum over new tokens of the context each attends to
-    kv_tokens_read: int      # KV tokens read by attention (every scheduled sequence's context)
+    """One step's work.
+
+    prefills: (chunk tokens, tokens already cached before the chunk) per prefilling
+    sequence; decode_contexts: the tokens each decoding sequence attends to (its KV,
+    the new token's included).
+    """
+    prefills: tuple[tuple[int, int], ...]
+    decode_contexts: tuple[int, ...]
 
     @classmethod
-    def build(cls, prefills: list[tuple[int, int]], decode_contexts: list[int]) -> "StepBatch":
-        """prefills: (chunk tokens, tokens already cached before the chunk) per sequence;
-        decode_contexts: tokens each decoding sequence attends to."""
-        pairs = sum(n * (ctx + (n + 1) / 2) for n, ctx in prefills) + sum(decode_contexts)
-        read = sum(ctx + n for n, ctx in prefills) + sum(decode_contexts)
-        return cls(sum(n for n, _ in prefills) + len(decode_contexts), pairs, read)
+    def build(cls, prefills, decode_contexts) -> "StepBatch":
+        return cls(tuple(map(tuple, prefills)), tuple(decode_contexts))
+
+    @property
+    def new_tokens(self) -> int:
+        """Prefill tokens plus one per decoding sequence."""
+        return sum(n for n, _ in self.prefills) + len(self.decode_contexts)
+
+    @property
+    def attended_pairs(self) -> float:
+        """(query, key) pairs attention computes: causal within a chunk, full to its cache."""
+        return sum(n * (ctx + (n + 1) / 2) for n, ctx in self.prefills) + sum(self.decode_contexts)
+
+    @property
+    def kv_tokens_read(self) -> int:
+        """KV tokens attention reads: each sequence's whole context."""
+        return sum(ctx + n for n, ctx in self.prefills) + sum(self.decode_contexts)
 
 
 class CostModel(Protocol):
