@@ -24,13 +24,38 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class SeqShape:
-    """What the allocator may know of a request: its prompt and its true output length."""
+    """What the allocator may know of a request: its lengths and its tokens' identity.
+
+    Token identity is given as content runs, not token ids: `segments` lists
+    (content id, length) runs that make up the start of the prompt (a shared system
+    prompt, retrieved documents, an earlier turn), and every later token — the rest of
+    the prompt and all output — is content `tail_id` from offset 0. Two tokens are the
+    same token, whose KV can be shared, when they are at the same position after the
+    same preceding tokens (the caches match whole prefixes, so position is implied).
+    Content ids are plain ints handed out by the workload; tail_id -1 means "unique,
+    never shared" for callers that do not model sharing.
+    """
     prompt_tokens: int
     output_tokens: int
+    segments: tuple[tuple[int, int], ...] = ()
+    tail_id: int = -1
 
     @property
     def final_tokens(self) -> int:
         return self.prompt_tokens + self.output_tokens
+
+    def runs(self, start: int, end: int) -> tuple[tuple[int, int, int], ...]:
+        """Tokens [start, end) as (content id, offset in that content, length) runs."""
+        out, pos = [], 0
+        for content, length in self.segments:
+            lo, hi = max(start, pos), min(end, pos + length)
+            if lo < hi:
+                out.append((content, lo - pos, hi - lo))
+            pos += length
+        if end > pos:
+            lo = max(start, pos)
+            out.append((self.tail_id, lo - pos, end - lo))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -46,6 +71,7 @@ class Breakdown:
     padding: int
     unusable: int
     free: int
+    shared: int = 0    # not a part: slots saved by sharing (logical - physical slots in use)
 
     @property
     def external(self) -> int:
@@ -78,8 +104,13 @@ class KVAllocator(Protocol):
     def unfit_reason(self, shape: SeqShape) -> str | None:
         """Why this sequence could never run even in an empty pool, or None if it can."""
 
+    def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
+        """How many leading tokens of the sequence's first `num_tokens` already have KV in
+        the cache, reusable by `allocate` right now (0 for allocators without a cache).
+        At most num_tokens - 1: the last token is always computed, to produce output."""
+
     def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int) -> bool:
-        """Admit a sequence holding `num_tokens` tokens of KV."""
+        """Admit a sequence holding `num_tokens` tokens of KV (its matched prefix reused)."""
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         """Let a sequence hold `num_tokens` tokens in all (never fewer than it holds)."""

@@ -224,6 +224,9 @@ class ContiguousAllocator:
             return "reservation exceeds KV pool"
         return None
 
+    def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
+        return 0   # no cache: nothing is shared
+
     def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int) -> bool:
         if seq_id in self._regions:
             raise ValueError(f"sequence {seq_id} is already allocated")
