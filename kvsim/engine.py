@@ -19,14 +19,14 @@ from typing import Callable
 
 import simpy
 
-from .allocators import InvariantError, KVAllocator, SeqShape
+from .allocators import InvariantError, KVAllocator
 from .costmodel import CostModel
 from .scheduler import Scheduler, Seq
 from .workload import RequestSpec
 
 # One row per step: the memory breakdown (slots) while the step runs.
 STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens",
-               "token", "reservation", "internal", "external", "free", "allocated")
+               "token", "reservation", "internal", "external", "free", "allocated", "shared")
 
 
 @dataclass
@@ -36,22 +36,25 @@ class PolicyRun:
     seqs: list[Seq]
     steps: list[tuple] = field(default_factory=list)
     preemptions: int = 0
+    swaps: int = 0
+    prompt_tokens: int = 0     # tokens to prefill at admissions, and those found cached
+    cached_tokens: int = 0
 
 
 def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cost: CostModel, *,
-             max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
-             chunked_prefill: bool, on_step: Callable[[int], None] | None = None,
-             check_invariants: bool = False, time_limit_s: float | None = None) -> PolicyRun:
+             on_step: Callable[[int], None] | None = None, check_invariants: bool = False,
+             time_limit_s: float | None = None, **scheduler_options) -> PolicyRun:
     """Replay `requests` against one allocator; `on_step(finished_so_far)` reports progress.
 
+    scheduler_options go to kvsim.scheduler.Scheduler (max_model_len, max_num_seqs,
+    max_num_batched_tokens, chunked_prefill, watermark, swap, sliding_window).
     check_invariants: verify allocator and scheduler after every planned and every
     completed step; a violation raises InvariantError naming the step and the time.
     time_limit_s: stop the simulated clock there; requests not finished stay "unfinished".
     """
     env = simpy.Environment()
-    sched = Scheduler(allocator, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill)
-    seqs = [Seq(r, SeqShape(r.prompt_tokens, r.output_tokens)) for r in requests]
+    sched = Scheduler(allocator, **scheduler_options)
+    seqs = [Seq(r, r.shape) for r in requests]
     run = PolicyRun(name, allocator.capacity, seqs)
     state = {"ended": 0, "wake": env.event()}
 
@@ -77,6 +80,8 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
                 raise RuntimeError(f"{name}: no progress possible at t={env.now:.6f}s with "
                                    f"{len(sched.waiting)} waiting; this is a kvsim bug")
             dt = cost.step_time(step.cost)
+            if step.swap_bytes:      # the step waits for its PCIe copies
+                dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
             _record(run, sched, step, env.now, dt)
             if check_invariants:
                 _check(sched, f"{name}: step {len(run.steps) - 1} planned at t={env.now:.6f}s")
@@ -91,7 +96,8 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
     env.process(arrivals())
     done = env.process(engine())
     env.run(until=done if time_limit_s is None else env.any_of([done, env.timeout(time_limit_s)]))
-    run.preemptions = sched.preemptions
+    run.preemptions, run.swaps = sched.preemptions, sched.swaps
+    run.prompt_tokens, run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
     return run
 
 
@@ -107,4 +113,4 @@ def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> No
     prefill = sum(n for s, n in step.work if s.prefilling)
     run.steps.append((now, dt, len(sched.running), len(sched.waiting), prefill,
                       len(step.work) - sum(1 for s, _ in step.work if s.prefilling),
-                      b.token, b.reservation, b.internal, b.external, b.free, b.allocated))
+                      b.token, b.reservation, b.internal, b.external, b.free, b.allocated, b.shared))

@@ -41,7 +41,7 @@ def step_table(run: PolicyRun) -> pd.DataFrame:
         df[part] = df[part] / cap
     df.insert(0, "step", np.arange(len(df), dtype=np.int64))
     df.insert(0, "policy", run.name)
-    return df.drop(columns="allocated")
+    return df.drop(columns=["allocated", "shared"])
 
 
 def request_table(run: PolicyRun) -> pd.DataFrame:
@@ -53,7 +53,14 @@ def request_table(run: PolicyRun) -> pd.DataFrame:
     return df
 
 
-def summarize(run: PolicyRun, requests: pd.DataFrame) -> dict:
+def _savings(col: dict, dt: np.ndarray) -> float:
+    """1 - physical / logical slots in use, time-weighted over the busy time."""
+    logical = ((col["allocated"] + col["shared"]) * dt).sum()
+    return float((col["shared"] * dt).sum() / logical) if logical else 0.0
+
+
+def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) -> dict:
+    """One policy's summary row; scale_share = scale bytes / bytes per token slot."""
     steps = np.asarray(run.steps, dtype=float).reshape(-1, len(STEP_FIELDS))
     col = {name: steps[:, i] for i, name in enumerate(STEP_FIELDS)}
     dt = col["step_s"]
@@ -96,8 +103,11 @@ def summarize(run: PolicyRun, requests: pd.DataFrame) -> dict:
         "request_throughput": float(len(done) / makespan) if makespan > 0 else 0.0,
         "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
         "tpot_p50_s": pct(tpot, 50), "e2e_p50_s": pct(e2e, 50),
+        "scale_fraction": fractions["token_fraction"] * scale_share,
         "preemptions": run.preemptions,
-        "prefix_hit_rate": 0.0,
+        "swaps": run.swaps,
+        "prefix_hit_rate": run.cached_tokens / run.prompt_tokens if run.prompt_tokens else 0.0,
+        "sharing_savings": _savings(col, dt),
         "makespan_s": makespan,
         "steps": len(dt),
     }

@@ -17,6 +17,7 @@ from .errors import InputError
 from .memory import PoolSizing, activation_estimate, size_pool
 from .metrics import request_table, step_table, summarize, tidy
 from .scenario import Scenario
+from .scheduler import SwapSpace
 from .specs import GIB, KVSpec, resolve_kv_dtype
 from .workload import generate_requests
 
@@ -45,6 +46,18 @@ def plan_pool(scn: Scenario, base_dir: Path, src: str) -> PoolSizing:
     return pool
 
 
+def scheduler_options(scn: Scenario, kv: KVSpec, gpu) -> dict:
+    s = scn.scheduler
+    swap = None
+    if s.preemption_mode == "swap":
+        swap = SwapSpace(s.swap_space_gib * GIB * scn.tensor_parallel_size, kv.bytes_per_token,
+                         gpu.pcie_gb_s * 1e9 * scn.tensor_parallel_size)
+    return dict(max_model_len=scn.max_model_len, max_num_seqs=s.max_num_seqs,
+                max_num_batched_tokens=scn.batched_token_budget,
+                chunked_prefill=s.enable_chunked_prefill, watermark=s.watermark, swap=swap,
+                sliding_window=kv.model.sliding_window)
+
+
 def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                  on_progress: Callable[[str, int, int], None] | None = None,
                  check_invariants: bool = False) -> Results:
@@ -54,9 +67,10 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
     requests = generate_requests(scn, base_dir, src)
     setups = []     # build every policy first: bad input fails before any simulation
     for i, policy in enumerate(scn.policies):
-        kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model))
-        allocator = make_allocator(policy.allocator, pool.pool_bytes, kv, scn.max_model_len,
-                                   **policy.options())
+        kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale,
+                    policy.kv_scale_group_size)
+        kind, options = policy.allocator_kind()
+        allocator = make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options)
         if allocator.capacity <= 0:
             raise InputError(src, f"policies[{i}]", f"the KV pool ({pool.pool_bytes / GIB:.3g} GiB) "
                              f"holds not even one block of policy '{policy.name}'")
@@ -65,17 +79,16 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
     for policy, kv, allocator in setups:
         cost = COST_MODELS[scn.cost_model](model, gpu, kv, scn.tensor_parallel_size)
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
-        run = simulate(policy.name, requests, allocator, cost, max_model_len=scn.max_model_len,
-                       max_num_seqs=scn.scheduler.max_num_seqs,
-                       max_num_batched_tokens=scn.batched_token_budget,
-                       chunked_prefill=scn.scheduler.enable_chunked_prefill, on_step=progress,
-                       check_invariants=check_invariants, time_limit_s=scn.time_limit_s)
+        run = simulate(policy.name, requests, allocator, cost, on_step=progress,
+                       check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
+                       **scheduler_options(scn, kv, gpu))
         table = request_table(run)
         summaries.append({
             "policy": policy.name, "allocator": policy.allocator,
             "kv_cache_dtype": kv.kv_cache_dtype,
             "kv_pool_gib": tidy(pool.pool_bytes / GIB), "kv_capacity_tokens": allocator.capacity,
-            **summarize(run, table), "cost_model": cost.label,
+            **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
+            "cost_model": cost.label,
         })
         series.append(step_table(run))
         tables.append(table)

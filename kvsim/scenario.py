@@ -82,6 +82,37 @@ class Empirical(Bounded):
 LengthDist = Annotated[Union[Fixed, Uniform, Lognormal, Empirical], Field(discriminator="dist")]
 
 
+class PrefixGroups(Strict):
+    """Each prompt starts with one of `groups` shared prefixes of `tokens` tokens."""
+    groups: int = Field(ge=1)
+    tokens: int = Field(ge=1)
+    popularity: Literal["uniform", "zipf"] = "uniform"
+    zipf_s: float = Field(1.1, gt=0)
+
+
+class RAG(Strict):
+    """A shared system prompt, then k documents retrieved from a corpus, then the question."""
+    system_tokens: int = Field(0, ge=0)
+    corpus_docs: int = Field(ge=1)
+    doc_tokens: int = Field(ge=1)
+    docs_per_request: int = Field(ge=1)
+    popularity: Literal["uniform", "zipf"] = "zipf"
+    zipf_s: float = Field(1.1, gt=0)
+
+    @model_validator(mode="after")
+    def _enough_docs(self):
+        if self.docs_per_request > self.corpus_docs:
+            raise ValueError(f"docs_per_request ({self.docs_per_request}) exceeds corpus_docs "
+                             f"({self.corpus_docs})")
+        return self
+
+
+class Conversation(Strict):
+    """Multi-turn chats: each turn's prompt is the whole previous context plus new tokens."""
+    turns: int = Field(ge=1)
+    think_time_s: float = Field(30.0, ge=0)
+
+
 class Workload(Strict):
     num_requests: int | None = Field(None, ge=1)
     arrival: Arrival | None = None
@@ -89,9 +120,21 @@ class Workload(Strict):
     output_tokens: LengthDist | None = None
     dataset: str | None = None     # joint lengths from a preset (kvsim.datasets)
     trace: str | None = None       # CSV of arrival time and lengths, replayed as is
+    prefix: PrefixGroups | None = None
+    rag: RAG | None = None
+    conversation: Conversation | None = None
+
+    @property
+    def sharing(self) -> PrefixGroups | RAG | Conversation | None:
+        return self.prefix or self.rag or self.conversation
 
     @model_validator(mode="after")
     def _one_source(self):
+        if sum(x is not None for x in (self.prefix, self.rag, self.conversation)) > 1:
+            raise ValueError("choose at most one of prefix, rag and conversation")
+        if self.trace is not None and self.sharing is not None:
+            raise ValueError("a trace has no token identities: drop prefix, rag or conversation")
+
         sources = [self.trace is not None, self.dataset is not None,
                    self.prompt_tokens is not None or self.output_tokens is not None]
         if sum(sources) != 1:
@@ -111,28 +154,47 @@ class Scheduler(Strict):
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)   # default max(max_model_len, 2048)
     enable_chunked_prefill: bool = False
-    preemption_mode: Literal["recompute"] = "recompute"
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    swap_space_gib: float = Field(4.0, ge=0)    # CPU memory per GPU for swapped-out KV (vLLM: 4)
+    watermark: float = Field(0.01, ge=0, lt=1)  # share of the pool kept free at admission (vLLM V0)
 
 
-class Contiguous(Strict):
+class PolicyBase(Strict):
     name: str
+    kv_cache_dtype: KVDtype = "auto"
+    kv_scale: Literal["tensor", "head", "group"] = "tensor"   # quantization scale granularity
+    kv_scale_group_size: int = Field(64, ge=1)
+
+
+class Contiguous(PolicyBase):
     allocator: Literal["contiguous"]
     reserve: Literal["max", "pow2", "oracle"] = "max"
     placement: Literal["first-fit", "buddy"] = "first-fit"
-    kv_cache_dtype: KVDtype = "auto"
+    enable_prefix_caching: bool = False
 
-    def options(self) -> dict:
-        return {"reserve": self.reserve, "placement": self.placement}
+    @model_validator(mode="after")
+    def _cannot_share(self):
+        if self.enable_prefix_caching:
+            raise ValueError("contiguous allocation cannot share KV between requests (each owns one "
+                             "region); use allocator: paged for enable_prefix_caching")
+        return self
+
+    def allocator_kind(self) -> tuple[str, dict]:
+        return "contiguous", {"reserve": self.reserve, "placement": self.placement}
 
 
-class Paged(Strict):
-    name: str
+class Paged(PolicyBase):
     allocator: Literal["paged"]
     block_size: int = Field(16, ge=1, le=4096)
-    kv_cache_dtype: KVDtype = "auto"
+    enable_prefix_caching: bool = False
+    prefix_cache: Literal["hash", "radix"] = "hash"   # radix: SGLang-style, token granularity
 
-    def options(self) -> dict:
-        return {"block_size": self.block_size}
+    def allocator_kind(self) -> tuple[str, dict]:
+        if not self.enable_prefix_caching:
+            return "paged", {"block_size": self.block_size}
+        if self.prefix_cache == "radix":
+            return "radix", {}
+        return "paged", {"block_size": self.block_size, "prefix_caching": True}
 
 
 Policy = Annotated[Union[Contiguous, Paged], Field(discriminator="allocator")]

@@ -9,8 +9,14 @@ Each step, in this order:
    and put back at the front of the waiting queue (vLLM's recompute preemption: its KV
    is dropped and later rebuilt by one prefill over prompt + generated tokens). This
    repeats until the growth fits or the sequence itself was preempted.
+   With preemption_mode swap, the victim's KV is copied to CPU memory instead (while
+   swap space lasts; then it falls back to recompute) and copied back on re-admission;
+   both copies add their PCIe time to the step.
 2. Waiting sequences are admitted first-come first-served while memory, max_num_seqs
-   and max_num_batched_tokens allow. The queue head blocks the rest (no skipping).
+   and max_num_batched_tokens allow, keeping `watermark` of the pool free (vLLM V0's
+   guard against preempting right after admitting). The queue head blocks the rest (no
+   skipping). A prefix cache may already hold KV for the start of the prompt: those
+   tokens are not prefilled again (and count as prefix hits).
 
 A sequence holds KV for every token that exists: its prompt (or the part prefilled so
 far) and each token generated so far. A request whose prompt + output exceeds
@@ -38,6 +44,7 @@ class Seq:
     generated: int = 0
     held: int = 0            # tokens whose KV the allocator holds for it
     preemptions: int = 0
+    swapped: bool = False    # KV sits in CPU memory, to be copied back on admission
     admitted_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan
@@ -51,22 +58,39 @@ class Seq:
 
 @dataclass
 class Step:
-    """What one step computes: (sequence, new tokens) pairs, prefill chunks first."""
+    """What one step computes: (sequence, new tokens) pairs, and the PCIe copies it waits for."""
     work: list[tuple[Seq, int]] = field(default_factory=list)
     cost: StepBatch | None = None
+    swap_bytes: float = 0.0
+
+
+@dataclass
+class SwapSpace:
+    """CPU memory for swapped-out KV and the link it is copied over."""
+    capacity_bytes: float
+    bytes_per_token: float
+    bandwidth_bytes_s: float
+    used_bytes: float = 0.0
 
 
 class Scheduler:
     def __init__(self, allocator: KVAllocator, *, max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, chunked_prefill: bool):
+                 max_num_batched_tokens: int, chunked_prefill: bool, watermark: float = 0.0,
+                 swap: SwapSpace | None = None, sliding_window: int | None = None):
         self.allocator = allocator
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.chunked = chunked_prefill
+        self.keep_free = int(watermark * allocator.capacity)
+        self.swap = swap
+        self.window = sliding_window
         self.running: list[Seq] = []       # admission order: the last is preempted first
         self.waiting: deque[Seq] = deque()
         self.preemptions = 0
+        self.swaps = 0
+        self.prompt_tokens = 0             # tokens to prefill at admissions ...
+        self.cached_tokens = 0             # ... and those a prefix cache already held
 
     # --- arrivals and the waiting queue --------------------------------------------
     def arrive(self, seq: Seq, now: float) -> None:
@@ -84,7 +108,7 @@ class Scheduler:
         if not self.waiting:
             return None
         head = self.waiting[0]
-        return head.shape, head.target + 1
+        return head.shape, (head.held if head.swapped else head.target) + 1
 
     # --- one step ------------------------------------------------------------------
     def schedule(self, now: float) -> Step:
@@ -93,27 +117,52 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
-            if self._grow_or_preempt(seq, self._held_after(seq, n)):
+            if self._grow_or_preempt(seq, self._held_after(seq, n), step):
                 step.work.append((seq, n))
                 budget -= n
                 i += 1
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            n = min(seq.target, budget) if self.chunked else seq.target
-            if n > budget or not self.allocator.allocate(seq.spec.id, seq.shape, self._held_after(seq, n)):
+            n = self._admit(self.waiting[0], budget, step)
+            if not n:
                 break
-            self.waiting.popleft()
+            seq = self.waiting.popleft()
             self.running.append(seq)
             if math.isnan(seq.admitted_s):
                 seq.admitted_s = now
             step.work.append((seq, n))
             budget -= n
+        window = self.window or math.inf
         step.cost = StepBatch.build(
-            [(n, s.prefilled) for s, n in step.work if s.prefilling],
-            [s.held + 1 for s, n in step.work if not s.prefilling])
+            [(n, min(s.prefilled, window)) for s, n in step.work if s.prefilling],
+            [min(s.held + 1, window) for s, n in step.work if not s.prefilling])
         for seq, n in step.work:
             seq.held = self._held_after(seq, n)
         return step
+
+    def _admit(self, seq: Seq, budget: int, step: Step) -> int:
+        """Give the queue head memory; returns its new tokens this step, 0 if it must wait."""
+        if seq.swapped:    # copy its KV back and let it decode at once
+            if not self.allocator.allocate(seq.spec.id, seq.shape, seq.held + 1, self.keep_free):
+                return 0
+            nbytes = seq.held * self.swap.bytes_per_token
+            self.swap.used_bytes -= nbytes
+            step.swap_bytes += nbytes
+            seq.swapped = False
+            return 1
+        cached = self.allocator.match_prefix(seq.shape, seq.target + 1)
+        n = max(seq.target - cached, 1)    # a fully cached prompt still computes its last token
+        if self.chunked:
+            n = min(n, budget)
+        if n > budget:
+            return 0
+        done = min(cached, seq.target - 1)
+        held = done + n + (1 if done + n == seq.target else 0)
+        if not self.allocator.allocate(seq.spec.id, seq.shape, held, self.keep_free):
+            return 0
+        seq.prefilled = done
+        self.prompt_tokens += seq.target
+        self.cached_tokens += done
+        return n
 
     def _held_after(self, seq: Seq, n: int) -> int:
         """KV tokens after computing n more: a finished prefill also yields a token."""
@@ -122,17 +171,24 @@ class Scheduler:
         done = seq.prefilled + n
         return done + 1 if done == seq.target else done
 
-    def _grow_or_preempt(self, seq: Seq, tokens: int) -> bool:
+    def _grow_or_preempt(self, seq: Seq, tokens: int, step: Step) -> bool:
         while not self.allocator.grow(seq.spec.id, tokens):
             victim = self.running.pop()
-            self._preempt(victim)
+            self._preempt(victim, step)
             if victim is seq:
                 return False
         return True
 
-    def _preempt(self, seq: Seq) -> None:
+    def _preempt(self, seq: Seq, step: Step) -> None:
         self.allocator.free(seq.spec.id)
-        seq.target, seq.prefilled, seq.held = seq.shape.prompt_tokens + seq.generated, 0, 0
+        nbytes = seq.held * self.swap.bytes_per_token if self.swap else math.inf
+        if self.swap and not seq.prefilling and nbytes <= self.swap.capacity_bytes - self.swap.used_bytes:
+            self.swap.used_bytes += nbytes
+            step.swap_bytes += nbytes
+            seq.swapped = True
+            self.swaps += 1
+        else:      # recompute: drop the KV, later prefill prompt + generated tokens again
+            seq.target, seq.prefilled, seq.held = seq.shape.prompt_tokens + seq.generated, 0, 0
         seq.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(seq)
@@ -141,9 +197,11 @@ class Scheduler:
         """Raise InvariantError where the scheduler and the allocator disagree."""
         self.allocator.check_invariants()
         running = {id(s) for s in self.running}
+        swapped = 0.0
         for seq in self.waiting:
             if id(seq) in running:
                 raise InvariantError(f"request {seq.spec.id} is both running and waiting")
+            swapped += seq.held * self.swap.bytes_per_token if seq.swapped else 0
             if self.allocator.tokens_of(seq.spec.id) is not None:
                 raise InvariantError(f"waiting request {seq.spec.id} still holds KV")
         for seq in self.running:
@@ -154,13 +212,16 @@ class Scheduler:
             if seq.held > seq.shape.final_tokens:
                 raise InvariantError(f"request {seq.spec.id} holds {seq.held} tokens, more than "
                                      f"its final length {seq.shape.final_tokens}")
+        if self.swap and not math.isclose(swapped, self.swap.used_bytes, abs_tol=1e-6):
+            raise InvariantError(f"swap space counts {self.swap.used_bytes} bytes; swapped-out "
+                                 f"requests hold {swapped}")
         b = self.allocator.breakdown(self.next_waiting())
         parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)
         if min(parts) < 0 or b.capacity != self.allocator.capacity:
             raise InvariantError(f"breakdown {parts} does not split the pool of {self.allocator.capacity}")
-        if b.token != sum(s.held for s in self.running):
+        if b.token > sum(s.held for s in self.running):   # sharing and windows make it less
             raise InvariantError(f"the pool counts {b.token} token slots; running requests hold "
-                                 f"{sum(s.held for s in self.running)}")
+                                 f"only {sum(s.held for s in self.running)}")
 
     def complete(self, step: Step, now: float) -> list[Seq]:
         """Apply a finished step at time `now`; returns the sequences that finished."""

@@ -79,15 +79,42 @@ class GPUSpec:
     pcie_gb_s: float = 64.0   # host link, GB/s (PCIe 5.0 x16 per direction; 4.0 is 32)
 
 
+QUANTIZED = {"fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"}
+SCALE_BYTES = 2    # one fp16 scale
+
+
 @dataclass(frozen=True)
 class KVSpec:
-    """One frozen layout from which every allocator derives its sizes."""
+    """One frozen layout from which every allocator derives its sizes.
+
+    Quantized KV also stores scales. `scale_granularity`:
+      tensor  static scales, one per layer for K and one for V: no bytes per token;
+      head    one fp16 scale per token for each cached vector (each KV head's K and V,
+              or the MLA latent) per layer (dynamic per-token-head quantization);
+      group   one fp16 scale per `scale_group_size` elements of each such vector.
+    """
     model: ModelSpec
     kv_cache_dtype: str
+    scale_granularity: str = "tensor"
+    scale_group_size: int = 64
+
+    @property
+    def data_bytes_per_token(self) -> float:
+        return self.model.kv_elements_per_token * DTYPE_BITS[self.kv_cache_dtype] / 8
+
+    @property
+    def scale_bytes_per_token(self) -> float:
+        if self.kv_cache_dtype not in QUANTIZED or self.scale_granularity == "tensor":
+            return 0.0
+        m = self.model
+        vectors, width = ((m.num_layers, m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla
+                          else (2 * m.num_layers * m.num_kv_heads, m.head_dim))
+        per_vector = 1 if self.scale_granularity == "head" else -(-width // self.scale_group_size)
+        return vectors * per_vector * SCALE_BYTES
 
     @property
     def bytes_per_token(self) -> float:
-        return self.model.kv_elements_per_token * DTYPE_BITS[self.kv_cache_dtype] / 8
+        return self.data_bytes_per_token + self.scale_bytes_per_token
 
     def bytes_for(self, tokens: int) -> float:
         return tokens * self.bytes_per_token

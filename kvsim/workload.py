@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import sharing as share
+from .allocators import SeqShape
 from .errors import InputError
-from .scenario import Burst, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
+from .scenario import Burst, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
 
 MAX_REDRAW_ROUNDS = 200
 
@@ -28,23 +30,41 @@ class RequestSpec:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    segments: tuple[tuple[int, int], ...] = ()   # shared content the prompt starts with
+    tail_id: int | None = None                   # content id of the rest; default: id
+
+    @property
+    def shape(self) -> SeqShape:
+        tail = self.id if self.tail_id is None else self.tail_id
+        return SeqShape(self.prompt_tokens, self.output_tokens, self.segments, tail)
 
 
 def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> list[RequestSpec]:
     wl = scn.workload
-    arrival_ss, length_ss = np.random.SeedSequence(scn.seed).spawn(2)
+    arrival_ss, length_ss, sharing_ss = np.random.SeedSequence(scn.seed).spawn(3)
     if wl.trace is not None:
         from .datasets import read_trace
         df = read_trace(base_dir / wl.trace)
         if wl.num_requests is not None:
             df = df.iloc[: wl.num_requests]
         arrivals, prompt, output = (df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens"))
-    else:
-        n = wl.num_requests
-        arrivals = draw_arrivals(wl.arrival, n, np.random.default_rng(arrival_ss))
-        prompt, output = _draw_lengths(scn, n, np.random.default_rng(length_ss), base_dir, src)
-    return [RequestSpec(i, float(a), int(p), int(o))
-            for i, (a, p, o) in enumerate(zip(arrivals, prompt, output))]
+        return [RequestSpec(i, float(a), int(p), int(o))
+                for i, (a, p, o) in enumerate(zip(arrivals, prompt, output))]
+    n = wl.num_requests
+    arrivals = draw_arrivals(wl.arrival, n, np.random.default_rng(arrival_ss))
+    length_rng = np.random.default_rng(length_ss)
+    shared = share.shared_tokens(wl.sharing)
+    if shared >= scn.max_model_len:
+        raise InputError(src, "workload", f"shared prompt content ({shared} tokens) leaves no room "
+                         f"under max_model_len ({scn.max_model_len})")
+    prompt, output = _draw_lengths(scn, n, length_rng, base_dir, src, scn.max_model_len - shared)
+    if isinstance(wl.sharing, Conversation):
+        turns = share.conversations(wl.sharing, arrivals, prompt, output, scn.max_model_len)
+        return [RequestSpec(i, a, p, o, seg, tail) for i, (a, p, o, seg, tail) in enumerate(turns)]
+    segments = (share.shared_segments(wl.sharing, n, np.random.default_rng(sharing_ss))
+                if wl.sharing else [()] * n)
+    return [RequestSpec(i, float(a), int(p) + shared, int(o), seg)
+            for i, (a, p, o, seg) in enumerate(zip(arrivals, prompt, output, segments))]
 
 
 def draw_arrivals(arrival: Poisson | Gamma | Burst, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -59,7 +79,9 @@ def draw_arrivals(arrival: Poisson | Gamma | Burst, n: int, rng: np.random.Gener
     return np.cumsum(gaps)
 
 
-def _draw_lengths(scn: Scenario, n: int, rng: np.random.Generator, base_dir: Path, src: str):
+def _draw_lengths(scn: Scenario, n: int, rng: np.random.Generator, base_dir: Path, src: str,
+                  limit: int):
+    """n (prompt, output) pairs with prompt + output <= limit."""
     wl = scn.workload
     if wl.dataset is not None:
         from .datasets import sample_lengths
@@ -71,15 +93,17 @@ def _draw_lengths(scn: Scenario, n: int, rng: np.random.Generator, base_dir: Pat
     prompts, outputs, have = [], [], 0
     for _ in range(MAX_REDRAW_ROUNDS):
         p, o = draw(max(n - have, 16))
-        keep = (p + o) <= scn.max_model_len
+        keep = (p + o) <= limit
         p, o = p[keep][: n - have], o[keep][: n - have]
         prompts.append(p)
         outputs.append(o)
         have += len(p)
         if have == n:
             return np.concatenate(prompts), np.concatenate(outputs)
-    raise InputError(src, "workload", f"too few drawn requests fit max_model_len ({scn.max_model_len}) "
-                     "after prompt + output; widen max_model_len or shorten the lengths")
+    room = (f"max_model_len ({scn.max_model_len})" if limit == scn.max_model_len else
+            f"the {limit} tokens that max_model_len ({scn.max_model_len}) leaves after shared content")
+    raise InputError(src, "workload", f"too few drawn requests fit {room} after prompt + output; "
+                     "widen max_model_len or shorten the lengths")
 
 
 def _sampler(dist, base_dir: Path, src: str, field: str):

@@ -132,7 +132,8 @@ def test_unknown_key_without_a_close_match_lists_the_allowed_keys(tmp_path):
     text = load_error(write_scenario(tmp_path, **{"policies.0": {"name": "c", "allocator": "contiguous",
                                                                   "blok_size": 8}}))
     assert text.endswith("policies[0].blok_size: unknown key 'blok_size'; "
-                         "choose from: allocator, kv_cache_dtype, name, placement, reserve")
+                         "choose from: allocator, enable_prefix_caching, kv_cache_dtype, kv_scale, kv_scale_group_size, "
+                         "name, placement, reserve")
 
 
 def test_misspelt_required_key_names_the_typo(tmp_path):
@@ -153,7 +154,7 @@ def test_misspelt_required_key_names_the_typo(tmp_path):
     ({"workload.arrival.process": "poison"}, "workload.arrival", "'poisson', 'gamma', 'burst'"),
     ({"workload.prompt_tokens.dist": "normal"}, "workload.prompt_tokens", "'fixed', 'uniform', 'lognormal'"),
     ({"policies.0": {"name": "c", "allocator": "buddy"}}, "policies[0]", "'contiguous', 'paged'"),
-    ({"scheduler": {"preemption_mode": "swap"}}, "scheduler.preemption_mode", "'recompute'"),
+    ({"scheduler": {"preemption_mode": "swapp"}}, "scheduler.preemption_mode", "'recompute' or 'swap'"),
 ])
 def test_bad_enum_value_lists_the_allowed_ones(tmp_path, overrides, field, allowed):
     text = load_error(write_scenario(tmp_path, **overrides))

@@ -109,8 +109,9 @@ class KVAllocator(Protocol):
         the cache, reusable by `allocate` right now (0 for allocators without a cache).
         At most num_tokens - 1: the last token is always computed, to produce output."""
 
-    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int) -> bool:
-        """Admit a sequence holding `num_tokens` tokens of KV (its matched prefix reused)."""
+    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
+        """Admit a sequence holding `num_tokens` tokens of KV (its matched prefix reused),
+        unless that would leave fewer than `keep_free` slots free (the watermark)."""
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         """Let a sequence hold `num_tokens` tokens in all (never fewer than it holds)."""

@@ -227,11 +227,13 @@ class ContiguousAllocator:
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         return 0   # no cache: nothing is shared
 
-    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int) -> bool:
+    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
         if seq_id in self._regions:
             raise ValueError(f"sequence {seq_id} is already allocated")
         requested = self._request(shape, num_tokens)
         placed = self._placement.placed_size(requested)
+        if keep_free and sum(size for _, size in self.holes()) - placed < keep_free:
+            return False
         start = self._placement.place(requested)
         if start is None:
             return False

@@ -75,11 +75,11 @@ class PagedAllocator:
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         return 0   # no cache: nothing is shared
 
-    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int) -> bool:
+    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already allocated")
         need = blocks_for(num_tokens, self.block_size)
-        if need > len(self._free):
+        if need + blocks_for(keep_free, self.block_size) > len(self._free):
             return False
         table = [self._free.popleft() for _ in range(need)]
         self._seqs[seq_id] = _Seq(shape, num_tokens, table)
