@@ -141,8 +141,10 @@ class Scheduler:
 
     def _admit(self, seq: Seq, budget: int, step: Step) -> int:
         """Give the queue head memory; returns its new tokens this step, 0 if it must wait."""
+        # The watermark guards running requests; with none running it would only block.
+        keep_free = self.keep_free if self.running else 0
         if seq.swapped:    # copy its KV back and let it decode at once
-            if not self.allocator.allocate(seq.spec.id, seq.shape, seq.held + 1, self.keep_free):
+            if not self.allocator.allocate(seq.spec.id, seq.shape, seq.held + 1, keep_free):
                 return 0
             nbytes = seq.held * self.swap.bytes_per_token
             self.swap.used_bytes -= nbytes
@@ -157,7 +159,7 @@ class Scheduler:
             return 0
         done = min(cached, seq.target - 1)
         held = done + n + (1 if done + n == seq.target else 0)
-        if not self.allocator.allocate(seq.spec.id, seq.shape, held, self.keep_free):
+        if not self.allocator.allocate(seq.spec.id, seq.shape, held, keep_free):
             return 0
         seq.prefilled = done
         self.prompt_tokens += seq.target

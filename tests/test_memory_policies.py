@@ -1,0 +1,129 @@
+"""Memory policies beyond plain paging: swap, watermark, shared-content workloads, scales."""
+import numpy as np
+import pytest
+
+from kvsim.allocators import PagedAllocator
+from kvsim.scenario import validate_scenario
+from kvsim.scheduler import SwapSpace
+from kvsim.specs import MODEL_PRESETS, KVSpec
+from kvsim.workload import generate_requests
+from test_engine import OneSecondSteps, make_requests, timeline
+
+from kvsim.engine import simulate
+
+
+def run(requests, allocator, **options):
+    base = dict(max_model_len=64, max_num_seqs=256, max_num_batched_tokens=64, chunked_prefill=False)
+    return simulate("p", requests, allocator, OneSecondSteps(), check_invariants=True, **{**base, **options})
+
+
+def test_swap_preemption_keeps_progress_and_pays_pcie_time():
+    # As in test_engine's recompute case, r1 is preempted at t=1; here its 4 tokens of KV
+    # (1 byte each, 1 byte/s of PCIe) are copied out during step [1, 6] and back during
+    # step [8, 13], after which it decodes its last token without recomputing anything.
+    swap = SwapSpace(capacity_bytes=100, bytes_per_token=1.0, bandwidth_bytes_s=1.0)
+    result = run(make_requests((0.0, 4, 4), (0.0, 3, 3)), PagedAllocator(10, 1), swap=swap)
+    assert timeline(result) == [
+        (0, 0.0, 1.0, 8.0, 0, "completed"),
+        (1, 0.0, 1.0, 14.0, 1, "completed"),
+    ]
+    assert (result.preemptions, result.swaps) == (1, 1)
+    assert [row[1] for row in result.steps] == [1.0, 5.0, 1.0, 1.0, 5.0, 1.0]
+    assert swap.used_bytes == 0
+
+
+def test_swap_falls_back_to_recompute_when_cpu_space_is_full():
+    swap = SwapSpace(capacity_bytes=3, bytes_per_token=1.0, bandwidth_bytes_s=1.0)
+    result = run(make_requests((0.0, 4, 4), (0.0, 3, 3)), PagedAllocator(10, 1), swap=swap)
+    assert (result.preemptions, result.swaps) == (1, 0)
+    assert timeline(result)[1] == (1, 0.0, 1.0, 6.0, 1, "completed")
+
+
+def test_watermark_keeps_blocks_free_while_others_run():
+    # 10 one-slot blocks, watermark 0.3 keeps 3 free: r0 (5 slots) is admitted into the
+    # empty pool, r1 (4 slots) would leave only 1 free, so it waits for r0 to finish.
+    result = run(make_requests((0.0, 4, 1), (0.0, 3, 1)), PagedAllocator(10, 1), watermark=0.3)
+    assert [s.admitted_s for s in result.seqs] == [0.0, 1.0]
+
+
+def test_watermark_never_blocks_an_empty_pool():
+    result = run(make_requests((0.0, 8, 1)), PagedAllocator(10, 1), watermark=0.5)
+    assert timeline(result) == [(0, 0.0, 1.0, 1.0, 0, "completed")]
+
+
+BASE = dict(name="s", model="llama-3-8b", gpu="h100-80gb", max_model_len=4096,
+            workload=dict(num_requests=200, arrival=dict(process="poisson", rate_per_s=2.0),
+                          prompt_tokens=dict(dist="uniform", min=10, max=100),
+                          output_tokens=dict(dist="uniform", min=5, max=50)),
+            policies=[dict(name="p", allocator="paged")])
+
+
+def requests_for(**workload):
+    scn = validate_scenario({**BASE, "workload": {**BASE["workload"], **workload}}, "s.yaml")
+    return generate_requests(scn, base_dir=None)
+
+
+def test_prefix_groups_prepend_a_shared_prefix():
+    reqs = requests_for(prefix=dict(groups=3, tokens=500, popularity="zipf", zipf_s=1.5))
+    plain = requests_for()
+    assert [r.prompt_tokens - 500 for r in reqs] == [r.prompt_tokens for r in plain]
+    groups = [r.segments[0][0] - len(reqs) for r in reqs]
+    assert set(groups) <= {0, 1, 2} and all(r.segments[0][1] == 500 for r in reqs)
+    counts = np.bincount(groups, minlength=3)
+    assert counts[0] > counts[1] > counts[2]     # Zipf: the first prefix is the most popular
+    assert all(r.shape.tail_id == r.id for r in reqs)
+
+
+def test_rag_requests_share_a_system_prompt_then_retrieved_documents():
+    reqs = requests_for(rag=dict(system_tokens=300, corpus_docs=50, doc_tokens=200, docs_per_request=3))
+    for r in reqs:
+        system, *docs = r.segments
+        assert system == (len(reqs), 300)
+        assert len({d for d, _ in docs}) == 3 and all(n == 200 for _, n in docs)
+        assert r.prompt_tokens >= 300 + 3 * 200 + 10
+
+
+def test_conversation_turns_carry_the_whole_previous_context():
+    reqs = requests_for(conversation=dict(turns=3, think_time_s=5.0))
+    assert [r.arrival_s for r in reqs] == sorted(r.arrival_s for r in reqs)
+    by_tail = {r.shape.tail_id: r for r in reqs}
+    followers = [r for r in reqs if r.segments]
+    assert followers
+    for r in followers:
+        prev = by_tail[r.segments[-1][0]]
+        # the previous turn's tokens (its shared part, its own prompt and its answer) lead this prompt
+        assert r.segments[:-1] == prev.segments
+        assert sum(n for _, n in r.segments) == prev.prompt_tokens + prev.output_tokens
+        assert r.arrival_s == pytest.approx(prev.arrival_s + 5.0)
+        assert r.prompt_tokens + r.output_tokens <= 4096
+
+
+def test_shared_content_must_leave_room_under_max_model_len():
+    from kvsim.errors import InputError
+    with pytest.raises(InputError, match="leaves no room"):
+        requests_for(prefix=dict(groups=1, tokens=4096))
+
+
+def test_contiguous_prefix_caching_is_a_clear_error():
+    from kvsim.errors import InputError
+    bad = {**BASE, "policies": [dict(name="c", allocator="contiguous", enable_prefix_caching=True)]}
+    with pytest.raises(InputError, match="contiguous allocation cannot share"):
+        validate_scenario(bad, "s.yaml")
+
+
+@pytest.mark.parametrize("dtype, scale, group, data, scales", [
+    ("bf16", "head", 64, 131072, 0),          # unquantized: no scales whatever is asked
+    ("fp8", "tensor", 64, 65536, 0),          # static per-tensor scales cost nothing per token
+    ("int8", "head", 64, 65536, 2 * 32 * 8 * 2),          # one fp16 scale per K/V head per layer
+    ("int4", "group", 64, 32768, 2 * 32 * 8 * 2 * 2),     # 128-wide heads: two groups each
+])
+def test_quantization_scales_add_bytes_per_token(dtype, scale, group, data, scales):
+    kv = KVSpec(MODEL_PRESETS["llama-3-8b"], dtype, scale, group)
+    assert (kv.data_bytes_per_token, kv.scale_bytes_per_token) == (data, scales)
+    assert kv.bytes_per_token == data + scales
+
+
+def test_mla_scales_count_one_latent_vector_per_layer():
+    kv = KVSpec(MODEL_PRESETS["deepseek-v3"], "fp8", "group", 64)
+    assert kv.data_bytes_per_token == 61 * 576
+    assert kv.scale_bytes_per_token == 61 * 9 * 2
