@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kvsim.allocators import PagedAllocator
+from kvsim.allocators import PagedAllocator, SeqShape
 from kvsim.scenario import validate_scenario
 from kvsim.scheduler import SwapSpace
 from kvsim.specs import MODEL_PRESETS, KVSpec
@@ -127,3 +127,25 @@ def test_mla_scales_count_one_latent_vector_per_layer():
     kv = KVSpec(MODEL_PRESETS["deepseek-v3"], "fp8", "group", 64)
     assert kv.data_bytes_per_token == 61 * 576
     assert kv.scale_bytes_per_token == 61 * 9 * 2
+
+
+def test_sliding_window_releases_blocks_that_left_the_window():
+    alloc = PagedAllocator(10, 2, window=4)
+    assert alloc.allocate(0, SeqShape(5, 10), 5)             # blocks 0,1,2; none out yet
+    assert (alloc.block_table(0), alloc.free_blocks) == ([0, 1, 2], [3, 4, 5, 6, 7, 8, 9])
+    assert alloc.grow(0, 8)             # tokens 0-3 are before the last 4: blocks 0 and 1 go
+    assert alloc.block_table(0) == [2, 3]
+    assert alloc.free_blocks == [4, 5, 6, 7, 8, 9, 0, 1]
+    b = alloc.breakdown(None)
+    assert (b.token, b.reservation, b.internal) == (4, 0, 0)
+    alloc.check_invariants()
+    alloc.free(0)
+    assert sorted(alloc.free_blocks) == list(range(10))
+
+
+def test_sliding_window_model_holds_fewer_blocks_in_a_run():
+    reqs = make_requests(*[(0.0, 30, 40)] * 4)
+    full = run(reqs, PagedAllocator(100, 4), max_model_len=128)
+    windowed = run(reqs, PagedAllocator(100, 4, window=16), max_model_len=128, sliding_window=16)
+    assert max(r[6] for r in windowed.steps) < max(r[6] for r in full.steps)
+    assert [s.outcome for s in windowed.seqs] == ["completed"] * 4

@@ -12,8 +12,13 @@ Free blocks wait in a FIFO queue. It starts as 0..N-1; allocation takes from the
 vLLM's block pool does, so the blocks at the end of a finished sequence, which hold the
 least shareable prefix, are handed out again first among them.
 
+With sliding-window attention (`window`, e.g. Mistral-7B's 4096) a token attends only
+to the last `window` tokens, so a block whose tokens all lie before them is released as
+the sequence grows: a sequence then holds at most about window / block_size blocks.
+
 Invariants: each block id is in exactly one place (the free queue or one block table);
-a table covers its tokens and holds no block beyond the last one it needs.
+a table (with its released leading blocks) covers its tokens and holds no block beyond
+the last one it needs.
 """
 from __future__ import annotations
 
@@ -32,18 +37,23 @@ def blocks_for(tokens: int, block_size: int) -> int:
 class _Seq:
     shape: SeqShape
     tokens: int
-    table: list[int]
+    table: list[int]     # live blocks, in logical order
+    dropped: int = 0     # leading blocks released because they left the window
+
+    def logical_blocks(self) -> int:
+        return self.dropped + len(self.table)
 
 
 class PagedAllocator:
     """Fixed-size blocks handed out one at a time from a FIFO free queue."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, window: int | None = None):
         if num_blocks < 0 or block_size < 1:
             raise ValueError(f"need num_blocks >= 0 and block_size >= 1, "
                              f"got {num_blocks} and {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.window = window
         self.capacity = num_blocks * block_size
         # Owned here only: every block id is either in this queue or in one table.
         self._free: deque[int] = deque(range(num_blocks))
@@ -68,6 +78,7 @@ class PagedAllocator:
     def unfit_reason(self, shape: SeqShape) -> str | None:
         # A sequence that cannot finish even alone would be preempted and re-admitted
         # forever, so the scheduler must reject it up front.
+        # Even with a window, a recompute prefills the whole context in one allocation.
         if blocks_for(shape.final_tokens, self.block_size) > self.num_blocks:
             return "final length exceeds KV pool"
         return None
@@ -82,7 +93,8 @@ class PagedAllocator:
         if need + blocks_for(keep_free, self.block_size) > len(self._free):
             return False
         table = [self._free.popleft() for _ in range(need)]
-        self._seqs[seq_id] = _Seq(shape, num_tokens, table)
+        self._seqs[seq_id] = seq = _Seq(shape, num_tokens, table)
+        self._slide(seq)
         return True
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
@@ -90,12 +102,23 @@ class PagedAllocator:
         if num_tokens < seq.tokens:
             raise ValueError(f"sequence {seq_id} holds {seq.tokens} tokens; "
                              f"cannot grow to {num_tokens}")
-        extra = blocks_for(num_tokens, self.block_size) - len(seq.table)
+        extra = blocks_for(num_tokens, self.block_size) - seq.logical_blocks()
         if extra > len(self._free):
             return False
         seq.table.extend(self._free.popleft() for _ in range(extra))
         seq.tokens = num_tokens
+        self._slide(seq)
         return True
+
+    def _slide(self, seq: _Seq) -> None:
+        """Release leading blocks whose tokens are all outside the attention window."""
+        if self.window is None:
+            return
+        out = max(0, (seq.tokens - self.window) // self.block_size - seq.dropped)
+        if out:
+            self._free.extend(seq.table[:out])
+            del seq.table[:out]
+            seq.dropped += out
 
     def free(self, seq_id: int) -> None:
         seq = self._seqs.pop(seq_id)
@@ -104,8 +127,9 @@ class PagedAllocator:
     def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
         token = reservation = internal = 0
         for seq in self._seqs.values():
-            t, r, i = split_used(seq.tokens, len(seq.table) * self.block_size,
-                                 seq.shape.final_tokens)
+            gone = seq.dropped * self.block_size
+            t, r, i = split_used(seq.tokens - gone, len(seq.table) * self.block_size,
+                                 seq.shape.final_tokens - gone)
             token, reservation, internal = token + t, reservation + r, internal + i
         free_slots = len(self._free) * self.block_size
         starved = (next_seq is not None
@@ -119,7 +143,7 @@ class PagedAllocator:
         everywhere = set(self._free).union(owned)
         fast_ok = (len(everywhere) == len(self._free) + len(owned) == self.num_blocks
                    and (not everywhere or (min(everywhere) >= 0 and max(everywhere) < self.num_blocks))
-                   and all(blocks_for(s.tokens, self.block_size) == len(s.table)
+                   and all(blocks_for(s.tokens, self.block_size) == s.logical_blocks()
                            for s in self._seqs.values()))
         if not fast_ok:   # find and name the culprit
             self._diagnose()
@@ -139,11 +163,11 @@ class PagedAllocator:
         for seq_id, seq in self._seqs.items():
             for block in seq.table:
                 claim(block, f"seq {seq_id}'s table")
-            held = len(seq.table) * self.block_size
+            held = seq.logical_blocks() * self.block_size
             if held < seq.tokens:
                 raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in "
                                      f"{held} slots (blocks {seq.table})")
-            if len(seq.table) > blocks_for(seq.tokens, self.block_size):
+            if seq.logical_blocks() > blocks_for(seq.tokens, self.block_size):
                 raise InvariantError(f"seq {seq_id} keeps block {seq.table[-1]} "
                                      f"beyond its {seq.tokens} tokens")
         if len(owner) != self.num_blocks:
