@@ -39,6 +39,7 @@ class PolicyRun:
     swaps: int = 0
     prompt_tokens: int = 0     # tokens to prefill at admissions, and those found cached
     cached_tokens: int = 0
+    width: int = 1             # sequences per request
 
 
 def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cost: CostModel, *,
@@ -76,6 +77,9 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
                 yield state["wake"]
                 continue
             step = sched.schedule(env.now)
+            state["ended"] += len(step.rejected)
+            if not step.work and not sched.running and not sched.waiting:
+                continue
             if not step.work:
                 raise RuntimeError(f"{name}: no progress possible at t={env.now:.6f}s with "
                                    f"{len(sched.waiting)} waiting; this is a kvsim bug")
@@ -98,6 +102,7 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
     env.run(until=done if time_limit_s is None else env.any_of([done, env.timeout(time_limit_s)]))
     run.preemptions, run.swaps = sched.preemptions, sched.swaps
     run.prompt_tokens, run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
+    run.width = sched.width
     return run
 
 
@@ -110,7 +115,6 @@ def _check(sched: Scheduler, where: str) -> None:
 
 def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:
     b = sched.allocator.breakdown(sched.next_waiting())
-    prefill = sum(n for s, n in step.work if s.prefilling)
+    prefill = sum(n for n, _ in step.cost.prefills)
     run.steps.append((now, dt, len(sched.running), len(sched.waiting), prefill,
-                      len(step.work) - sum(1 for s, _ in step.work if s.prefilling),
-                      b.token, b.reservation, b.internal, b.external, b.free, b.allocated, b.shared))
+                      len(step.cost.decode_contexts), b.token, b.reservation, b.internal, b.external, b.free, b.allocated, b.shared))

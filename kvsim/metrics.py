@@ -10,8 +10,9 @@ Definitions (also in the README):
 - allocation_waste = slots allocated but not holding tokens / slots allocated,
   time-weighted over the busy time.
 - mean_batch_size: time-weighted mean of running requests over the busy time.
-- throughput_tok_s: output tokens of completed requests / makespan (first arrival to
-  last completion); request_throughput likewise in requests.
+- throughput_tok_s: output tokens of completed requests (times the sequences each
+  runs: parallel samples or beams) / makespan (first arrival to last completion);
+  request_throughput likewise in requests.
 - Latencies in simulated seconds: TTFT = first token - arrival; TPOT = (finish - first
   token) / (output tokens - 1) for requests of 2+ output tokens; e2e = finish - arrival.
 """
@@ -99,7 +100,7 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
         "mean_batch_size": weighted(col["running"], dt),
         "max_batch_size": int(col["running"].max()) if len(dt) else 0,
         "achievable_batch_size": weighted(col["running"]),
-        "throughput_tok_s": float(done.output_tokens.sum() / makespan) if makespan > 0 else 0.0,
+        "throughput_tok_s": float(done.output_tokens.sum() * run.width / makespan) if makespan > 0 else 0.0,
         "request_throughput": float(len(done) / makespan) if makespan > 0 else 0.0,
         "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
         "tpot_p50_s": pct(tpot, 50), "e2e_p50_s": pct(e2e, 50),

@@ -11,7 +11,7 @@ from typing import Callable
 import pandas as pd
 
 from .allocators import make_allocator
-from .costmodel import COST_MODELS
+from .costmodel import make_cost_model
 from .engine import simulate
 from .errors import InputError
 from .memory import PoolSizing, activation_estimate, size_pool
@@ -55,7 +55,8 @@ def scheduler_options(scn: Scenario, kv: KVSpec, gpu) -> dict:
     return dict(max_model_len=scn.max_model_len, max_num_seqs=s.max_num_seqs,
                 max_num_batched_tokens=scn.batched_token_budget,
                 chunked_prefill=s.enable_chunked_prefill, watermark=s.watermark, swap=swap,
-                sliding_window=kv.model.sliding_window)
+                sliding_window=kv.model.sliding_window, seed=scn.seed,
+                width=max(scn.workload.n, scn.workload.beam_width), beam=scn.workload.beam_width > 1)
 
 
 def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
@@ -74,10 +75,14 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         if allocator.capacity <= 0:
             raise InputError(src, f"policies[{i}]", f"the KV pool ({pool.pool_bytes / GIB:.3g} GiB) "
                              f"holds not even one block of policy '{policy.name}'")
-        setups.append((policy, kv, allocator))
+        cost = make_cost_model(scn.cost_model, model, gpu, kv, scn.tensor_parallel_size,
+                               block_size=options.get("block_size"), base_dir=base_dir, src=src)
+        if max(scn.workload.n, scn.workload.beam_width) > 1 and not hasattr(allocator, "fork"):
+            raise InputError(src, f"policies[{i}]", f"policy '{policy.name}' cannot fork sequences, "
+                             "so it cannot run workload.n or workload.beam_width above 1")
+        setups.append((policy, kv, allocator, cost))
     summaries, series, tables = [], [], []
-    for policy, kv, allocator in setups:
-        cost = COST_MODELS[scn.cost_model](model, gpu, kv, scn.tensor_parallel_size)
+    for policy, kv, allocator, cost in setups:
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
         run = simulate(policy.name, requests, allocator, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,

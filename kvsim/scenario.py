@@ -120,6 +120,8 @@ class Workload(Strict):
     output_tokens: LengthDist | None = None
     dataset: str | None = None     # joint lengths from a preset (kvsim.datasets)
     trace: str | None = None       # CSV of arrival time and lengths, replayed as is
+    n: int = Field(1, ge=1, le=64)           # parallel samples per request
+    beam_width: int = Field(1, ge=1, le=64)  # beams per request
     prefix: PrefixGroups | None = None
     rag: RAG | None = None
     conversation: Conversation | None = None
@@ -132,6 +134,8 @@ class Workload(Strict):
     def _one_source(self):
         if sum(x is not None for x in (self.prefix, self.rag, self.conversation)) > 1:
             raise ValueError("choose at most one of prefix, rag and conversation")
+        if self.n > 1 and self.beam_width > 1:
+            raise ValueError("choose n (parallel sampling) or beam_width (beam search), not both")
         if self.trace is not None and self.sharing is not None:
             raise ValueError("a trace has no token identities: drop prefix, rag or conversation")
 
@@ -230,6 +234,13 @@ class InlineGPU(Strict):
     pcie_gb_s: float = Field(64.0, gt=0)
 
 
+class ProfileCost(Strict):
+    """Step costs from a profile: a shipped name or a folder relative to the scenario
+    (kvsim.profiles); step_overhead_ms replaces the profile's fixed per-step overhead."""
+    profile: str
+    step_overhead_ms: float | None = Field(None, ge=0)
+
+
 def _spec_kind(value) -> str:
     """A model or GPU is a preset name, a Hugging Face config, or given inline."""
     if isinstance(value, str):
@@ -253,7 +264,7 @@ class Scenario(Strict):
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
     max_model_len: int = Field(ge=1)
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
-    cost_model: Literal["roofline"] = "roofline"
+    cost_model: Union[Literal["roofline", "calibrated"], ProfileCost] = "roofline"
     workload: Workload
     scheduler: Scheduler = Scheduler()
     policies: list[Policy] = Field(min_length=1)
@@ -320,6 +331,9 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InputError(src, "policies", f"policy names must be unique; repeated: {', '.join(dup)}")
+    if max(scn.workload.n, scn.workload.beam_width) > 1 and scn.scheduler.enable_chunked_prefill:
+        raise InputError(src, "scheduler.enable_chunked_prefill", "must be false with workload.n or "
+                         "workload.beam_width above 1: a group forks from a whole prefilled prompt")
     budget = scn.scheduler.max_num_batched_tokens
     if budget is not None and budget < scn.max_model_len and not scn.scheduler.enable_chunked_prefill:
         raise InputError(src, "scheduler.max_num_batched_tokens",

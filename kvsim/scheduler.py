@@ -18,6 +18,16 @@ Each step, in this order:
    skipping). A prefix cache may already hold KV for the start of the prompt: those
    tokens are not prefilled again (and count as prefix hits).
 
+A request may run as a group of `width` sequences: parallel samples (n) or beams
+(beam_width). They are forked from the prompt at admission, sharing its KV as far as
+the allocator can, decode one token each per step, and are preempted together; a
+preempted group restarts from its prompt (recompute; swap is for single sequences).
+Beam search branches after every decode step: each beam but the first is, with
+probability BEAM_REPLACE, pruned and replaced by a fork of a beam kept this step (a
+uniform choice), so beams share their common history by reference. The draws depend
+only on the seed, the request and its progress, so every policy sees the same tree.
+Groups need whole-prompt prefill (no chunking), so the fork shares all of it.
+
 A sequence holds KV for every token that exists: its prompt (or the part prefilled so
 far) and each token generated so far. A request whose prompt + output exceeds
 max_model_len, or which could not fit even in an empty pool, is rejected on arrival
@@ -29,9 +39,15 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .allocators import InvariantError, KVAllocator, SeqShape
 from .costmodel import StepBatch
 from .workload import RequestSpec
+
+
+MAX_WIDTH = 64        # sequences per request; allocator ids are request id * 64 + k
+BEAM_REPLACE = 0.5    # chance that a beam is replaced by a fork of another each step
 
 
 @dataclass(eq=False)
@@ -62,6 +78,7 @@ class Step:
     work: list[tuple[Seq, int]] = field(default_factory=list)
     cost: StepBatch | None = None
     swap_bytes: float = 0.0
+    rejected: list[Seq] = field(default_factory=list)   # found unable to fit even alone
 
 
 @dataclass
@@ -76,7 +93,10 @@ class SwapSpace:
 class Scheduler:
     def __init__(self, allocator: KVAllocator, *, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, chunked_prefill: bool, watermark: float = 0.0,
-                 swap: SwapSpace | None = None, sliding_window: int | None = None):
+                 swap: SwapSpace | None = None, sliding_window: int | None = None,
+                 width: int = 1, beam: bool = False, seed: int = 0):
+        if width > 1 and chunked_prefill:
+            raise ValueError("parallel sampling and beam search need whole-prompt prefill")
         self.allocator = allocator
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -85,6 +105,7 @@ class Scheduler:
         self.keep_free = int(watermark * allocator.capacity)
         self.swap = swap
         self.window = sliding_window
+        self.width, self.beam, self.seed = width, beam, seed
         self.running: list[Seq] = []       # admission order: the last is preempted first
         self.waiting: deque[Seq] = deque()
         self.preemptions = 0
@@ -117,12 +138,21 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
+            if not seq.prefilling and budget < self.width:
+                break
             if self._grow_or_preempt(seq, self._held_after(seq, n), step):
                 step.work.append((seq, n))
-                budget -= n
+                budget -= n if seq.prefilling else self.width
                 i += 1
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             n = self._admit(self.waiting[0], budget, step)
+            if not n and not self.running:   # an empty pool cannot take it: it never will
+                seq = self.waiting.popleft()
+                seq.outcome, seq.finish_s = "rejected", now
+                seq.reason = "does not fit an empty KV pool" + (
+                    f" with its {self.width} sequences" if self.width > 1 else "")
+                step.rejected.append(seq)
+                continue
             if not n:
                 break
             seq = self.waiting.popleft()
@@ -134,7 +164,7 @@ class Scheduler:
         window = self.window or math.inf
         step.cost = StepBatch.build(
             [(n, min(s.prefilled, window)) for s, n in step.work if s.prefilling],
-            [min(s.held + 1, window) for s, n in step.work if not s.prefilling])
+            [min(s.held + 1, window) for s, n in step.work if not s.prefilling for _ in range(self.width)])
         for seq, n in step.work:
             seq.held = self._held_after(seq, n)
         return step
@@ -144,7 +174,7 @@ class Scheduler:
         # The watermark guards running requests; with none running it would only block.
         keep_free = self.keep_free if self.running else 0
         if seq.swapped:    # copy its KV back and let it decode at once
-            if not self.allocator.allocate(seq.spec.id, seq.shape, seq.held + 1, keep_free):
+            if not self.allocator.allocate(self._ids(seq)[0], seq.shape, seq.held + 1, keep_free):
                 return 0
             nbytes = seq.held * self.swap.bytes_per_token
             self.swap.used_bytes -= nbytes
@@ -159,8 +189,14 @@ class Scheduler:
             return 0
         done = min(cached, seq.target - 1)
         held = done + n + (1 if done + n == seq.target else 0)
-        if not self.allocator.allocate(seq.spec.id, seq.shape, held, keep_free):
+        first, *others = self._ids(seq)
+        if not self.allocator.allocate(first, seq.shape, held, keep_free):
             return 0
+        for k, other in enumerate(others):
+            if not self.allocator.fork(first, other):    # a copy that does not fit: wait
+                for sid in [first, *others[:k]]:
+                    self.allocator.free(sid)
+                return 0
         seq.prefilled = done
         self.prompt_tokens += seq.target
         self.cached_tokens += done
@@ -173,17 +209,26 @@ class Scheduler:
         done = seq.prefilled + n
         return done + 1 if done == seq.target else done
 
+    def _ids(self, seq: Seq) -> list[int]:
+        """Allocator ids of the request's sequences (one unless sampling or beams)."""
+        return [seq.spec.id * MAX_WIDTH + k for k in range(self.width)]
+
     def _grow_or_preempt(self, seq: Seq, tokens: int, step: Step) -> bool:
-        while not self.allocator.grow(seq.spec.id, tokens):
-            victim = self.running.pop()
-            self._preempt(victim, step)
-            if victim is seq:
-                return False
+        for sid in self._ids(seq):
+            while not self.allocator.grow(sid, tokens):
+                victim = self.running.pop()
+                self._preempt(victim, step)
+                if victim is seq:
+                    return False
         return True
 
     def _preempt(self, seq: Seq, step: Step) -> None:
-        self.allocator.free(seq.spec.id)
+        for sid in self._ids(seq):
+            self.allocator.free(sid)
         nbytes = seq.held * self.swap.bytes_per_token if self.swap else math.inf
+        if self.width > 1:   # a group restarts: its samples or beams are not kept
+            seq.generated = 0
+            nbytes = math.inf
         if self.swap and not seq.prefilling and nbytes <= self.swap.capacity_bytes - self.swap.used_bytes:
             self.swap.used_bytes += nbytes
             step.swap_bytes += nbytes
@@ -195,6 +240,18 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(seq)
 
+    def _branch(self, seq: Seq) -> None:
+        """Prune beams and fork kept ones in their place (see the module docstring)."""
+        rng = np.random.default_rng((self.seed, seq.spec.id, seq.generated))
+        ids = self._ids(seq)
+        replaced = [k for k in range(1, self.width) if rng.random() < BEAM_REPLACE]
+        kept = [k for k in range(self.width) if k not in replaced]
+        for k in replaced:
+            self.allocator.free(ids[k])
+            if not self.allocator.fork(ids[int(rng.choice(kept))], ids[k]):
+                raise InvariantError(f"request {seq.spec.id}: a beam's copy did not fit where "
+                                     "the pruned beam was")
+
     def check(self) -> None:
         """Raise InvariantError where the scheduler and the allocator disagree."""
         self.allocator.check_invariants()
@@ -204,13 +261,14 @@ class Scheduler:
             if id(seq) in running:
                 raise InvariantError(f"request {seq.spec.id} is both running and waiting")
             swapped += seq.held * self.swap.bytes_per_token if seq.swapped else 0
-            if self.allocator.tokens_of(seq.spec.id) is not None:
+            if any(self.allocator.tokens_of(sid) is not None for sid in self._ids(seq)):
                 raise InvariantError(f"waiting request {seq.spec.id} still holds KV")
         for seq in self.running:
-            held = self.allocator.tokens_of(seq.spec.id)
-            if held != seq.held:
-                raise InvariantError(f"request {seq.spec.id} should hold {seq.held} tokens of KV; "
-                                     f"the allocator has {held}")
+            for sid in self._ids(seq):
+                held = self.allocator.tokens_of(sid)
+                if held != seq.held:
+                    raise InvariantError(f"request {seq.spec.id} (sequence {sid}) should hold "
+                                         f"{seq.held} tokens of KV; the allocator has {held}")
             if seq.held > seq.shape.final_tokens:
                 raise InvariantError(f"request {seq.spec.id} holds {seq.held} tokens, more than "
                                      f"its final length {seq.shape.final_tokens}")
@@ -221,9 +279,10 @@ class Scheduler:
         parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)
         if min(parts) < 0 or b.capacity != self.allocator.capacity:
             raise InvariantError(f"breakdown {parts} does not split the pool of {self.allocator.capacity}")
-        if b.token > sum(s.held for s in self.running):   # sharing and windows make it less
+        held = sum(s.held for s in self.running) * self.width   # sharing and windows make b.token less
+        if b.token > held:
             raise InvariantError(f"the pool counts {b.token} token slots; running requests hold "
-                                 f"only {sum(s.held for s in self.running)}")
+                                 f"only {held}")
 
     def complete(self, step: Step, now: float) -> list[Seq]:
         """Apply a finished step at time `now`; returns the sequences that finished."""
@@ -238,8 +297,11 @@ class Scheduler:
                 seq.first_token_s = now
             if seq.generated == seq.shape.output_tokens:
                 seq.outcome, seq.finish_s = "completed", now
-                self.allocator.free(seq.spec.id)
+                for sid in self._ids(seq):
+                    self.allocator.free(sid)
                 finished.append(seq)
+            elif self.beam:
+                self._branch(seq)
         if finished:
             done = set(map(id, finished))
             self.running = [s for s in self.running if id(s) not in done]

@@ -149,3 +149,55 @@ def test_sliding_window_model_holds_fewer_blocks_in_a_run():
     windowed = run(reqs, PagedAllocator(100, 4, window=16), max_model_len=128, sliding_window=16)
     assert max(r[6] for r in windowed.steps) < max(r[6] for r in full.steps)
     assert [s.outcome for s in windowed.seqs] == ["completed"] * 4
+
+
+def test_fork_shares_blocks_and_copies_a_shared_partial_block_on_write():
+    alloc = PagedAllocator(8, 4)
+    assert alloc.allocate(0, SeqShape(6, 4), 7)            # blocks 0, 1 (1 holds 3 tokens)
+    assert alloc.fork(0, 1)
+    assert alloc.block_table(1) == [0, 1] and alloc.ref_count(0) == alloc.ref_count(1) == 2
+    b = alloc.breakdown(None)
+    assert (b.token, b.reservation, b.internal, b.free, b.shared) == (7, 1, 0, 24, 8)
+    assert alloc.grow(1, 8)                                # writes into shared block 1: copy
+    assert alloc.block_table(1) == [0, 2] and alloc.ref_count(1) == 1
+    assert alloc.grow(0, 8)                                # block 1 is its own now: in place
+    assert alloc.block_table(0) == [0, 1]
+    alloc.check_invariants()
+    alloc.free(0)
+    assert alloc.free_blocks == [3, 4, 5, 6, 7, 1] and alloc.ref_count(0) == 1
+    alloc.free(1)
+    assert alloc.free_blocks == [3, 4, 5, 6, 7, 1, 2, 0]
+
+
+def test_contiguous_fork_is_a_full_copy():
+    from kvsim.allocators import ContiguousAllocator
+    alloc = ContiguousAllocator(20, 8, "oracle", "first-fit")
+    assert alloc.allocate(0, SeqShape(4, 4), 5) and alloc.fork(0, 1)
+    assert (alloc.region(0), alloc.region(1)) == ((0, 8), (8, 8))
+    assert not alloc.fork(0, 2)                            # 4 slots left: no room for a copy
+    assert alloc.holes() == [(16, 4)]
+
+
+def test_parallel_samples_share_the_prompt_and_finish_together():
+    alloc = PagedAllocator(100, 4)
+    result = run(make_requests((0.0, 8, 3)), alloc, width=3)
+    assert timeline(result) == [(0, 0.0, 1.0, 3.0, 0, "completed")]
+    # step 0: the prompt's 2 blocks + the first token's block, shared by all three samples
+    assert result.steps[0][12] == 2 * 3 * 4
+    assert [row[5] for row in result.steps] == [0, 3, 3]   # three decode tokens per step
+    assert len(alloc.free_blocks) == 100
+
+
+def test_beam_search_is_the_same_tree_whatever_the_allocator():
+    reqs = make_requests(*[(0.1 * i, 6 + i, 12) for i in range(6)])
+    small, large = (run(reqs, PagedAllocator(n, bs), width=4, beam=True, seed=3)
+                    for n, bs in ((60, 4), (400, 1)))
+    assert [s.outcome for s in small.seqs] == [s.outcome for s in large.seqs] == ["completed"] * 6
+    assert any(row[12] for row in small.steps)             # beams shared blocks
+
+
+def test_a_group_that_cannot_fit_an_empty_pool_is_rejected():
+    from kvsim.allocators import ContiguousAllocator
+    result = run(make_requests((0.0, 4, 4)), ContiguousAllocator(20, 8, "oracle", "first-fit"), width=3)
+    assert [(s.outcome, s.reason) for s in result.seqs] == [
+        ("rejected", "does not fit an empty KV pool with its 3 sequences")]

@@ -113,6 +113,10 @@ class KVAllocator(Protocol):
         """Admit a sequence holding `num_tokens` tokens of KV (its matched prefix reused),
         unless that would leave fewer than `keep_free` slots free (the watermark)."""
 
+    def fork(self, parent_id: int, child_id: int) -> bool:
+        """Start sequence `child_id` as a copy of `parent_id` (a parallel sample or a beam),
+        sharing its KV where the allocator can."""
+
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         """Let a sequence hold `num_tokens` tokens in all (never fewer than it holds)."""
 

@@ -240,6 +240,17 @@ class ContiguousAllocator:
         self._regions[seq_id] = _Region(shape, num_tokens, start, requested, placed)
         return True
 
+    def fork(self, parent_id: int, child_id: int) -> bool:
+        """A region cannot be shared: the child gets a copy, a new region of the same size."""
+        if child_id in self._regions:
+            raise ValueError(f"sequence {child_id} is already allocated")
+        p = self._regions[parent_id]
+        start = self._placement.place(p.requested)
+        if start is None:
+            return False
+        self._regions[child_id] = _Region(p.shape, p.tokens, start, p.requested, p.placed)
+        return True
+
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         r = self._regions[seq_id]
         if num_tokens < r.tokens:

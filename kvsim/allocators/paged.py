@@ -12,17 +12,24 @@ Free blocks wait in a FIFO queue. It starts as 0..N-1; allocation takes from the
 vLLM's block pool does, so the blocks at the end of a finished sequence, which hold the
 least shareable prefix, are handed out again first among them.
 
+Sequences of one request (parallel samples, beams) share blocks through `fork`: the
+child's table is a copy of the parent's and every block's reference count goes up. A
+shared block that is only partly filled is copied on write: the first sequence to add
+a token to it gets a fresh block instead (vLLM's copy-on-write), so only the prompt's
+(and common history's) full blocks stay shared. A block returns to the free queue when
+its count drops to zero.
+
 With sliding-window attention (`window`, e.g. Mistral-7B's 4096) a token attends only
 to the last `window` tokens, so a block whose tokens all lie before them is released as
 the sequence grows: a sequence then holds at most about window / block_size blocks.
 
-Invariants: each block id is in exactly one place (the free queue or one block table);
-a table (with its released leading blocks) covers its tokens and holds no block beyond
-the last one it needs.
+Invariants: each block id is either in the free queue (count 0) or in as many block
+tables as its reference count says; a table (with its released leading blocks) covers
+its tokens and holds no block beyond the last one it needs.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
@@ -55,8 +62,10 @@ class PagedAllocator:
         self.block_size = block_size
         self.window = window
         self.capacity = num_blocks * block_size
-        # Owned here only: every block id is either in this queue or in one table.
+        # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables.
         self._free: deque[int] = deque(range(num_blocks))
+        self._ref = [0] * num_blocks
+        self._shared = 0              # blocks with count > 1: the breakdown's slow path
         self._seqs: dict[int, _Seq] = {}
 
     # -- views for tests and reports ------------------------------------------------
@@ -69,22 +78,45 @@ class PagedAllocator:
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._seqs[seq_id].table)
 
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
     def tokens_of(self, seq_id: int) -> int | None:
         seq = self._seqs.get(seq_id)
         return None if seq is None else seq.tokens
+
+    # -- reference counts -------------------------------------------------------------
+
+    def _take(self, count: int) -> list[int]:
+        blocks = [self._free.popleft() for _ in range(count)]
+        for b in blocks:
+            self._ref[b] = 1
+        return blocks
+
+    def _share(self, block: int) -> None:
+        self._ref[block] += 1
+        self._shared += self._ref[block] == 2
+
+    def _drop(self, blocks) -> None:
+        """One reference fewer on each block; blocks nobody holds rejoin the queue."""
+        for b in blocks:
+            self._ref[b] -= 1
+            self._shared -= self._ref[b] == 1
+            if self._ref[b] == 0:
+                self._free.append(b)
 
     # -- KVAllocator ----------------------------------------------------------------
 
     def unfit_reason(self, shape: SeqShape) -> str | None:
         # A sequence that cannot finish even alone would be preempted and re-admitted
-        # forever, so the scheduler must reject it up front.
-        # Even with a window, a recompute prefills the whole context in one allocation.
+        # forever, so the scheduler must reject it up front. Even with a window, a
+        # recompute prefills the whole context in one allocation.
         if blocks_for(shape.final_tokens, self.block_size) > self.num_blocks:
             return "final length exceeds KV pool"
         return None
 
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
-        return 0   # no cache: nothing is shared
+        return 0   # no cache: nothing is shared between requests
 
     def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
         if seq_id in self._seqs:
@@ -92,9 +124,18 @@ class PagedAllocator:
         need = blocks_for(num_tokens, self.block_size)
         if need + blocks_for(keep_free, self.block_size) > len(self._free):
             return False
-        table = [self._free.popleft() for _ in range(need)]
-        self._seqs[seq_id] = seq = _Seq(shape, num_tokens, table)
+        self._seqs[seq_id] = seq = _Seq(shape, num_tokens, self._take(need))
         self._slide(seq)
+        return True
+
+    def fork(self, parent_id: int, child_id: int) -> bool:
+        """The child shares every block the parent holds (never fails: nothing is copied yet)."""
+        if child_id in self._seqs:
+            raise ValueError(f"sequence {child_id} is already allocated")
+        parent = self._seqs[parent_id]
+        for b in parent.table:
+            self._share(b)
+        self._seqs[child_id] = _Seq(parent.shape, parent.tokens, list(parent.table), parent.dropped)
         return True
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
@@ -103,9 +144,15 @@ class PagedAllocator:
             raise ValueError(f"sequence {seq_id} holds {seq.tokens} tokens; "
                              f"cannot grow to {num_tokens}")
         extra = blocks_for(num_tokens, self.block_size) - seq.logical_blocks()
-        if extra > len(self._free):
+        # Writing into a partly filled block that others share: copy it first.
+        cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0
+               and self._ref[seq.table[-1]] > 1)
+        if extra + cow > len(self._free):
             return False
-        seq.table.extend(self._free.popleft() for _ in range(extra))
+        if cow:
+            self._drop([seq.table[-1]])
+            seq.table[-1] = self._take(1)[0]
+        seq.table.extend(self._take(extra))
         seq.tokens = num_tokens
         self._slide(seq)
         return True
@@ -116,53 +163,71 @@ class PagedAllocator:
             return
         out = max(0, (seq.tokens - self.window) // self.block_size - seq.dropped)
         if out:
-            self._free.extend(seq.table[:out])
+            self._drop(seq.table[:out])
             del seq.table[:out]
             seq.dropped += out
 
     def free(self, seq_id: int) -> None:
         seq = self._seqs.pop(seq_id)
-        self._free.extend(reversed(seq.table))
+        self._drop(reversed(seq.table))
 
     def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
-        token = reservation = internal = 0
+        token = reservation = internal = logical = 0
+        seen: set[int] = set()
+        bs = self.block_size
         for seq in self._seqs.values():
-            gone = seq.dropped * self.block_size
-            t, r, i = split_used(seq.tokens - gone, len(seq.table) * self.block_size,
-                                 seq.shape.final_tokens - gone)
-            token, reservation, internal = token + t, reservation + r, internal + i
-        free_slots = len(self._free) * self.block_size
+            gone = seq.dropped * bs
+            logical += len(seq.table) * bs
+            if not self._shared:     # fast path: every block has one owner
+                t, r, i = split_used(seq.tokens - gone, len(seq.table) * bs,
+                                     seq.shape.final_tokens - gone)
+                token, reservation, internal = token + t, reservation + r, internal + i
+                continue
+            for j, b in enumerate(seq.table):    # count each physical block once
+                if b in seen:
+                    continue
+                seen.add(b)
+                start = gone + j * bs
+                t, r, i = split_used(min(max(seq.tokens - start, 0), bs), bs,
+                                     max(seq.shape.final_tokens - start, 0))
+                token, reservation, internal = token + t, reservation + r, internal + i
+        free_slots = len(self._free) * bs
         starved = (next_seq is not None
-                   and len(self._free) < blocks_for(next_seq[1], self.block_size))
+                   and len(self._free) < blocks_for(next_seq[1], bs))
         return Breakdown(token, reservation, internal, padding=0,
                          unusable=free_slots if starved else 0,
-                         free=0 if starved else free_slots)
+                         free=0 if starved else free_slots,
+                         shared=logical - (self.capacity - free_slots))
 
     def check_invariants(self) -> None:
-        owned = [b for seq in self._seqs.values() for b in seq.table]
-        everywhere = set(self._free).union(owned)
-        fast_ok = (len(everywhere) == len(self._free) + len(owned) == self.num_blocks
-                   and (not everywhere or (min(everywhere) >= 0 and max(everywhere) < self.num_blocks))
+        counts = Counter(b for seq in self._seqs.values() for b in seq.table)
+        fast_ok = (len(counts) + len(self._free) == self.num_blocks
+                   and all(self._ref[b] == n for b, n in counts.items())
+                   and all(self._ref[b] == 0 for b in self._free)
+                   and self._shared == sum(n > 1 for n in counts.values())
                    and all(blocks_for(s.tokens, self.block_size) == s.logical_blocks()
                            for s in self._seqs.values()))
         if not fast_ok:   # find and name the culprit
-            self._diagnose()
+            self._diagnose(counts)
 
-    def _diagnose(self) -> None:
-        owner: dict[int, str] = {}
-
-        def claim(block: int, where: str) -> None:
-            if not 0 <= block < self.num_blocks:
-                raise InvariantError(f"block {block} in {where} is out of range")
-            if block in owner:
-                raise InvariantError(f"block {block} is in both {owner[block]} and {where}")
-            owner[block] = where
-
-        for block in self._free:
-            claim(block, "the free queue")
+    def _diagnose(self, counts: Counter) -> None:
+        queued: set[int] = set()
+        for b in self._free:
+            if not 0 <= b < self.num_blocks:
+                raise InvariantError(f"block {b} in the free queue is out of range")
+            if b in queued or b in counts:
+                where = "twice in the free queue" if b in queued else "both free and in a table"
+                raise InvariantError(f"block {b} is {where}")
+            if self._ref[b] != 0:
+                raise InvariantError(f"free block {b} has reference count {self._ref[b]}")
+            queued.add(b)
         for seq_id, seq in self._seqs.items():
-            for block in seq.table:
-                claim(block, f"seq {seq_id}'s table")
+            for b in seq.table:
+                if not 0 <= b < self.num_blocks:
+                    raise InvariantError(f"block {b} in seq {seq_id}'s table is out of range")
+                if self._ref[b] != counts[b]:
+                    raise InvariantError(f"block {b} (in seq {seq_id}'s table) has reference count "
+                                         f"{self._ref[b]} but {counts[b]} owners")
             held = seq.logical_blocks() * self.block_size
             if held < seq.tokens:
                 raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in "
@@ -170,6 +235,7 @@ class PagedAllocator:
             if seq.logical_blocks() > blocks_for(seq.tokens, self.block_size):
                 raise InvariantError(f"seq {seq_id} keeps block {seq.table[-1]} "
                                      f"beyond its {seq.tokens} tokens")
-        if len(owner) != self.num_blocks:
-            lost = sorted(set(range(self.num_blocks)) - owner.keys())
+        lost = sorted(set(range(self.num_blocks)) - queued - counts.keys())
+        if lost:
             raise InvariantError(f"blocks {lost} are neither free nor in a table")
+        raise InvariantError(f"shared-block count {self._shared} is stale")
