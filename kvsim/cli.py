@@ -18,6 +18,7 @@ import click
 
 from . import __version__
 from .allocators import InvariantError
+from .cli_cost import calibrate, cost
 from .errors import InputError
 from .memory import kv_footprint
 from .specs import DTYPE_BITS, MODEL_PRESETS, model_from_hf_config, with_kv_heads
@@ -42,7 +43,8 @@ def cli():
 @click.option("--check-invariants", is_flag=True, envvar="KVSIM_CHECK_INVARIANTS",
               help="Verify the allocator and scheduler after every step (slower).")
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
-def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, force):
+@click.option("--profile", metavar="NAME_OR_DIR", help="Step costs from this profile (overrides cost_model).")
+def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, force, profile):
     """Run every policy of SCENARIO on one request stream and write results and plots."""
     from .runner import run_scenario
     from .scenario import load_scenario
@@ -50,6 +52,13 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, fo
     started = time.monotonic()
     scn, base_dir = load_scenario(scenario)
     scn = _override(scn, str(scenario), seed, num_requests, policies)
+    if profile is not None:
+        from .generalize import check_profile
+        from .profiles import shipped_names
+        from .scenario import ProfileCost
+        ref = profile if profile in shipped_names() else str(Path(profile).resolve())
+        check_profile(ref, scn.model_spec(base_dir), Path("."), "command line", "--profile")
+        scn = scn.model_copy(update={"cost_model": ProfileCost(profile=ref)})
     out = out or Path("results") / scn.name
     if not force:
         _refuse_foreign(out, scn.name)
@@ -220,6 +229,10 @@ def _model_arg(name: str):
 
 def _bytes(n: int) -> str:
     return f"{n:,} B ({n / 1e9:.2f} GB, {n / 2**30:.2f} GiB)" if n >= 1e8 else f"{n:,} B ({n / 1024:.1f} KiB)"
+
+
+cli.add_command(cost)
+cli.add_command(calibrate)
 
 
 # --- entry point -----------------------------------------------------------------

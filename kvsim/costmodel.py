@@ -8,12 +8,18 @@ describes the step as a `StepBatch`; a cost model turns it into seconds.
 bytes at peak HBM bandwidth and doing its FLOPs at peak dense BF16 compute. It ignores
 kernel efficiency, launch and scheduling overheads and tensor-parallel communication,
 so its times are lower bounds; every output that uses it says "roofline".
+
+`Profiled` sums measured per-operator kernel times (kvsim.profiles, kvsim.opfit) part
+by part; `make_cost_model` turns the scenario's `cost_model` into one of the two.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
+from .generalize import check_profile, find_shipped, model_shape, synthesize
+from .opfit import LINEAR_OPS, kv_bytes_per_token
 from .specs import GPUSpec, KVSpec, ModelSpec
 
 
@@ -75,4 +81,130 @@ class Roofline:
         return max(flops / self.peak_flops, moved / self.bandwidth) / self.tp
 
 
-COST_MODELS = {"roofline": Roofline}
+class Profiled:
+    """Step time from measured per-operator kernel times (kvsim.profiles), part by part:
+
+        step = layers x (linear ops(N) + prefill attention + decode attention + KV write
+                         + 2 all-reduces when tp > 1) + embedding(N) + LM head(S) + overhead
+
+    N is the step's new tokens, S its sequences (each produces logits). Linear ops are
+    interpolated in the profile's table; attention and KV writes use the fitted forms
+    (kvsim.opfit) with this model's shapes, KV dtype and block size and this GPU's
+    peaks; whole prompts and chunks on a cache are separate kernels, all decodes one.
+    All-reduce is a ring: latency + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth.
+    Steps that leave the measured ranges are counted and named in `label`.
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, profile=None,
+                 block_size: int | None = None, step_overhead_s: float | None = None):
+        profile = profile or find_shipped(model, gpu) or synthesize(model, gpu)
+        if profile is None:
+            raise LookupError(f"{gpu.name}/{model.name}")
+        meta = profile.meta
+        self.profile, self.tp, self.block_size = profile, tp, block_size
+        self.shape = model_shape(model)
+        self.layers = self.shape["num_layers"]
+        # Attention efficiencies are relative to the peaks they were fitted against.
+        self.peak = meta.get("peak_flops", gpu.bf16_tflops * 1e12)
+        self.bw = meta.get("bandwidth", gpu.hbm_tb_s * 1e12)
+        bits = kv.bytes_per_token * 8 / model.kv_elements_per_token    # scales included
+        self.kv_per_token = kv_bytes_per_token(self.shape, tp, bits)
+        self.flops_per_pair = 4 * self.shape["num_heads"] / tp * self.shape["head_dim"]
+        self.att = meta["attention"]
+        by_dtype = self.att.get("decode_by_dtype", {})
+        dt = kv.kv_cache_dtype.split("_")[0]          # fp8_e4m3 -> fp8
+        self.decode_fit = by_dtype.get(dt) or by_dtype.get({"bf16": "fp16", "fp16": "bf16"}.get(dt)) \
+            or self.att["decode"]
+        ar = meta["allreduce"]
+        self.ar_lat = ar["latency_s"] if tp > 1 else 0.0
+        self.ar_per_token = (2 * (tp - 1) / tp * self.shape["hidden_size"] * 2 / (ar["bus_gb_s"] * 1e9)
+                             if tp > 1 else 0.0)
+        self.overhead = meta.get("step_overhead_s", 0.0) if step_overhead_s is None else step_overhead_s
+        base = meta.get("label", f"profile:{profile.name}")
+        self.base_label = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
+        self._linear: dict[int, tuple] = {}     # memos by token / sequence count
+        self._lm_head: dict[int, tuple] = {}
+        self.steps = self.extrapolated = 0
+        self.reasons: set[str] = set()
+
+    @property
+    def label(self) -> str:
+        if not self.extrapolated:
+            return self.base_label
+        why = "; ".join(sorted(self.reasons)[:3]) + ("; ..." if len(self.reasons) > 3 else "")
+        return f"{self.base_label} [extrapolated in {self.extrapolated}/{self.steps} steps: {why}]"
+
+    def _ops(self, tokens: int, ops) -> tuple[float, list[str]]:
+        total, why = 0.0, []
+        for op in ops:
+            t, w = self.profile.op_time(op, tokens, self.tp)
+            total += t
+            if w:
+                why.append(w)
+        return total, why
+
+    def _ramp(self, name: str, work: float, rate: float, extra: float = 0.0, why=None) -> float:
+        f = (self.decode_fit if name == "decode" else self.att[name]) or self.att["prefill_fresh"]
+        if work > f["range"][1] and why is not None:
+            why.append(f"{name} attention beyond measured work")
+        return f["a_s"] + work / (rate * f["e_max"]) * (1 + (f["w_half"] / max(work, 1.0)) ** f["k"]) + extra
+
+    def breakdown(self, batch: StepBatch) -> dict[str, float]:
+        """Seconds per part of one step (the parts sum to step_time)."""
+        n, seqs = batch.new_tokens, len(batch.prefills) + len(batch.decode_contexts)
+        why: list[str] = []
+        if n not in self._linear:
+            self._linear[n] = (*self._ops(n, [o for o in LINEAR_OPS if o not in ("emb", "lm_head")]),
+                               self._ops(n, ["emb"])[0])
+        layer_linear, lwhy, emb = self._linear[n]
+        if seqs not in self._lm_head:
+            self._lm_head[seqs] = self._ops(seqs, ["lm_head"])
+        lm_head, hwhy = self._lm_head[seqs]
+        why += lwhy + hwhy
+        fresh = sum(c * (c + 1) / 2 for c, ctx in batch.prefills if ctx == 0) * self.flops_per_pair
+        cached = sum(c * (ctx + (c + 1) / 2) for c, ctx in batch.prefills if ctx) * self.flops_per_pair
+        prefill = ((self._ramp("prefill_fresh", fresh, self.peak, why=why) if fresh else 0.0)
+                   + (self._ramp("prefill_cached", cached, self.peak, why=why) if cached else 0.0))
+        decode, ctxs = 0.0, batch.decode_contexts
+        if ctxs:
+            d = self.decode_fit
+            blocks = (sum(-(-c // self.block_size) for c in ctxs) if self.block_size else len(ctxs))
+            decode = self._ramp("decode", sum(ctxs) * self.kv_per_token, self.bw, why=why,
+                                extra=d.get("per_seq_s", 0.0) * len(ctxs) + d.get("per_block_s", 0.0) * blocks)
+        w = self.att.get("kv_write") or {}
+        pre_tokens = n - len(ctxs)
+        kv_write = (w.get("a_s", 0.0) + w.get("per_prefill_token_s", 0.0) * pre_tokens
+                    + w.get("per_decode_token_s", 0.0) * len(ctxs)) if w else 0.0
+        allreduce = 2 * (self.ar_lat + self.ar_per_token * n) if self.tp > 1 else 0.0
+        self.steps += 1
+        if why:
+            self.extrapolated += 1
+            self.reasons.update(why)
+        L = self.layers
+        return {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
+                "kv_write": L * kv_write, "allreduce": L * allreduce, "embedding": emb,
+                "lm_head": lm_head, "overhead": self.overhead}
+
+    def step_time(self, batch: StepBatch) -> float:
+        return sum(self.breakdown(batch).values())
+
+
+COST_MODELS = {"roofline": Roofline, "calibrated": Profiled}
+
+
+def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, *,
+                    block_size: int | None = None, base_dir=".", src: str = "scenario") -> CostModel:
+    """The scenario's cost_model: "roofline", "calibrated" (the shipped profile for this GPU
+    and model, else one predicted from the GPU's fits, else roofline, named as the
+    fallback), or {profile: NAME_OR_PATH, step_overhead_ms}."""
+    if choice == "roofline":
+        return Roofline(model, gpu, kv, tp)
+    ref = getattr(choice, "profile", None)
+    profile = check_profile(ref, model, Path(base_dir), src) if ref is not None else None
+    ms = getattr(choice, "step_overhead_ms", None)
+    try:
+        return Profiled(model, gpu, kv, tp, profile, block_size, None if ms is None else ms * 1e-3)
+    except LookupError as e:
+        fallback = Roofline(model, gpu, kv, tp)
+        fallback.label = f"roofline (no profile for {e.args[0]})"
+        return fallback

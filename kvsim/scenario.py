@@ -264,7 +264,9 @@ class Scenario(Strict):
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
     max_model_len: int = Field(ge=1)
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
-    cost_model: Union[Literal["roofline", "calibrated"], ProfileCost] = "roofline"
+    cost_model: Annotated[Union[Annotated[Literal["roofline", "calibrated"], Tag("preset")],
+                                Annotated[ProfileCost, Tag("profile-ref")]],
+                          Discriminator(lambda v: "preset" if isinstance(v, str) else "profile-ref")] = "roofline"
     workload: Workload
     scheduler: Scheduler = Scheduler()
     policies: list[Policy] = Field(min_length=1)
@@ -432,3 +434,4 @@ def _tag_of(model: type[BaseModel]) -> str | None:
 
 _TAGS = {_tag_of(m): m for m in (Poisson, Gamma, Burst, Fixed, Uniform, Lognormal, Empirical,
                                   Contiguous, Paged)}
+_TAGS["profile-ref"] = ProfileCost      # cost_model: {profile: ...}

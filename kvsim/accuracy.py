@@ -1,0 +1,76 @@
+"""Held-out error of a profile: fit on part of its measured points, predict the rest.
+
+* Linear ops: per tp, the table's even-indexed token counts predict the odd-indexed
+  ones by the same piecewise-linear interpolation the cost model uses (so the grid is
+  half as dense as the cost model's: a pessimistic bound on its interpolation error).
+  Rows whose ``origin`` is "predicted" are skipped as not measurements.
+* Attention (when the profile carries attention.csv): the fitted forms of
+  kvsim.opfit, 5-fold cross-validated on the measured points.
+
+MAPE = mean of |predicted - measured| / measured, per operator and over all of them.
+For shipped profiles the errors against the full source data (denser than the shipped
+grid) and the leave-one-shape-out error of the GPU shape model are in
+kvsim/data/profiles/accuracy.json, written by scripts/derive_profiles.py.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .opfit import LINEAR_OPS, fit_attention, kfold, mape, predict_attention
+from .profiles import SHIPPED, Profile
+
+
+def linear_heldout(profile: Profile) -> dict[str, float]:
+    out = {}
+    for op in LINEAR_OPS:
+        errs = []
+        for tp, rows in profile.linear.groupby("tp"):
+            rows = rows.sort_values("num_tokens")
+            x, y = rows.num_tokens.values, rows[op].values
+            if len(x) < 3:
+                continue
+            pred = np.interp(x[1::2], x[0::2], y[0::2])
+            errs.append(np.abs(pred - y[1::2]) / y[1::2])
+        if errs:
+            out[op] = float(np.mean(np.concatenate(errs)))
+    return out
+
+
+def attention_heldout(profile: Profile) -> dict[str, float]:
+    rows = profile.attention_rows
+    if rows is None or len(rows) < 10:
+        return {}
+    shape = profile.meta.get("measured_shape", profile.meta["model"])
+    peak, bw = profile.meta["peak_flops"], profile.meta["bandwidth"]
+    cols = {c: rows[c].values for c in rows}
+    folds = kfold(len(rows))
+    pred = np.zeros(len(rows))
+    for k in range(5):
+        fit = fit_attention({c: v[folds != k] for c, v in cols.items()}, shape, peak, bw)
+        pred[folds == k] = predict_attention(fit, {c: v[folds == k] for c, v in cols.items()}, shape, peak, bw)
+    t = rows.time_ms.values * 1e-3
+    pre = rows.phase.values == "prefill"
+    parts = {"attn_prefill_whole_prompt": pre & (rows.context.values == 0),
+             "attn_prefill_chunk_on_cache": pre & (rows.context.values > 0), "attn_decode": ~pre}
+    return {name: mape(pred[m], t[m]) for name, m in parts.items() if m.any()}
+
+
+def report(profile: Profile) -> dict:
+    linear_origin = str(profile.meta.get("origin", {}).get("linear", "measured"))
+    lin = {} if linear_origin.startswith("predicted") else linear_heldout(profile)
+    per_op = {**{k: v for k, v in lin.items() if not profile.meta.get("origin", {}).get(k, "").startswith(
+        "predicted")}, **attention_heldout(profile)}
+    out = {"profile": profile.name, "linear_origin": linear_origin,
+           "method": "linear ops: even token counts predict odd ones; attention: 5-fold CV",
+           "mape": {k: round(v, 4) for k, v in per_op.items()},
+           "overall_mape": round(float(np.mean(list(per_op.values()))), 4) if per_op else None}
+    acc = SHIPPED / "accuracy.json"
+    if (SHIPPED / profile.name).is_dir() and acc.is_file():
+        src = json.loads(acc.read_text())
+        out["source_data"] = {"interpolation_vs_all_measured": src["interpolation"].get(profile.name),
+                              "gpu_shape_model_leave_one_shape_out":
+                                  src["leave_one_shape_out"].get(profile.meta["gpu"]),
+                              "attention_5fold": src["attention"]}
+    return out

@@ -1,0 +1,262 @@
+"""`kvsim calibrate`: measure a model's kernels with PyTorch and write a profile.
+
+Imported only when the command runs; needs the optional extra ``kvsim[calibrate]``.
+What it measures, on one device (a tensor-parallel degree is measured as one GPU's
+share of each op; communication is not measured):
+
+* the linear-layer ops of kvsim.opfit.LINEAR_OPS with the model's shapes (eager
+  torch.matmul, RMSNorm, RoPE, SiLU-and-mul, embedding gather, residual add, LM head)
+  over a grid of token counts and tp degrees;
+* prefill attention (torch SDPA, causal; a chunk on a cache uses a bottom-right causal
+  mask) over chunk x cached context;
+* decode attention over a paged KV cache: K and V stored in the KV dtype (bf16, fp8
+  e4m3, int8 with a scale) in blocks at random physical places, gathered through a
+  block table, converted and attended with SDPA, over batch x context x block size x
+  KV dtype; and the KV write (index_copy_ into the cache) for each step size.
+
+PyTorch's gather + SDPA is not a fused paged-attention kernel (FlashInfer, vLLM), so
+decode times here are those of this reference implementation. ``--quick`` is a smoke
+test: tiny grids and, on CPU, every width divided by 8 (recorded as ``shape_scale`` in
+meta.json); its times do not describe the real model. On CUDA the timer is CUDA events
+around each op; on CPU it is perf_counter.
+"""
+from __future__ import annotations
+
+import math
+import platform
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+
+from . import __version__
+from .errors import InputError
+from .generalize import gpu_fits, model_shape, token_grid
+from .opfit import LINEAR_OPS, fit_attention
+from .profiles import FORMAT, Profile
+from .specs import GPU_PRESETS, ModelSpec
+
+KV_STORAGE = {"bf16": 16, "fp8": 8, "int8": 8}     # int4 has no torch storage type: not measured
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise InputError("command line", "calibrate", "PyTorch is not installed; "
+                         "pip install 'kvsim[calibrate]'") from None
+    return torch
+
+
+class Timer:
+    """Median seconds of `reps` calls after `warmup` calls."""
+
+    def __init__(self, torch, device: str, warmup: int, reps: int):
+        self.torch, self.cuda, self.warmup, self.reps = torch, device == "cuda", warmup, reps
+
+    def __call__(self, fn) -> float:
+        torch = self.torch
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.reps):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) * 1e-3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+
+def plan(model: ModelSpec, device: str, quick: bool) -> dict:
+    shape = model_shape(model)
+    scale = 8 if quick and device == "cpu" else 1
+    measured = dict(shape)
+    for key in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size"):
+        measured[key] = max(shape[key] // scale, 1)
+    tps = [1, 2] if quick else [1, 2, 4, 8]
+    grid = {"tokens": [1, 8, 64, 256] if quick else token_grid(16384, per_octave=4),
+            "chunks": [16, 64] if quick else [64, 256, 1024, 4096, 8192],
+            "cached": [0, 128] if quick else [0, 1024, 4096, 12288],
+            "batches": [1, 4] if quick else [1, 4, 16, 64, 256],
+            "contexts": [64, 256] if quick else [256, 1024, 4096, 16384],
+            "block_sizes": [16, 32] if quick else [8, 16, 32],
+            "warmup": 1 if quick else 3, "reps": 3 if quick else 10,
+            # skip points whose tensors would not fit comfortably: K+V elements gathered
+            # for decode, and query x key pairs for a masked prefill
+            "max_kv_elems": 1 << 30, "max_pairs": 1 << 26}
+    return {"shape": shape, "measured": measured, "scale": scale,
+            "tps": [t for t in tps if measured["num_heads"] % t == 0], **grid}
+
+
+def measure_linear(torch, p: dict, dev: str, dtype, timer: Timer) -> pd.DataFrame:
+    s = p["measured"]
+    h, d, heads, kvh = s["hidden_size"], s["head_dim"], s["num_heads"], s["num_kv_heads"]
+    ffn, vocab = s["intermediate_size"], s["vocab_size"]
+    rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype)   # noqa: E731
+    rows = []
+    for tp in p["tps"]:
+        qh, kh, f = heads // tp, max(kvh // tp, 1), math.ceil(ffn / tp)
+        w = {"qkv": rnd(h, (qh + 2 * kh) * d), "o": rnd(qh * d, h), "up": rnd(h, 2 * f),
+             "down": rnd(f, h), "lm": rnd(h, math.ceil(vocab / tp)), "emb": rnd(vocab, h), "norm": rnd(h)}
+        for n in p["tokens"]:
+            x, y, up = rnd(n, h), rnd(n, qh * d), rnd(n, 2 * f)
+            q, cos = rnd(n, qh + kh, d), rnd(n, 1, d // 2)
+            ids = torch.randint(0, vocab, (n,), device=dev)
+            ops = {
+                "emb": lambda: torch.nn.functional.embedding(ids, w["emb"]),
+                "input_layernorm": lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w["norm"],
+                "attn_pre_proj": lambda: x @ w["qkv"],
+                "attn_rope": lambda: _rope(torch, q, cos, cos),
+                "attn_post_proj": lambda: y @ w["o"],
+                "mlp_up_proj": lambda: x @ w["up"],
+                "mlp_act": lambda: torch.nn.functional.silu(up[:, :f]) * up[:, f:],
+                "mlp_down_proj": lambda: up[:, :f] @ w["down"],
+                "add": lambda: x + x,
+                "lm_head": lambda: x @ w["lm"]}
+            ops["post_attention_layernorm"] = ops["input_layernorm"]
+            rows.append({"tp": tp, "num_tokens": n, **{op: timer(ops[op]) * 1e3 for op in LINEAR_OPS}})
+    return pd.DataFrame(rows)
+
+
+def _rope(torch, x, cos, sin):
+    a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def measure_attention(torch, p: dict, dev: str, dtype, timer: Timer) -> pd.DataFrame:
+    s = p["measured"]
+    d, heads, kvh = s["head_dim"], s["num_heads"], s["num_kv_heads"]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype)   # noqa: E731
+    rows = []
+    for tp in [t for t in p["tps"] if kvh % t == 0]:
+        qh, kh = heads // tp, kvh // tp
+        for n in p["chunks"]:
+            for ctx in p["cached"]:
+                if ctx and n * (ctx + n) > p["max_pairs"]:
+                    continue
+                q, k, v = rnd(1, qh, n, d), rnd(1, kh, ctx + n, d), rnd(1, kh, ctx + n, d)
+                mask = torch.ones(n, ctx + n, dtype=torch.bool, device=dev).tril(diagonal=ctx)
+                fn = (lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)) if ctx == 0 else \
+                     (lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True))
+                rows.append(_row("prefill", tp, 1, n, ctx, 16, "bf16", timer(fn),
+                                 _kv_write(torch, timer, n, kh, d, 16, "bf16", dev, dtype)))
+        for bs in p["block_sizes"]:
+            for kv_dtype in KV_STORAGE:
+                for batch in p["batches"]:
+                    for ctx in p["contexts"]:
+                        if 2 * batch * ctx * kh * d > p["max_kv_elems"]:
+                            continue
+                        fn = _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype)
+                        rows.append(_row("decode", tp, batch, 0, ctx, bs, kv_dtype, timer(fn),
+                                         _kv_write(torch, timer, batch, kh, d, bs, kv_dtype, dev, dtype)))
+    return pd.DataFrame(rows)
+
+
+def _row(phase, tp, batch, chunk, ctx, bs, kv_dtype, t, write) -> dict:
+    return {"phase": phase, "tp": tp, "batch_size": batch, "chunk_tokens": chunk, "context": ctx,
+            "block_size": bs, "kv_dtype": kv_dtype, "kv_bits": KV_STORAGE[kv_dtype],
+            "time_ms": t * 1e3, "kv_write_ms": write * 1e3}
+
+
+def _storage(torch, kv_dtype: str, dtype):
+    return {"bf16": dtype, "fp8": torch.float8_e4m3fn, "int8": torch.int8}[kv_dtype]
+
+
+def _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype):
+    """Decode over K/V blocks at random places, gathered through a block table."""
+    per_seq = -(-ctx // bs)
+    n_blocks = batch * per_seq
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    table = torch.randperm(n_blocks, generator=gen).view(batch, per_seq).to(dev)
+    store = _storage(torch, kv_dtype, dtype)
+    cache = [torch.randn(n_blocks, bs, kh, d, device=dev, dtype=dtype).clamp(-4, 4).to(store) for _ in "kv"]
+    q, scale = torch.randn(batch, qh, 1, d, device=dev, dtype=dtype), 0.05
+
+    raw = [c.view(torch.uint8) if kv_dtype == "fp8" else c for c in cache]   # index fp8 as bytes
+
+    def step():
+        k, v = (_as(torch, c[table], kv_dtype).view(batch, per_seq * bs, kh, d)[:, :ctx]
+                .transpose(1, 2).to(dtype) for c in raw)
+        if kv_dtype == "int8":
+            k, v = k * scale, v * scale
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return step
+
+
+def _kv_write(torch, timer, tokens, kh, d, bs, kv_dtype, dev, dtype) -> float:
+    """Scatter `tokens` new K and V vectors into a paged cache (one slot index each)."""
+    store = _storage(torch, kv_dtype, dtype)
+    slots = max(4 * tokens, 1024)
+    cache = [torch.zeros(slots, kh, d, device=dev, dtype=dtype).to(store) for _ in "kv"]
+    new = torch.randn(tokens, kh, d, device=dev, dtype=dtype).to(store)
+    if kv_dtype == "fp8":     # fp8 has no index_copy_ kernel: copy its bytes
+        cache, new = [c.view(torch.uint8) for c in cache], new.view(torch.uint8)
+    where = torch.randperm(slots, device=dev)[:tokens]
+    return timer(lambda: [c.index_copy_(0, where, new) for c in cache])
+
+
+def _as(torch, x, kv_dtype: str):
+    return x.view(torch.float8_e4m3fn) if kv_dtype == "fp8" else x
+
+
+def detect_gpu(torch, device: str) -> tuple[str, str]:
+    """(kvsim GPU preset or 'custom'/'cpu', device description)."""
+    if device == "cpu":
+        return "cpu", f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    name = torch.cuda.get_device_name(0)
+    mem = torch.cuda.get_device_properties(0).total_memory / 2**30
+    for key, preset in (("H200", "h200"), ("H100", "h100-80gb"), ("A100", "a100-80gb" if mem > 60 else "a100-40gb")):
+        if key in name:
+            return preset, name
+    return "custom", name
+
+
+def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, log=print) -> Profile:
+    torch = _torch()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("command line", "--device", "CUDA is not available here; use --device cpu")
+    detected, description = detect_gpu(torch, device)
+    gpu = gpu_name or detected
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    p = plan(model, device, quick)
+    timer = Timer(torch, device, p["warmup"], p["reps"])
+    log(f"measuring linear ops: {len(p['tps'])} tp x {len(p['tokens'])} token counts")
+    linear = measure_linear(torch, p, device, dtype, timer)
+    log("measuring attention: prefill, paged decode, KV writes")
+    att = measure_attention(torch, p, device, dtype, timer)
+    preset = GPU_PRESETS.get(gpu)
+    # CPU (or an unknown GPU) has no datasheet peaks: efficiencies are then relative to
+    # nominal 1 TFLOP/s and 100 GB/s, and the cost model converts back with the same numbers.
+    peak, bw = (preset.bf16_tflops * 1e12, preset.hbm_tb_s * 1e12) if preset else (1e12, 1e11)
+    fits = fit_attention({c: att[c].values for c in att}, p["measured"], peak, bw)
+    known = gpu_fits().get("h100-80gb" if gpu == "h200" else gpu)
+    allreduce = dict(known["allreduce"]) if known else {
+        "bus_gb_s": 100.0, "latency_s": 1e-5, "source": "ASSUMED placeholder; not measured"}
+    meta = {
+        "format": FORMAT, "name": f"{gpu}-{model.name}" + ("-quick" if quick else ""), "gpu": gpu,
+        "device": description, "model": p["shape"], "measured_shape": p["measured"],
+        "shape_scale": p["scale"], "dtype": str(dtype).replace("torch.", ""),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "tools": {"kvsim": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                  "cuda": torch.version.cuda if device == "cuda" else None},
+        "source": "kvsim calibrate: PyTorch eager ops (matmul, SDPA, gather through a block table)",
+        "license": "measurements made by the user", "peak_flops": peak, "bandwidth": bw,
+        "origin": {"linear": "measured", "attention": "fitted on the measured points in attention.csv",
+                   "allreduce": allreduce["source"] + " (single device: not measured)"},
+        "attention": fits, "allreduce": allreduce, "step_overhead_s": 0.0,
+        "step_overhead_source": "not measured; set cost_model.step_overhead_ms",
+        "notes": ["decode = PyTorch gather through a block table + SDPA, not a fused paged kernel",
+                  "int4 KV not measured (no torch storage type)"]
+                 + ([f"--quick on CPU: widths divided by {p['scale']}; times do not describe the "
+                     "real model"] if p["scale"] > 1 else []),
+    }
+    return Profile(meta, linear, att)

@@ -1,0 +1,119 @@
+"""`kvsim cost` and `kvsim calibrate`: step costs on the command line.
+
+`kvsim cost` prices one step (a prefill chunk, or a batch of decodes) with the same
+cost model a run uses and prints its parts, so a profile can be checked against one's
+own measurements. `kvsim calibrate` measures a profile with PyTorch, or with
+`--report PROFILE` prints a profile's held-out error.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .errors import InputError
+from .specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, KVSpec, resolve_kv_dtype
+
+
+def _gpu_arg(name: str):
+    if name not in GPU_PRESETS:
+        raise InputError("command line", "--gpu", f"unknown GPU '{name}'; choose from: {', '.join(GPU_PRESETS)}")
+    return GPU_PRESETS[name]
+
+
+@click.command()
+@click.option("--model", "model_name", required=True,
+              help=f"A preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face config.json path.")
+@click.option("--gpu", "gpu_name", required=True, help=f"A preset: {', '.join(GPU_PRESETS)}.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel GPUs.")
+@click.option("--prefill-tokens", type=click.IntRange(min=1), help="One prefill chunk of T tokens.")
+@click.option("--decode-batch", type=click.IntRange(min=1), help="B sequences decoding one token each.")
+@click.option("--context", type=click.IntRange(min=0),
+              help="Decode: tokens each sequence attends to (required). Prefill: tokens already cached (default 0).")
+@click.option("--kv-dtype", type=click.Choice(list(DTYPE_BITS)), help="KV-cache dtype [default: the model's].")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True, help="KV block size.")
+@click.option("--profile", metavar="NAME_OR_DIR", help="Use this profile instead of the automatic choice.")
+@click.option("--roofline", is_flag=True, help="Use the roofline model instead of a profile.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dtype, block_size, profile,
+         roofline, as_json):
+    """Predicted time of one engine step and its parts."""
+    from .cli import _model_arg
+    from .costmodel import Roofline, StepBatch, make_cost_model
+    from .scenario import ProfileCost
+
+    if (prefill_tokens is None) == (decode_batch is None):
+        raise InputError("command line", "--prefill-tokens", "give either --prefill-tokens T "
+                         "or --decode-batch B with --context C")
+    if decode_batch is not None and not context:
+        raise InputError("command line", "--context", "--decode-batch needs --context C >= 1 "
+                         "(the tokens each sequence attends to)")
+    if profile and roofline:
+        raise InputError("command line", "--profile", "give --profile or --roofline, not both")
+    model, gpu = _model_arg(model_name), _gpu_arg(gpu_name)
+    if profile:
+        from .generalize import check_profile
+        check_profile(profile, model, Path("."), "command line", "--profile")
+    kv = KVSpec(model, resolve_kv_dtype(kv_dtype or "auto", model))
+    choice = "roofline" if roofline else ProfileCost(profile=profile) if profile else "calibrated"
+    model_cost = make_cost_model(choice, model, gpu, kv, tp, block_size=block_size,
+                                 base_dir=Path("."), src="command line")
+    batch = (StepBatch.build([(prefill_tokens, context or 0)], []) if prefill_tokens
+             else StepBatch.build([], [context] * decode_batch))
+    parts = model_cost.breakdown(batch) if hasattr(model_cost, "breakdown") else {
+        "roofline": model_cost.step_time(batch)}
+    total = sum(parts.values())
+    bound = Roofline(model, gpu, kv, tp).step_time(batch)
+    step = (f"prefill {prefill_tokens:,} tokens on {context or 0:,} cached" if prefill_tokens
+            else f"decode batch {decode_batch:,} x {context:,} context")
+    out = {"model": model.name, "gpu": gpu.name, "tp": tp, "step": step, "kv_dtype": kv.kv_cache_dtype,
+           "block_size": block_size, "cost_model": model_cost.label, "step_time_s": total,
+           "parts_s": parts, "roofline_s": bound,
+           "extrapolated": sorted(getattr(model_cost, "reasons", []))}
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(f"{model.name} on {gpu.name} x{tp}: {step}, KV {kv.kv_cache_dtype}, block {block_size}")
+    click.echo(f"cost model: {model_cost.label}")
+    click.echo(f"step time:  {total * 1e3:.3f} ms   (roofline bound {bound * 1e3:.3f} ms)")
+    for name, seconds in parts.items():
+        click.echo(f"  {name:<18} {seconds * 1e3:10.3f} ms  {seconds / total:6.1%}")
+
+
+@click.command()
+@click.option("--model", "model_name", help="A preset or a Hugging Face config.json path.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--quick", is_flag=True, help="Tiny grids (a smoke test; on CPU, widths / 8).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder for the profile.")
+@click.option("--gpu", "gpu_name", help="The kvsim GPU preset this device is [default: detected].")
+@click.option("--report", metavar="PROFILE", help="Print PROFILE's held-out error instead of measuring.")
+@click.option("--json", "as_json", is_flag=True, help="With --report: print JSON.")
+def calibrate(model_name, device, quick, out, gpu_name, report, as_json):
+    """Measure kernel times with PyTorch and write a profile (or report a profile's error)."""
+    from .profiles import load_profile, save_profile
+
+    if report:
+        from .accuracy import report as held_out
+        result = held_out(load_profile(report))
+        if as_json:
+            click.echo(json.dumps(result, indent=2))
+            return
+        click.echo(f"{result['profile']}: held-out MAPE ({result['method']}); linear: {result['linear_origin']}")
+        for op, err in result["mape"].items():
+            click.echo(f"  {op:<28} {err:7.1%}")
+        overall = result["overall_mape"]
+        click.echo(f"  {'overall':<28} {overall:7.1%}" if overall is not None else
+                   "  no measured points in this profile to hold out")
+        return
+    if not model_name or not out:
+        raise InputError("command line", "--model" if not model_name else "--out",
+                         "calibrate needs --model and --out (or --report PROFILE)")
+    if gpu_name is not None:
+        _gpu_arg(gpu_name)
+    from .calibrate import calibrate as measure
+    from .cli import _model_arg
+    profile = measure(_model_arg(model_name), device, quick, gpu_name, log=lambda m: click.echo(m, err=True))
+    save_profile(profile, out)
+    click.echo(f"wrote {out}/ (profile '{profile.name}', {len(profile.linear)} linear rows, "
+               f"{len(profile.attention_rows)} attention points)")

@@ -1,0 +1,140 @@
+"""Calibrated costs for a model that has no profile, from its GPU's fitted efficiencies.
+
+For each GPU with measured data (kvsim/data/profiles/gpus.json, written by
+scripts/derive_profiles.py) kvsim keeps the GEMM efficiency as a function of operator
+shape, an elementwise bandwidth fit per op, the attention forms and the all-reduce
+assumption (kvsim.opfit explains the forms). A new model's layer shapes then predict
+its per-op times on the same token grid a measured profile has, and the result is an
+ordinary Profile whose ``origin`` says "predicted".
+
+Shapes come from the ModelSpec. Two things the spec does not say are inferred:
+* gated MLP (SwiGLU, 3 matrices) or plain (2, e.g. OPT's ReLU): whichever parameter
+  estimate is closer to the model's published parameter count;
+* MoE and MLA models (DeepSeek): a dense-equivalent MLP width chosen so the per-token
+  GEMM parameters match the published active parameters, and MLA's projections folded
+  into one QKV-like GEMM. Expert routing, load imbalance and grouped GEMMs are not
+  modelled, so decode at large batch (which touches many experts) is underestimated.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError
+from .opfit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token, gemm_kn,
+                    gemm_work, predict_elementwise, predict_gemm)
+from .profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_names
+from .specs import GPUSpec, ModelSpec
+
+GPU_FITS = SHIPPED / "gpus.json"
+TP_GRID = (1, 2, 4, 8)
+SHAPE_KEYS = ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size")
+
+
+def token_grid(max_tokens: int = 32768, per_octave: int = 16) -> list[int]:
+    """1, 2, 4, 8, then `per_octave` points per doubling, rounded to multiples of 8."""
+    pts = {1, 2, 4, 8}
+    k = 3.0
+    while 2 ** k <= max_tokens:
+        pts.add(int(round(2 ** k / 8) * 8))
+        k += 1 / per_octave
+    return sorted(pts | {max_tokens})
+
+
+def model_shape(model: ModelSpec) -> dict:
+    """The layer shapes the cost model needs, including the two inferred fields."""
+    h, heads, kv, d, f = (model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
+                          model.intermediate_size)
+    shape = {k: getattr(model, k) for k in SHAPE_KEYS} | {"name": model.name, "vocab_size": model.vocab_size}
+    if model.is_mla:
+        shape |= {"kv_lora_rank": model.kv_lora_rank, "qk_rope_head_dim": model.qk_rope_head_dim}
+    attn = h * d * (2 * heads + 2 * kv)                # q, o and the K, V projections
+    if model.is_mla:   # q, latent down-projection, latent up to K and V, o
+        attn = h * heads * d + h * (model.kv_lora_rank + model.qk_rope_head_dim) \
+            + model.kv_lora_rank * heads * 2 * d + heads * d * h
+        shape["qkv_width"] = attn // h - heads * d     # one GEMM standing for q and the latent
+    emb = 2 * model.vocab_size * h
+    if model.active_params:
+        per_layer = (model.active_params - emb) / model.num_layers - attn
+        shape["intermediate_size"] = max(int(per_layer / (3 * h)), 1)
+        shape["gated_mlp"] = True
+        shape["dense_equivalent"] = True
+    else:
+        gated = model.num_layers * (attn + 3 * h * f) + emb
+        plain = model.num_layers * (attn + 2 * h * f) + emb
+        shape["gated_mlp"] = abs(gated - model.params) <= abs(plain - model.params)
+    return shape
+
+
+def same_shape(a: dict, b: dict) -> bool:
+    return all(int(a.get(k, -1)) == int(b.get(k, -2)) for k in SHAPE_KEYS)
+
+
+@lru_cache(maxsize=None)
+def gpu_fits() -> dict:
+    return json.loads(GPU_FITS.read_text()) if GPU_FITS.is_file() else {}
+
+
+def find_shipped(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
+    """The shipped profile of this GPU whose layer shapes match; the same model name first."""
+    shape = model_shape(model)
+    found = [p for p in map(load_profile, shipped_names())
+             if p.meta["gpu"] == gpu.name and same_shape(p.meta["model"], shape)]
+    found.sort(key=lambda p: p.meta["model"].get("name") != model.name)
+    return found[0] if found else None
+
+
+def predict_linear(fits: dict, shape: dict, tps=TP_GRID, tokens=None) -> pd.DataFrame:
+    """Per-op milliseconds on a (tp, tokens) grid from one GPU's fitted shape model."""
+    tokens = np.array(tokens or token_grid())
+    peak, bw = fits["peak_flops"], fits["bandwidth"]
+    frames = []
+    for tp in tps:
+        cols = {"tp": np.full(len(tokens), tp), "num_tokens": tokens}
+        for op in GEMM_OPS:
+            k, n = gemm_kn(shape, op, tp)
+            flops, nbytes = gemm_work(tokens, k, n)
+            cols[op] = predict_gemm(fits["gemm"], flops, nbytes, peak, bw) * 1e3
+        for op in ELEMENTWISE_OPS:
+            nbytes = tokens * elementwise_bytes_per_token(shape, op, tp)
+            cols[op] = predict_elementwise(fits["elementwise"][op], nbytes, bw) * 1e3
+        frames.append(pd.DataFrame(cols))
+    return pd.concat(frames, ignore_index=True)[["tp", "num_tokens", *LINEAR_OPS]]
+
+
+def synthesize(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
+    """A predicted profile for `model` on `gpu`, or None when the GPU has no fits."""
+    fits = gpu_fits().get(gpu.name)
+    if fits is None:
+        return None
+    shape = model_shape(model)
+    meta = {
+        "format": FORMAT, "name": f"{gpu.name}-{model.name}-predicted", "gpu": gpu.name,
+        "device": fits["device"], "model": shape, "dtype": "bf16",
+        "origin": {"linear": f"predicted by the {gpu.name} GEMM/elementwise shape model "
+                             f"(fitted on {', '.join(fits['models'])})",
+                   "attention": fits["attention_origin"]},
+        "attention": fits["attention"], "allreduce": fits["allreduce"],
+        "peak_flops": fits["peak_flops"], "bandwidth": fits["bandwidth"],
+        "label": f"predicted:{gpu.name}/{model.name} (GPU shape model)",
+        "step_overhead_s": fits["step_overhead_s"], "source": fits["source"],
+        "license": fits["license"],
+    }
+    return Profile(meta, predict_linear(fits, shape))
+
+
+def check_profile(ref: str, model: ModelSpec, base_dir: Path, src: str,
+                  field_name: str = "cost_model.profile") -> Profile:
+    """Load a profile named in a scenario (or on the command line) and check it fits the model."""
+    prof = load_profile(ref, base_dir, src, field_name)
+    shape = model_shape(model)
+    if not same_shape(prof.meta["model"], shape):
+        have = ", ".join(f"{k} {prof.meta['model'].get(k)}" for k in SHAPE_KEYS)
+        raise InputError(src, field_name, f"profile '{prof.name}' was measured for "
+                         f"{prof.meta['model'].get('name', '?')} ({have}), not {model.name}; "
+                         "use a profile of this model or cost_model: calibrated")
+    return prof

@@ -1,0 +1,146 @@
+"""Step-cost profiles: measured per-operator kernel times on disk, and lookup.
+
+A profile is a folder (shipped ones live in kvsim/data/profiles/<name>/):
+
+* ``meta.json`` — ``format`` ("kvsim-profile/1"), ``name``, ``device`` (what measured
+  it), ``gpu`` (the kvsim GPU preset it stands for), ``model`` (the shape: layers,
+  heads, KV heads, head_dim, hidden, FFN, vocab, gated MLP), ``dtype``, ``date``,
+  ``tools`` (versions), ``source`` and ``license``, ``origin`` per part (measured,
+  borrowed, predicted), ``attention`` (fitted forms, kvsim.opfit), ``allreduce``
+  (bus GB/s and latency), ``step_overhead_s`` and free-text ``notes``.
+* ``linear.csv`` — one row per (tp, num_tokens): per-layer milliseconds of every
+  linear-layer op (kvsim.opfit.LINEAR_OPS); ``emb`` and ``lm_head`` are per step
+  (``lm_head`` by the number of sequences that produce logits).
+* ``attention.csv`` (optional) — measured attention points: phase, tp, batch_size,
+  chunk_tokens, context, block_size, kv_dtype, kv_bits, time_ms, kv_write_ms. Only used to
+  report held-out error; the cost model uses the fitted forms in meta.json.
+
+Interpolation is piecewise linear in the token count between measured points. Beyond
+the largest measured count, time grows in proportion to tokens from the last point
+(large GEMMs are compute-bound); a tensor-parallel degree that was not measured scales
+the nearest measured one (sharded ops by tp_measured / tp, replicated ops unchanged).
+Both are counted as extrapolation by the cost model, never silent.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from functools import lru_cache
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError
+from .opfit import LINEAR_OPS
+
+FORMAT = "kvsim-profile/1"
+SHIPPED = Path(__file__).parent / "data" / "profiles"
+REPLICATED_OPS = ("emb", "input_layernorm", "post_attention_layernorm", "add")
+ATTENTION_COLUMNS = ("phase", "tp", "batch_size", "chunk_tokens", "context", "block_size",
+                     "kv_dtype", "kv_bits", "time_ms", "kv_write_ms")
+
+
+@dataclass
+class Profile:
+    meta: dict
+    linear: pd.DataFrame                       # tp, num_tokens, one column (ms) per op
+    attention_rows: pd.DataFrame | None = None
+    _tables: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    @property
+    def tps(self) -> list[int]:
+        if "tps" not in self._tables:
+            self._tables["tps"] = sorted(int(t) for t in self.linear.tp.unique())
+        return self._tables["tps"]
+
+    def table(self, tp: int) -> tuple[list[int], dict[str, list[float]]]:
+        """Token grid and seconds per op for one measured tp (cached, plain lists for speed)."""
+        if tp not in self._tables:
+            rows = self.linear[self.linear.tp == tp].sort_values("num_tokens")
+            self._tables[tp] = ([int(n) for n in rows.num_tokens],
+                                {op: [float(v) * 1e-3 for v in rows[op]] for op in LINEAR_OPS})
+        return self._tables[tp]
+
+    def op_time(self, op: str, tokens: float, tp: int) -> tuple[float, str | None]:
+        """Seconds of one op at `tokens` and `tp`, and why it was extrapolated (or None)."""
+        why, tps = None, self.tps
+        measured = tp if tp in tps else min(tps, key=lambda t: (abs(np.log2(t / tp)), t))
+        if measured != tp:
+            why = f"tp {tp} not measured (scaled from tp {measured})"
+        grid, ops = self.table(measured)
+        t = _interp(grid, ops[op], tokens)
+        if tokens > grid[-1]:
+            why = why or f"linear ops beyond {grid[-1]} measured tokens (scaled in proportion)"
+        if measured != tp and op not in REPLICATED_OPS:
+            t *= measured / tp
+        return t, why
+
+
+def _interp(xs: list[int], ys: list[float], x: float) -> float:
+    """Piecewise linear; proportional to x beyond the last point."""
+    if x >= xs[-1]:
+        return ys[-1] * x / xs[-1]
+    i = bisect.bisect_right(xs, x)
+    if i == 0:
+        return ys[0]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+# --- disk ---------------------------------------------------------------------------
+def shipped_names() -> list[str]:
+    return sorted(p.parent.name for p in SHIPPED.glob("*/meta.json"))
+
+
+def load_profile(ref: str | Path, base_dir: Path = Path("."), src: str = "command line",
+                 field_name: str = "--profile") -> Profile:
+    """A shipped profile by name, or a folder (relative to base_dir)."""
+    ref = str(ref)
+    if ref in shipped_names():
+        return _shipped(ref)
+    folder = Path(base_dir) / ref
+    if not (folder / "meta.json").is_file():
+        raise InputError(src, field_name, f"no profile '{ref}': not a shipped profile "
+                         f"({', '.join(shipped_names())}) and no {folder / 'meta.json'}")
+    return _read(folder.resolve(), src, field_name)
+
+
+@lru_cache(maxsize=None)
+def _shipped(name: str) -> Profile:
+    return _read(SHIPPED / name, "kvsim", f"shipped profile {name}")
+
+
+def _read(folder: Path, src: str, field_name: str) -> Profile:
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        linear = pd.read_csv(folder / "linear.csv")
+        att = folder / "attention.csv"
+        rows = pd.read_csv(att) if att.is_file() else None
+    except (OSError, ValueError) as e:
+        raise InputError(src, field_name, f"profile {folder} cannot be read: {e}") from None
+    if meta.get("format") != FORMAT:
+        raise InputError(src, field_name, f"{folder}/meta.json: format must be '{FORMAT}'")
+    missing = [c for c in ("tp", "num_tokens", *LINEAR_OPS) if c not in linear.columns]
+    missing += [k for k in ("name", "gpu", "model", "attention", "allreduce") if k not in meta]
+    if missing:
+        raise InputError(src, field_name, f"profile {folder} lacks {', '.join(missing)}")
+    return Profile(meta, linear, rows)
+
+
+def save_profile(profile: Profile, folder: str | Path) -> Path:
+    """Write meta.json, linear.csv and attention.csv (if any) into `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "meta.json").write_text(json.dumps(profile.meta, indent=1, sort_keys=True) + "\n")
+    lin = profile.linear.sort_values(["tp", "num_tokens"])[["tp", "num_tokens", *LINEAR_OPS]]
+    lin.to_csv(folder / "linear.csv", index=False, float_format="%.5g")
+    if profile.attention_rows is not None:
+        profile.attention_rows[list(ATTENTION_COLUMNS)].to_csv(
+            folder / "attention.csv", index=False, float_format="%.5g")
+    return folder

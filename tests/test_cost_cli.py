@@ -1,0 +1,132 @@
+"""`kvsim cost`, `kvsim calibrate --report` and `kvsim run --profile` end to end."""
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+
+import pandas as pd
+import pytest
+import yaml
+
+from kvsim.cli import main
+from kvsim.profiles import SHIPPED
+
+
+def kvsim(*args) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_error_line(code: int, err: str) -> str:
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("kvsim: error: "), err
+    return err.strip()
+
+
+def test_cost_json_has_step_time_and_parts_that_sum_to_it():
+    code, out, err = kvsim("cost", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--decode-batch", "64",
+                           "--context", "1024", "--json")
+    assert (code, err) == (0, "")
+    res = json.loads(out)
+    assert res["cost_model"] == "profile:a100-llama-3-8b"
+    assert res["step_time_s"] == pytest.approx(sum(res["parts_s"].values()))
+    assert res["roofline_s"] < res["step_time_s"] < 0.05
+    assert res["extrapolated"] == []
+
+
+def test_cost_text_shows_each_part():
+    code, out, _ = kvsim("cost", "--model", "llama-2-70b", "--gpu", "h100-80gb", "--tp", "2",
+                         "--prefill-tokens", "2048")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == "cost model: profile:h100-llama-2-70b"
+    assert lines[2].startswith("step time:")
+    assert [ln.split()[0] for ln in lines[3:]] == ["linear", "attention_prefill", "attention_decode", "kv_write",
+                                                   "allreduce", "embedding", "lm_head", "overhead"]
+
+
+def test_cost_falls_back_to_roofline_and_says_so():
+    code, out, _ = kvsim("cost", "--model", "llama-3-8b", "--gpu", "h200", "--prefill-tokens", "512", "--json")
+    res = json.loads(out)
+    assert res["cost_model"] == "roofline (no profile for h200/llama-3-8b)"
+    assert res["step_time_s"] == pytest.approx(res["roofline_s"])
+
+
+@pytest.mark.parametrize("args, field", [
+    ([], "--prefill-tokens"),
+    (["--prefill-tokens", "8", "--decode-batch", "2", "--context", "5"], "--prefill-tokens"),
+    (["--decode-batch", "4"], "--context"),
+    (["--prefill-tokens", "8", "--gpu", "a10"], "--gpu"),
+    (["--prefill-tokens", "8", "--profile", "a100-llama-2-7b"], "--profile"),
+    (["--prefill-tokens", "8", "--profile", "no/such/dir"], "--profile"),
+    (["--prefill-tokens", "0"], "--prefill-tokens"),
+])
+def test_cost_bad_input_is_one_line_and_exit_2(args, field):
+    base = {"--model": "llama-3-8b", "--gpu": "a100-80gb"}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    code, _, err = kvsim("cost", *[x for kv in base.items() for x in kv])
+    assert field in one_error_line(code, err)
+
+
+def test_calibrate_report_prints_held_out_mape():
+    code, out, err = kvsim("calibrate", "--report", "a100-llama-3-8b", "--json")
+    assert (code, err) == (0, "")
+    res = json.loads(out)
+    assert set(res["mape"]) >= {"mlp_up_proj", "attn_decode", "attn_prefill_whole_prompt"}
+    assert 0 < res["overall_mape"] < 0.1
+    assert res["source_data"]["gpu_shape_model_leave_one_shape_out"]
+    code, out, _ = kvsim("calibrate", "--report", "h100-llama-3-8b")
+    assert code == 0 and "no measured points" in out
+
+
+def test_calibrate_needs_model_and_out():
+    code, _, err = kvsim("calibrate", "--device", "cpu")
+    assert "--model" in one_error_line(code, err)
+
+
+SCENARIO = {
+    "name": "tiny", "seed": 0, "model": "llama-3-8b", "gpu": "a100-80gb", "max_model_len": 2048,
+    "kv_cache_memory_gib": 1, "cost_model": "calibrated",
+    "workload": {"num_requests": 12, "arrival": {"process": "poisson", "rate_per_s": 10.0},
+                 "prompt_tokens": {"dist": "uniform", "min": 100, "max": 1500},
+                 "output_tokens": {"dist": "uniform", "min": 4, "max": 40}},
+    "policies": [{"name": "paged-16", "allocator": "paged", "block_size": 16},
+                 {"name": "paged-16-fp8", "allocator": "paged", "block_size": 16, "kv_cache_dtype": "fp8"}],
+}
+
+
+def run_summary(tmp_path, scenario: dict, *extra) -> pd.DataFrame:
+    tmp_path.mkdir(exist_ok=True)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    code, _, err = kvsim("run", path, "--out", tmp_path / "out", "--quiet", *extra)
+    assert (code, err) == (0, "")
+    return pd.read_csv(tmp_path / "out" / "summary.csv")
+
+
+def test_run_with_calibrated_costs_names_the_profile(tmp_path):
+    summary = run_summary(tmp_path, SCENARIO)
+    assert summary.cost_model.tolist() == ["profile:a100-llama-3-8b"] * 2
+    roof = run_summary(tmp_path / "r", {**SCENARIO, "cost_model": "roofline"})
+    assert (summary.makespan_s > roof.makespan_s).all()      # measured kernels are slower than peaks
+
+
+def test_run_profile_option_overrides_the_scenario(tmp_path):
+    summary = run_summary(tmp_path, {**SCENARIO, "cost_model": "roofline"}, "--profile",
+                          SHIPPED / "a100-llama-3-8b")
+    assert summary.cost_model.tolist() == ["profile:a100-llama-3-8b"] * 2
+    written = yaml.safe_load((tmp_path / "out" / "scenario.yaml").read_text())
+    assert written["cost_model"]["profile"].endswith("a100-llama-3-8b")
+
+
+def test_run_bad_profile_is_one_line_and_writes_nothing(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**SCENARIO, "cost_model": {"profile": "missing-profile"}}))
+    code, _, err = kvsim("run", path, "--out", tmp_path / "out", "--quiet")
+    assert "cost_model.profile: no profile 'missing-profile'" in one_error_line(code, err)
+    assert not (tmp_path / "out").exists()
+    code, _, err = kvsim("run", path, "--out", tmp_path / "out", "--profile", "h100-llama-2-7b")
+    assert "--profile" in one_error_line(code, err)
