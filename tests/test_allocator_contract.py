@@ -18,9 +18,12 @@ MAX_MODEL_LEN = 64
 
 CONFIGS = (
     [("paged", {"block_size": b}) for b in (1, 16, 32)]
+    + [("paged", {"block_size": b, "prefix_caching": True}) for b in (1, 16)]
+    + [("radix", {})]
     + [("contiguous", {"reserve": r, "placement": p}) for r in RESERVES for p in PLACEMENTS]
 )
-IDS = [kind + "-" + "-".join(str(v) for v in opts.values()) for kind, opts in CONFIGS]
+IDS = ["-".join([kind, *(k if v is True else str(v) for k, v in opts.items())])
+       for kind, opts in CONFIGS]
 
 
 def make(config):
@@ -101,8 +104,12 @@ def test_unfit_reason(alloc):
     assert isinstance(alloc.unfit_reason(SeqShape(POOL_SLOTS + 1, 0)), str)
 
 
+# Prompts start with one of a few shared segments (none, a system prompt, the same
+# prompt with more after it) so that prefix caches hit; the rest is unique or shared.
+SEGMENTS = [(), ((1, 16),), ((1, 16), (2, 8)), ((1, 24),)]
 OPS = st.lists(st.one_of(
-    st.tuples(st.just("allocate"), st.integers(0, 5), st.integers(1, 32), st.integers(0, 32)),
+    st.tuples(st.just("allocate"), st.integers(0, 5), st.integers(1, 32), st.integers(0, 32),
+              st.sampled_from(SEGMENTS), st.sampled_from([-1, 7])),
     st.tuples(st.just("grow"), st.integers(0, 5), st.integers(0, 24)),
     st.tuples(st.just("free"), st.integers(0, 5)),
 ), max_size=30)
@@ -117,8 +124,11 @@ def test_random_operations_keep_invariants(config, ops):
     for op, seq_id, *args in ops:
         before = checked(alloc)
         if op == "allocate" and seq_id not in held:
-            prompt, output = args
-            if alloc.allocate(seq_id, SeqShape(prompt, output), prompt):
+            rest, output, segments, tail = args
+            prompt = sum(n for _, n in segments) + rest
+            shape = SeqShape(prompt, output, segments, tail)
+            assert 0 <= alloc.match_prefix(shape, prompt) < prompt
+            if alloc.allocate(seq_id, shape, prompt):
                 held[seq_id] = prompt
             else:
                 assert checked(alloc) == before
@@ -131,7 +141,8 @@ def test_random_operations_keep_invariants(config, ops):
         elif op == "free" and seq_id in held:
             alloc.free(seq_id)
             del held[seq_id]
-        assert checked(alloc).token == sum(held.values())
+        b = checked(alloc)          # sharing: logical tokens = physical + shared
+        assert b.token + b.shared == sum(held.values())
     for seq_id in list(held):
         alloc.free(seq_id)
     assert checked(alloc) == empty(alloc)

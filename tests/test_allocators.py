@@ -254,6 +254,6 @@ def test_make_allocator_sizes_pools_from_bytes():
 
 
 def test_make_allocator_unknown_kind_lists_valid_names():
-    assert list(ALLOCATORS) == ["contiguous", "paged"]
-    with pytest.raises(ValueError, match="contiguous, paged"):
+    assert list(ALLOCATORS) == ["contiguous", "paged", "radix"]
+    with pytest.raises(ValueError, match="contiguous, paged, radix"):
         make_allocator("slab", 1e9, KV, 64)

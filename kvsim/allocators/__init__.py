@@ -3,7 +3,9 @@
 A scenario names an allocator by its YAML key and gives a byte budget; the builders
 here turn bytes into slots with the frozen KVSpec, so allocators only count slots.
 
-  paged       vLLM-style fixed blocks (options: block_size)
+  paged       vLLM-style fixed blocks (options: block_size, prefix_caching = false |
+              true: vLLM's automatic prefix caching of full blocks)
+  radix       token-granularity prefix cache on a radix tree (SGLang's RadixAttention)
   contiguous  one region per sequence (options: reserve = max | pow2 | oracle,
               placement = first-fit | buddy)
 """
@@ -12,14 +14,22 @@ from __future__ import annotations
 from kvsim.allocators.base import Breakdown, InvariantError, KVAllocator, SeqShape
 from kvsim.allocators.contiguous import ContiguousAllocator
 from kvsim.allocators.paged import PagedAllocator
+from kvsim.allocators.prefix import PrefixCachingPagedAllocator
+from kvsim.allocators.radix import RadixCacheAllocator
 from kvsim.specs import KVSpec
 
 
-def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int,
-           block_size: int = 16) -> PagedAllocator:
+def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 16,
+           prefix_caching: bool = False) -> PagedAllocator | PrefixCachingPagedAllocator:
     # Whole blocks only: the remainder of the pool is never handed out.
     num_blocks = int(pool_bytes // (block_size * kv.bytes_per_token))
-    return PagedAllocator(num_blocks, block_size)
+    if prefix_caching:    # cached blocks stay whole: no sliding-window release here
+        return PrefixCachingPagedAllocator(num_blocks, block_size)
+    return PagedAllocator(num_blocks, block_size, window=kv.model.sliding_window)
+
+
+def _radix(pool_bytes: float, kv: KVSpec, max_model_len: int) -> RadixCacheAllocator:
+    return RadixCacheAllocator(int(pool_bytes // kv.bytes_per_token))
 
 
 def _contiguous(pool_bytes: float, kv: KVSpec, max_model_len: int,
@@ -31,6 +41,7 @@ def _contiguous(pool_bytes: float, kv: KVSpec, max_model_len: int,
 ALLOCATORS = {
     "contiguous": _contiguous,
     "paged": _paged,
+    "radix": _radix,
 }
 
 
@@ -44,5 +55,6 @@ def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
 
 __all__ = [
     "ALLOCATORS", "Breakdown", "ContiguousAllocator", "InvariantError", "KVAllocator",
-    "PagedAllocator", "SeqShape", "make_allocator",
+    "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
+    "make_allocator",
 ]

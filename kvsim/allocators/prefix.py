@@ -1,0 +1,298 @@
+"""Paged KV cache with automatic prefix caching, as in vLLM (FACTS.md, "Prefix caching").
+
+The pool is the paged allocator's: `num_blocks` blocks of `block_size` token slots and a
+block table per sequence. On top of it, a FULL block whose tokens are all identified is
+cached under a chained key: (key of the previous block in the table, the block's token
+runs). Equal keys mean equal whole prefixes, so a new request reuses every cached block
+of its longest cached prefix instead of recomputing it. Keys are interned to ints in a
+dict, so lookups are exact (no hash collisions) and deterministic; a block containing
+content -1 ("unique, never shared") gets no key, nor does any block after it.
+
+Blocks are reference-counted: one reference per block table that holds the block, so
+two running sequences may share physical blocks. A block no table holds waits in the
+free queue, an LRU: `free` appends a sequence's blocks deepest first (reverse table
+order), so its deepest block, the least likely to be asked for again, is evicted first;
+a new block is taken from the head, and if it was cached its key is dropped (evicted);
+a cache hit on a queued block takes it out of the queue and bumps its count.
+A block becomes cached when its sequence fills it (at allocate or grow); only full
+blocks are cached, so a partial last block is never shared between requests. Where the
+same content fills two blocks (a match limited to num_tokens - 1 leaves the last full
+block to be recomputed), the block cached first keeps the key; the other stays a plain
+block. Sequences of one request (parallel samples, beams) share every block through
+`fork`, as in the plain paged allocator: a partly filled block they share is copied on
+write by the first of them to add a token.
+
+What differs from vLLM: no "extra keys" (LoRA ids, multimodal hashes) and no per-block
+hash of token ids: the workload's content runs stand in for the tokens.
+
+Invariants: each block is either queued (refcount 0) or used (refcount = the number of
+tables holding it, counted with multiplicity); cached keys and blocks map one-to-one; a
+cached block in a table sits where that table's own key chain says it should; a block
+partly filled in one table is the last block of every table holding it; a table covers
+its tokens and holds no block beyond the last one it needs.
+"""
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
+from kvsim.allocators.paged import blocks_for
+
+_ROOT = -1   # the "parent key" of a table's first block
+
+
+@dataclass
+class _Seq:
+    shape: SeqShape
+    tokens: int
+    table: list[int]
+    keys: list[int] = field(default_factory=list)  # keys of the leading cacheable full blocks
+    hashed: int = 0                                  # full blocks looked at so far
+
+
+class PrefixCachingPagedAllocator:
+    """Paged blocks shared between sequences through a chained-key block cache."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 0 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 0 and block_size >= 1, "
+                             f"got {num_blocks} and {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.capacity = num_blocks * block_size
+        # The LRU free queue: an OrderedDict instead of a deque, to remove a block from
+        # the middle in O(1) when a cache hit revives it. Head = next to be reused.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._ref = [0] * num_blocks
+        self._key_of: list[int | None] = [None] * num_blocks   # cached block -> key
+        self._cached: dict[int, int] = {}                       # key -> cached block
+        # (parent key, runs) -> key. Never pruned, so content always gets the same key
+        # and chains below an evicted block stay valid; it grows with the distinct
+        # shareable blocks ever seen, not with traffic.
+        self._keys: dict[tuple, int] = {}
+        self._seqs: dict[int, _Seq] = {}
+
+    # -- views for tests and reports ------------------------------------------------
+
+    @property
+    def free_blocks(self) -> list[int]:
+        """Queued block ids, cached or not, in LRU order (the next allocation takes the first)."""
+        return list(self._free)
+
+    @property
+    def cached_blocks(self) -> list[int]:
+        """Block ids that hold a cached key, ascending."""
+        return sorted(self._cached.values())
+
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self._seqs[seq_id].table)
+
+    def tokens_of(self, seq_id: int) -> int | None:
+        seq = self._seqs.get(seq_id)
+        return None if seq is None else seq.tokens
+
+    # -- keys -----------------------------------------------------------------------
+
+    def _block_id(self, shape: SeqShape, parent: int, index: int) -> tuple | None:
+        """The (parent key, runs) identity of full block `index`, None if uncacheable."""
+        b = self.block_size
+        runs = shape.runs(index * b, (index + 1) * b)
+        if any(content == -1 for content, _, _ in runs):
+            return None
+        return parent, runs
+
+    def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
+        """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""
+        hits, parent = [], _ROOT
+        for index in range(max(num_tokens - 1, 0) // self.block_size):
+            ident = self._block_id(shape, parent, index)
+            key = None if ident is None else self._keys.get(ident)
+            if key is None or key not in self._cached:
+                break
+            hits.append(self._cached[key])
+            parent = key
+        return hits
+
+    def _cache_full_blocks(self, seq: _Seq) -> None:
+        """Give keys to the blocks the sequence has filled since the last call."""
+        full = seq.tokens // self.block_size
+        while seq.hashed < full and len(seq.keys) == seq.hashed:
+            ident = self._block_id(seq.shape, seq.keys[-1] if seq.keys else _ROOT, seq.hashed)
+            seq.hashed += 1
+            if ident is None:
+                break           # this block and every later one stay uncached
+            key = self._keys.setdefault(ident, len(self._keys))
+            seq.keys.append(key)
+            block = seq.table[seq.hashed - 1]
+            if key not in self._cached and self._key_of[block] is None:
+                self._cached[key] = block
+                self._key_of[block] = key
+        seq.hashed = max(seq.hashed, full)
+
+    def _take(self, count: int) -> list[int]:
+        """Pop `count` blocks from the queue head, evicting their cached keys."""
+        taken = []
+        for _ in range(count):
+            block, _ = self._free.popitem(last=False)
+            key = self._key_of[block]
+            if key is not None:
+                del self._cached[key]
+                self._key_of[block] = None
+            self._ref[block] = 1
+            taken.append(block)
+        return taken
+
+    def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:
+        """(cache hits, new blocks needed beyond the free queue left after the hits)."""
+        hits = self._hits(shape, num_tokens)
+        revived = sum(1 for block in hits if self._ref[block] == 0)
+        need = blocks_for(num_tokens, self.block_size) - len(hits)
+        return hits, need - (len(self._free) - revived)
+
+    # -- KVAllocator ----------------------------------------------------------------
+
+    def unfit_reason(self, shape: SeqShape) -> str | None:
+        if blocks_for(shape.final_tokens, self.block_size) > self.num_blocks:
+            return "final length exceeds KV pool"
+        return None
+
+    def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
+        return len(self._hits(shape, num_tokens)) * self.block_size
+
+    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        hits, short = self._new_blocks_needed(shape, num_tokens)
+        if short + blocks_for(keep_free, self.block_size) > 0:   # the watermark stays free
+            return False
+        for block in hits:
+            if self._ref[block] == 0:
+                del self._free[block]
+            self._ref[block] += 1
+        table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
+        seq = _Seq(shape, num_tokens, table)
+        self._seqs[seq_id] = seq
+        self._cache_full_blocks(seq)
+        return True
+
+    def fork(self, parent_id: int, child_id: int) -> bool:
+        """The child shares every block the parent holds (never fails: nothing is copied yet)."""
+        if child_id in self._seqs:
+            raise ValueError(f"sequence {child_id} is already allocated")
+        parent = self._seqs[parent_id]
+        for block in parent.table:
+            self._ref[block] += 1
+        self._seqs[child_id] = _Seq(parent.shape, parent.tokens, list(parent.table),
+                                    list(parent.keys), parent.hashed)
+        return True
+
+    def grow(self, seq_id: int, num_tokens: int) -> bool:
+        seq = self._seqs[seq_id]
+        if num_tokens < seq.tokens:
+            raise ValueError(f"sequence {seq_id} holds {seq.tokens} tokens; "
+                             f"cannot grow to {num_tokens}")
+        extra = blocks_for(num_tokens, self.block_size) - len(seq.table)
+        # Writing into a partly filled block a fork shares: copy it first (it has no key).
+        cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0
+               and self._ref[seq.table[-1]] > 1)
+        if extra + cow > len(self._free):
+            return False
+        if cow:
+            self._ref[seq.table[-1]] -= 1
+            seq.table[-1:] = self._take(1)
+        seq.table.extend(self._take(extra))
+        seq.tokens = num_tokens
+        self._cache_full_blocks(seq)
+        return True
+
+    def free(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id)
+        for block in reversed(seq.table):
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                self._free[block] = None
+
+    def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
+        """Physical blocks counted once, in O(sequences): a table's unfilled slots all
+        sit in its last block, which only its forks may share, so reservation and
+        internal come from split_used once per distinct last block, and every other
+        used slot holds a token. shared = logical - physical slots in use. Queued
+        blocks, cached or not, are free, or unusable when the next sequence, after
+        its cache hits, needs more blocks than the queue keeps."""
+        reservation = internal = logical = 0
+        last_blocks: set[int] = set()
+        for seq in self._seqs.values():
+            allocated = len(seq.table) * self.block_size
+            logical += allocated
+            if seq.table and seq.table[-1] not in last_blocks:
+                last_blocks.add(seq.table[-1])
+                _, r, i = split_used(seq.tokens, allocated, seq.shape.final_tokens)
+                reservation, internal = reservation + r, internal + i
+        used = (self.num_blocks - len(self._free)) * self.block_size
+        free_slots = len(self._free) * self.block_size
+        starved = next_seq is not None and self._new_blocks_needed(*next_seq)[1] > 0
+        return Breakdown(used - reservation - internal, reservation, internal, padding=0,
+                         unusable=free_slots if starved else 0,
+                         free=0 if starved else free_slots, shared=logical - used)
+
+    def check_invariants(self) -> None:
+        """Checks per table and over the pool at C speed (check mode runs this after
+        every engine step, on pools of tens of thousands of blocks); the block-by-block
+        walk that names the culprit runs only when they fail. Block ids enter the free
+        queue only from tables (range-checked here) or the initial 0..N-1."""
+        holders: Counter[int] = Counter()
+        last: dict[int, list[int]] = {}   # partial last block -> [tokens in it, tables]
+        for seq_id, seq in self._seqs.items():
+            table = seq.table
+            if len(table) != blocks_for(seq.tokens, self.block_size):
+                raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in blocks {table}")
+            if table and not 0 <= min(table) <= max(table) < self.num_blocks:
+                raise InvariantError(f"seq {seq_id}'s table {table} has a block out of range")
+            holders.update(table)
+            keys = list(map(self._key_of.__getitem__, table))
+            n = len(seq.keys)
+            if (keys[:n] != seq.keys and any(k is not None and k != own for k, own in zip(keys, seq.keys))
+                    or keys[n:].count(None) != len(keys[n:])):
+                raise InvariantError(f"seq {seq_id} holds a cached block whose prefix differs "
+                                     f"from its own: keys {keys}, its chain {seq.keys}")
+            filled = seq.tokens - (len(table) - 1) * self.block_size
+            if table and filled < self.block_size:
+                entry = last.setdefault(table[-1], [filled, 0])
+                if entry[0] != filled:
+                    raise InvariantError(f"block {table[-1]} holds {filled} tokens for seq "
+                                         f"{seq_id} but {entry[0]} for another")
+                entry[1] += 1
+        for block, (_, tables) in last.items():
+            if tables != holders[block]:   # a fork's partial block, full for another table
+                raise InvariantError(f"partly filled block {block} is not the last block "
+                                     f"of every table holding it")
+        fast_ok = (len(holders) + len(self._free) == self.num_blocks
+                   and holders.keys().isdisjoint(self._free.keys())
+                   and all(self._ref[b] == n for b, n in holders.items())
+                   and sum(self._ref) == holders.total() and min(self._ref, default=0) >= 0)
+        if not fast_ok:
+            self._diagnose(holders)
+        for key, block in self._cached.items():
+            if self._key_of[block] != key:
+                raise InvariantError(f"key {key} maps to block {block}, "
+                                     f"whose key is {self._key_of[block]}")
+        if self.num_blocks - self._key_of.count(None) != len(self._cached):
+            raise InvariantError("a block holds a key the cache does not map to it")
+        b = self.breakdown(None)
+        if min(b.token, b.reservation, b.internal, b.free, b.shared) < 0 or b.capacity != self.capacity:
+            raise InvariantError(f"breakdown {b} does not split the pool of {self.capacity}")
+
+    def _diagnose(self, holders: Counter) -> None:
+        for block in range(self.num_blocks):
+            queued, ref = block in self._free, self._ref[block]
+            if ref != holders[block] or ref < 0:
+                raise InvariantError(f"block {block} has refcount {ref} but "
+                                     f"{holders[block]} tables hold it")
+            if queued == (ref > 0):
+                raise InvariantError(f"block {block} with refcount {ref} is "
+                                     f"{'' if queued else 'not '}in the free queue")
+        raise InvariantError("the free queue and the tables disagree")

@@ -1,0 +1,449 @@
+"""The prefix caches: exact block ids, free-queue order, refcounts and tree shapes on small
+hand-worked cases, then random operations checked against the invariants and, in pools
+too big to evict, against a brute-force model of what should be cached."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.allocators import (
+    Breakdown, InvariantError, PrefixCachingPagedAllocator, RadixCacheAllocator, SeqShape,
+    make_allocator,
+)
+from kvsim.allocators.runs import common_length, split_runs
+from kvsim.specs import MODEL_PRESETS, KVSpec
+
+SYSTEM = ((7, 8),)        # a shared system prompt of two 4-token blocks
+
+
+def shaped(prompt: int, output: int = 0, segments=SYSTEM, tail: int = -1) -> SeqShape:
+    return SeqShape(prompt, output, segments, tail)
+
+
+def hashed() -> PrefixCachingPagedAllocator:
+    return PrefixCachingPagedAllocator(num_blocks=8, block_size=4)
+
+
+# -- hash-based prefix caching on paged blocks -----------------------------------------
+
+def test_two_requests_share_the_system_prompt_blocks():
+    alloc = hashed()
+    assert alloc.allocate(1, shaped(11, 5), 11)
+    assert alloc.block_table(1) == [0, 1, 2]
+    assert alloc.cached_blocks == [0, 1]          # block 2 is partial and unique
+    assert alloc.match_prefix(shaped(11, 5), 11) == 8
+    assert alloc.allocate(2, shaped(11, 5), 11)
+    assert alloc.block_table(2) == [0, 1, 3]
+    assert [alloc.ref_count(b) for b in range(5)] == [2, 2, 1, 1, 0]
+    assert alloc.free_blocks == [4, 5, 6, 7]
+    # 22 tokens held in 14 physical token slots; each holds 1 slot for its 16th token.
+    assert alloc.breakdown(None) == Breakdown(14, 2, 0, 0, 0, 16, shared=8)
+    assert alloc.tokens_of(2) == 11
+    alloc.check_invariants()
+
+
+def test_hit_after_the_first_request_is_freed():
+    alloc = hashed()
+    assert alloc.allocate(1, shaped(11), 11)
+    alloc.free(1)
+    assert alloc.free_blocks == [3, 4, 5, 6, 7, 2, 1, 0]   # deepest first, at the tail
+    assert alloc.cached_blocks == [0, 1]                    # queued, still cached
+    assert alloc.breakdown(None) == Breakdown(0, 0, 0, 0, 0, 32)
+    assert alloc.allocate(2, shaped(11), 11)
+    assert alloc.block_table(2) == [0, 1, 3]     # hits leave the queue from its middle
+    assert alloc.free_blocks == [4, 5, 6, 7, 2]
+    alloc.check_invariants()
+
+
+def test_eviction_takes_the_deepest_block_of_a_freed_request_first():
+    alloc = hashed()
+    prompt = shaped(12, segments=((7, 12),))
+    assert alloc.allocate(1, prompt, 12)
+    alloc.free(1)
+    assert alloc.cached_blocks == [0, 1, 2]
+    assert alloc.allocate(2, shaped(24, segments=()), 24)   # 6 blocks: 3..7, then 2
+    assert alloc.block_table(2) == [3, 4, 5, 6, 7, 2]
+    assert alloc.cached_blocks == [0, 1]
+    assert alloc.match_prefix(prompt, 13) == 8
+    assert alloc.allocate(3, shaped(1, segments=()), 1)
+    assert alloc.block_table(3) == [1]
+    assert alloc.cached_blocks == [0]
+    assert alloc.match_prefix(prompt, 13) == 4
+    alloc.check_invariants()
+
+
+def test_partial_last_block_is_never_shared_until_filled():
+    alloc = hashed()
+    long = shaped(16, segments=((7, 16),))
+    assert alloc.allocate(1, shaped(10, segments=((7, 16),)), 10)
+    assert alloc.cached_blocks == [0, 1]
+    assert alloc.match_prefix(long, 16) == 8
+    assert alloc.grow(1, 12)                       # block 2 fills: cached now
+    assert alloc.cached_blocks == [0, 1, 2]
+    assert alloc.match_prefix(long, 16) == 12
+    alloc.check_invariants()
+
+
+def test_unique_content_is_never_cached():
+    alloc = hashed()
+    s = shaped(16, segments=((-1, 4), (7, 12)), tail=7)
+    assert alloc.allocate(1, s, 16)
+    assert alloc.cached_blocks == []               # every block follows a unique one
+    assert alloc.allocate(2, shaped(12, segments=()), 12)
+    assert alloc.cached_blocks == []
+    assert alloc.match_prefix(s, 16) == 0
+    alloc.check_invariants()
+
+
+def test_match_is_whole_blocks_and_leaves_the_last_token():
+    alloc = hashed()
+    s = shaped(16, segments=((7, 16),))
+    assert alloc.allocate(1, s, 16)
+    assert [alloc.match_prefix(s, n) for n in (0, 1, 4, 5, 8, 9, 16, 17)] == [
+        0, 0, 0, 4, 4, 8, 12, 16]
+    assert alloc.allocate(2, s, 16)                # reuses 3 blocks, recomputes the 4th
+    assert alloc.block_table(2) == [0, 1, 2, 4]
+    assert alloc.cached_blocks == [0, 1, 2, 3]     # block 4 duplicates 3: stays uncached
+    assert [alloc.ref_count(b) for b in range(5)] == [2, 2, 2, 1, 1]
+    alloc.free(1)
+    assert alloc.free_blocks == [5, 6, 7, 3]
+    alloc.free(2)
+    assert alloc.free_blocks == [5, 6, 7, 3, 4, 2, 1, 0]
+    alloc.check_invariants()
+
+
+def test_next_request_counts_its_hits_before_calling_free_space_unusable():
+    alloc = hashed()
+    prompt = shaped(12, segments=((7, 12),))
+    assert alloc.allocate(1, prompt, 12)
+    alloc.free(1)
+    assert alloc.allocate(2, shaped(20, segments=()), 20)
+    assert alloc.free_blocks == [2, 1, 0]          # all three cached
+    # 17 tokens: hits 0, 1, 2 leave the queue; 2 more blocks needed, none left.
+    assert alloc.breakdown((shaped(17, segments=((7, 12),)), 17)) == Breakdown(20, 0, 0, 0, 12, 0)
+    assert not alloc.allocate(3, shaped(17, segments=((7, 12),)), 17)
+    # 12 tokens: hits 0, 1 (the last token is computed); block 2 is evicted and refilled.
+    assert alloc.breakdown((prompt, 12)) == Breakdown(20, 0, 0, 0, 0, 12)
+    assert alloc.allocate(3, prompt, 12)
+    assert alloc.block_table(3) == [0, 1, 2]
+    assert alloc.cached_blocks == [0, 1, 2]
+    alloc.check_invariants()
+
+
+def test_watermark_blocks_admission_but_not_hits():
+    alloc = hashed()
+    assert alloc.allocate(1, shaped(8), 8)
+    assert not alloc.allocate(2, shaped(24, segments=()), 24, keep_free=1)  # 6 of 6 free
+    assert alloc.allocate(2, shaped(9), 9, keep_free=20)   # hits 0, 1 + one block; 5 stay
+    assert alloc.block_table(2) == [0, 1, 2]
+    alloc.check_invariants()
+
+
+def test_forks_share_blocks_and_copy_the_partial_one_on_write():
+    alloc = hashed()
+    assert alloc.allocate(1, shaped(10, 6), 10)
+    assert alloc.fork(1, 2)
+    assert alloc.block_table(2) == [0, 1, 2]
+    assert [alloc.ref_count(b) for b in range(3)] == [2, 2, 2]
+    # One physical copy of 10 tokens; block 2's 2 reserved slots are counted once.
+    assert alloc.breakdown(None) == Breakdown(10, 2, 0, 0, 0, 20, shared=12)
+    assert alloc.grow(2, 11)                       # writes into shared block 2: copy
+    assert alloc.block_table(2) == [0, 1, 3]
+    assert alloc.grow(1, 12)                       # block 2 is its own now
+    assert alloc.block_table(1) == [0, 1, 2]
+    assert alloc.breakdown(None) == Breakdown(15, 1, 0, 0, 0, 16, shared=8)
+    alloc.free(1)
+    assert alloc.free_blocks == [4, 5, 6, 7, 2]
+    alloc.check_invariants()
+
+
+def test_copy_on_write_fails_cleanly_without_a_free_block():
+    alloc = PrefixCachingPagedAllocator(num_blocks=3, block_size=4)
+    assert alloc.allocate(1, shaped(10, 6), 10)
+    assert alloc.fork(1, 2)
+    before = alloc.breakdown(None)
+    assert not alloc.grow(2, 11)
+    assert alloc.block_table(2) == [0, 1, 2] and alloc.breakdown(None) == before
+    assert alloc.grow(2, 12) is False and alloc.tokens_of(2) == 10
+    alloc.check_invariants()
+
+
+def test_hash_cache_invariants_name_the_fault():
+    alloc = hashed()
+    assert alloc.allocate(1, shaped(11), 11)
+    alloc._ref[1] = 2
+    with pytest.raises(InvariantError, match="block 1 has refcount 2"):
+        alloc.check_invariants()
+
+
+def test_registry_builds_the_caches():
+    kv = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
+    pool = 1000 * kv.bytes_per_token
+    cache = make_allocator("paged", pool, kv, 64, block_size=16, prefix_caching=True)
+    assert isinstance(cache, PrefixCachingPagedAllocator)
+    assert (cache.num_blocks, cache.block_size) == (62, 16)
+    assert type(make_allocator("paged", pool, kv, 64, prefix_caching=False)).__name__ == "PagedAllocator"
+    radix = make_allocator("radix", pool, kv, 64)
+    assert isinstance(radix, RadixCacheAllocator) and radix.capacity == 1000
+    assert radix.unfit_reason(SeqShape(1000, 1)) == "final length exceeds KV pool"
+
+
+# -- radix tree ---------------------------------------------------------------------------
+
+def test_runs_helpers():
+    assert common_length(((1, 0, 6), (2, 0, 4)), ((1, 0, 3), (1, 3, 5))) == 6
+    assert common_length(((1, 0, 6),), ((1, 1, 6),)) == 0
+    assert common_length(((-1, 0, 6),), ((-1, 0, 6),)) == 0
+    assert split_runs(((1, 0, 6), (2, 0, 4)), 8) == (((1, 0, 6), (2, 0, 2)), ((2, 2, 2),))
+
+
+@pytest.fixture
+def radix():
+    """32 slots; A (6 of content 1, 4 of content 2) was freed into the tree,
+    then B (6 of content 1, 4 of content 3) was admitted, splitting A's edge."""
+    alloc = RadixCacheAllocator(32)
+    a = shaped(12, segments=((1, 6), (2, 4)))
+    assert alloc.allocate(1, a, 12)
+    assert alloc.nodes() == []
+    alloc.free(1)                                  # the 2 unique tokens are dropped
+    assert alloc.nodes() == [(0, ((1, 0, 6), (2, 0, 4)), 0)]
+    assert alloc.free_slots == 22
+    b = shaped(12, segments=((1, 6), (3, 4)))
+    assert alloc.match_prefix(b, 12) == 6
+    assert alloc.nodes() == [(0, ((1, 0, 6), (2, 0, 4)), 0)]    # a query splits nothing
+    assert alloc.allocate(2, b, 12)
+    assert alloc.nodes() == [(0, ((1, 0, 6),), 1), (6, ((2, 0, 4),), 0)]
+    alloc.check_invariants()
+    return alloc
+
+
+def test_radix_split_and_breakdown(radix):
+    # B holds 6 tree slots and 6 private; A's 4-token leaf is evictable, so free.
+    assert radix.breakdown(None) == Breakdown(12, 0, 0, 0, 0, 20)
+    assert radix.tokens_of(2) == 12
+
+
+def test_radix_shared_match_and_refcounts(radix):
+    c = shaped(12, segments=((1, 6), (2, 4)))
+    assert radix.match_prefix(c, 12) == 10
+    assert radix.allocate(3, c, 12)
+    assert radix.nodes() == [(0, ((1, 0, 6),), 2), (6, ((2, 0, 4),), 1)]
+    assert radix.breakdown(None) == Breakdown(18, 0, 0, 0, 0, 14, shared=6)
+    radix.free(2)                                  # B's content-3 tokens join the tree
+    assert radix.nodes() == [(0, ((1, 0, 6),), 1), (6, ((2, 0, 4),), 1),
+                             (6, ((3, 0, 4),), 0)]
+    radix.free(3)
+    assert [ref for _, _, ref in radix.nodes()] == [0, 0, 0]
+    assert radix.breakdown(None) == Breakdown(0, 0, 0, 0, 0, 32)
+    radix.check_invariants()
+
+
+def test_radix_evicts_least_recently_used_leaves(radix):
+    radix.free(2)                                  # touches the content-3 leaf
+    assert radix.allocate(3, shaped(12, segments=((1, 6), (2, 4))), 12)
+    radix.free(3)                                  # touches the content-2 leaf: newer
+    assert radix.free_slots == 18
+    unique = shaped(22, 10, segments=())
+    assert radix.allocate(4, unique, 22)           # needs 4 more: the older leaf goes
+    assert radix.nodes() == [(0, ((1, 0, 6),), 0), (6, ((2, 0, 4),), 0)]
+    assert radix.grow(4, 26)
+    assert radix.nodes() == [(0, ((1, 0, 6),), 0)]  # the parent is a leaf now
+    assert radix.grow(4, 32)
+    assert radix.nodes() == []
+    radix.check_invariants()
+
+
+def test_radix_never_evicts_what_a_running_sequence_uses(radix):
+    before = (radix.nodes(), radix.breakdown(None))
+    assert radix.breakdown((shaped(21, segments=()), 21)) == Breakdown(12, 0, 0, 0, 20, 0)
+    assert not radix.allocate(3, shaped(21, segments=()), 21)   # 16 free + 4 evictable
+    assert (radix.nodes(), radix.breakdown(None)) == before
+    assert not radix.grow(2, 33)
+    assert radix.allocate(3, shaped(20, segments=()), 20)
+    assert radix.nodes() == [(0, ((1, 0, 6),), 1)]
+    radix.check_invariants()
+
+
+def test_radix_match_ending_mid_edge_is_kept_whole():
+    alloc = RadixCacheAllocator(32)
+    assert alloc.allocate(1, shaped(12, segments=((1, 6), (2, 4))), 12)
+    alloc.free(1)
+    tree = alloc.nodes()
+    # A 33-token request matching 6 of the 10 cached tokens needs 27 slots: 22 free and
+    # 4 evictable, as the 6 it reuses cannot be evicted.
+    b = shaped(33, segments=((1, 6), (3, 4)))
+    assert alloc.breakdown((b, 33)) == Breakdown(0, 0, 0, 0, 32, 0)
+    assert not alloc.allocate(2, b, 33)
+    assert alloc.nodes() == tree
+    assert alloc.allocate(2, shaped(32, segments=((1, 6), (3, 4))), 32)
+    assert alloc.nodes() == [(0, ((1, 0, 6),), 1)]
+    assert alloc.free_slots == 0
+    alloc.check_invariants()
+
+
+def test_radix_next_turn_matches_the_generated_tokens():
+    alloc = RadixCacheAllocator(64)
+    turn1 = SeqShape(6, 4, (), tail_id=9)           # a conversation's own content
+    assert alloc.allocate(1, turn1, 6)
+    assert alloc.grow(1, 10)
+    alloc.free(1)
+    assert alloc.nodes() == [(0, ((9, 0, 10),), 0)]
+    turn2 = shaped(14, segments=((9, 10),))
+    assert alloc.match_prefix(turn2, 14) == 10
+    assert alloc.match_prefix(turn2, 10) == 9      # the last token is always computed
+    assert alloc.allocate(2, turn2, 10)
+    assert alloc.nodes() == [(0, ((9, 0, 9),), 1), (9, ((9, 9, 1),), 0)]
+    alloc.free(2)                                  # its private token duplicates the tree's
+    assert alloc.nodes() == [(0, ((9, 0, 9),), 0), (9, ((9, 9, 1),), 0)]
+    assert alloc.free_slots == 54
+    alloc.check_invariants()
+
+
+def test_radix_fork_caches_the_parent_and_copies_only_unique_tokens():
+    alloc = RadixCacheAllocator(32)
+    parent = SeqShape(10, 4, ((1, 6),))            # 6 shareable tokens, 4 unique
+    assert alloc.allocate(1, parent, 10)
+    assert alloc.fork(1, 2)
+    assert alloc.nodes() == [(0, ((1, 0, 6),), 2)]
+    assert alloc.free_slots == 32 - 6 - 4 - 4
+    assert alloc.tokens_of(2) == 10
+    assert alloc.breakdown(None) == Breakdown(14, 0, 0, 0, 0, 18, shared=6)
+    alloc.free(1)
+    alloc.free(2)
+    assert alloc.nodes() == [(0, ((1, 0, 6),), 0)]
+    assert alloc.breakdown(None) == Breakdown(0, 0, 0, 0, 0, 32)
+    alloc.check_invariants()
+
+
+def test_radix_fork_fails_cleanly_when_the_copy_does_not_fit():
+    alloc = RadixCacheAllocator(12)
+    assert alloc.allocate(1, SeqShape(10, 4, ((1, 6),)), 10)
+    before = alloc.breakdown(None)
+    assert not alloc.fork(1, 2)                   # 4 unique tokens to copy, 2 slots free
+    assert alloc.nodes() == [] and alloc.breakdown(None) == before
+    assert alloc.tokens_of(2) is None
+    alloc.check_invariants()
+
+
+def test_radix_invariants_name_the_fault(radix):
+    radix._root.children[(1, 0)].ref = 0
+    with pytest.raises(InvariantError, match="refcount 0; 1 running paths"):
+        radix.check_invariants()
+
+
+# -- random operations ----------------------------------------------------------------
+
+POOLS = [(), ((1, 8),), ((1, 8), (2, 8)), ((1, 8), (3, 5)), ((1, 13),), ((-1, 3), (1, 8))]
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("allocate"), st.integers(0, 3), st.integers(0, len(POOLS) - 1),
+              st.sampled_from([-1, 5]), st.integers(1, 8), st.integers(0, 8)),
+    st.tuples(st.just("grow"), st.integers(0, 5), st.integers(0, 8)),
+    st.tuples(st.just("free"), st.integers(0, 5)),
+    st.tuples(st.just("fork"), st.integers(0, 3), st.integers(4, 5)),   # a sample of 0..3
+    st.tuples(st.just("evict"), st.just(99), st.integers(1, 24)),  # a unique burst
+), min_size=10, max_size=50)
+
+
+def tokens(shape: SeqShape, n: int) -> list[tuple[int, int]]:
+    """The first n tokens one by one, as (content, offset): the brute-force view."""
+    return [(c, o + i) for c, o, length in shape.runs(0, n) for i in range(length)]
+
+
+def common(a: list, b: list) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n] and a[n][0] != -1:
+        n += 1
+    return n
+
+
+def run_ops(alloc, ops, cached_model=None):
+    """Apply ops, checking invariants after each; `cached_model(shape, n, history)`
+    (for pools too big to evict) gives the match expected from the token history."""
+    held: dict[int, tuple[SeqShape, int]] = {}
+    history = {"filled": [], "inserted": []}
+    for op, seq_id, *args in ops:
+        if op == "allocate" and seq_id not in held:
+            pool, tail, rest, output = args
+            s = SeqShape(sum(n for _, n in POOLS[pool]) + rest, output, POOLS[pool], tail)
+            k = alloc.match_prefix(s, s.prompt_tokens)
+            assert 0 <= k < s.prompt_tokens
+            if cached_model:
+                assert k == cached_model(s, s.prompt_tokens, history)
+            if alloc.allocate(seq_id, s, s.prompt_tokens):
+                held[seq_id] = (s, s.prompt_tokens)
+                history["filled"].append(tokens(s, s.prompt_tokens))
+        elif op == "grow" and seq_id in held:
+            s, n = held[seq_id]
+            if alloc.grow(seq_id, n + args[0]):
+                held[seq_id] = (s, n + args[0])
+                history["filled"].append(tokens(s, n + args[0]))
+        elif op == "free" and seq_id in held:
+            s, n = held.pop(seq_id)
+            alloc.free(seq_id)
+            history["inserted"].append(tokens(s, n))
+        elif op == "fork" and seq_id in held and args[0] not in held:
+            before = alloc.breakdown(None)
+            if alloc.fork(seq_id, args[0]):
+                held[args[0]] = held[seq_id]
+                history["inserted"].append(tokens(*held[seq_id]))
+            else:
+                assert alloc.breakdown(None) == before
+        elif op == "evict" and alloc.allocate(seq_id, SeqShape(args[0], 0), args[0]):
+            alloc.check_invariants()
+            alloc.free(seq_id)          # unique content: leaves nothing cached
+        alloc.check_invariants()
+        b = alloc.breakdown(None)
+        # Forks may share a partial block: its unfilled slots are shared slots too.
+        assert b.token <= sum(n for _, n in held.values()) <= b.token + b.shared
+        if isinstance(alloc, RadixCacheAllocator):     # token granular: all shared are tokens
+            assert b.token + b.shared == sum(n for _, n in held.values())
+        assert alloc.breakdown((SeqShape(16, 0, POOLS[2]), 17)).capacity == alloc.capacity
+    for seq_id in list(held):
+        alloc.free(seq_id)
+        alloc.check_invariants()
+    assert alloc.breakdown(None) == Breakdown(0, 0, 0, 0, 0, alloc.capacity)
+
+
+@pytest.mark.parametrize("num_blocks, block_size", [(6, 4), (12, 2), (40, 1)])
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS)
+def test_hash_cache_random_operations(num_blocks, block_size, ops):
+    alloc = PrefixCachingPagedAllocator(num_blocks, block_size)
+    run_ops(alloc, ops)
+    assert sorted(alloc.free_blocks) == list(range(num_blocks))
+    assert all(alloc.ref_count(b) == 0 for b in range(num_blocks))
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(20, 60), ops=OPS)
+def test_radix_random_operations(capacity, ops):
+    alloc = RadixCacheAllocator(capacity)
+    run_ops(alloc, ops)
+    assert all(ref == 0 for _, _, ref in alloc.nodes())
+
+
+def hash_model(block_size: int):
+    def expected(s: SeqShape, n: int, history) -> int:
+        # Every full block ever filled stays cached: the pool never has to evict.
+        best = max((common(tokens(s, n - 1), seen) for seen in history["filled"]), default=0)
+        return best // block_size * block_size
+    return expected
+
+
+def radix_model(s: SeqShape, n: int, history) -> int:
+    # The tree holds exactly what freed (or forked) sequences held, up to their first
+    # unique token.
+    return max((common(tokens(s, n - 1), seen) for seen in history["inserted"]), default=0)
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS)
+def test_hash_cache_matches_every_filled_block(block_size, ops):
+    run_ops(PrefixCachingPagedAllocator(5000, block_size), ops, hash_model(block_size))
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS)
+def test_radix_matches_every_freed_prefix(ops):
+    run_ops(RadixCacheAllocator(5000), ops, radix_model)
