@@ -22,6 +22,9 @@ from .specs import GIB, KVSpec, resolve_kv_dtype
 from .workload import generate_requests
 
 
+MAX_UNITS = 1 << 26    # blocks (or slots) a simulated pool may have: beyond, memory runs out
+
+
 @dataclass
 class Results:
     summary: pd.DataFrame
@@ -37,6 +40,9 @@ def plan_pool(scn: Scenario, base_dir: Path, src: str) -> PoolSizing:
            activation_estimate(model, scn.batched_token_budget, scn.scheduler.max_num_seqs, tp))
     pool = size_pool(model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
                      kv_cache_memory_gib=scn.kv_cache_memory_gib, activation_bytes=act)
+    if scn.kv_cache_memory_gib is not None and scn.kv_cache_memory_gib > gpu.memory_gib:
+        raise InputError(src, "kv_cache_memory_gib", f"{scn.kv_cache_memory_gib} GiB is more than "
+                         f"the GPU's {gpu.memory_gib} GiB")
     if pool.pool_bytes <= 0:
         raise InputError(src, "gpu_memory_utilization",
                          f"no memory left for the KV cache: {scn.gpu_memory_utilization} x "
@@ -71,6 +77,12 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale,
                     policy.kv_scale_group_size)
         kind, options = policy.allocator_kind()
+        units = pool.pool_bytes / kv.bytes_per_token / options.get("block_size", 1)
+        if units > MAX_UNITS:
+            raise InputError(src, f"policies[{i}]", f"the KV pool would hold {units:.3g} "
+                             f"{'blocks' if 'block_size' in options else 'token slots'} for policy "
+                             f"'{policy.name}'; kvsim simulates at most {MAX_UNITS:,} (use larger blocks "
+                             "or a smaller pool)")
         allocator = make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options)
         if allocator.capacity <= 0:
             raise InputError(src, f"policies[{i}]", f"the KV pool ({pool.pool_bytes / GIB:.3g} GiB) "

@@ -22,7 +22,7 @@ assert set(typing.get_args(KVDtype)) - {"auto"} == set(DTYPE_BITS)
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # --- workload --------------------------------------------------------------------
@@ -46,9 +46,12 @@ class Burst(Strict):
 Arrival = Annotated[Union[Poisson, Gamma, Burst], Field(discriminator="process")]
 
 
+MAX_TOKENS = 1 << 30     # lengths beyond this are typos, not workloads
+
+
 class Bounded(Strict):
-    min: int = Field(1, ge=1)
-    max: int = Field(1 << 20, ge=1)
+    min: int = Field(1, ge=1, le=MAX_TOKENS)
+    max: int = Field(1 << 20, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -114,7 +117,7 @@ class Conversation(Strict):
 
 
 class Workload(Strict):
-    num_requests: int | None = Field(None, ge=1)
+    num_requests: int | None = Field(None, ge=1, le=10_000_000)
     arrival: Arrival | None = None
     prompt_tokens: LengthDist | None = None
     output_tokens: LengthDist | None = None
@@ -258,7 +261,7 @@ class Scenario(Strict):
                            Annotated[HFModel, Tag("hf")]], Discriminator(_spec_kind)]
     gpu: Annotated[Union[Annotated[str, Tag("preset")], Annotated[InlineGPU, Tag("inline")]],
                    Discriminator(_spec_kind)]
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1, le=1024)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_memory_gib: float | None = Field(None, gt=0)
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
@@ -312,6 +315,8 @@ def load_scenario(path: str | Path) -> tuple[Scenario, Path]:
         raise InputError(src, "file", "not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(src, "file", f"cannot be read as UTF-8 text ({type(e).__name__})") from None
+    except RecursionError:
+        raise InputError(src, "YAML", "nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = (f"line {mark.line + 1}" if mark else

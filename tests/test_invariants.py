@@ -1,0 +1,683 @@
+"""kvsim's memory accounting cannot drift: random operations, a differential test, and
+the runtime check mode catching corruption.
+
+1. Every registered allocator, in every option variant a scenario can ask for, is
+   driven through long random sequences of allocate / grow / fork / free / preempt
+   (free, then re-admit holding one token more: the scheduler's recompute, and its swap,
+   which keeps the KV in CPU memory and re-allocates it on return). Caches evict inside
+   allocate and grow; an allocator that grows public swap_out / swap_in / evict methods
+   gets rules for them too. After every operation: the
+   allocator's own check_invariants, the breakdown's parts are non-negative and sum to
+   the capacity (with and without a waiting request), tokens_of agrees with a model of
+   what each sequence holds, a failed operation changed nothing, and a sequence alone
+   in the pool can always be admitted and grow to its final length. At the end the
+   pool is empty. Two drivers share the operations: a hypothesis state machine (short,
+   shrinkable runs) and a seeded random walk (long runs, for volume); OPS counts both.
+2. Differential: paged with block size 1 and contiguous `oracle` hold the same token
+   slots at every step of a run where nothing waits.
+3. The check mode catches corruption planted mid-run, names step, time and culprit,
+   and the CLI turns it into one stderr line, a non-zero exit and no results.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import inspect
+import io
+import itertools
+import os
+import random
+import re
+import typing
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvsim.allocators import ALLOCATORS, Breakdown, InvariantError, SeqShape, make_allocator
+from kvsim.allocators import contiguous
+from kvsim.allocators.paged import PagedAllocator
+from kvsim.cli import main
+from kvsim.engine import STEP_FIELDS, simulate
+from kvsim.specs import MODEL_PRESETS, KVSpec
+from kvsim.workload import RequestSpec
+
+KV = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
+WINDOW = 24               # a sliding window that sequences of up to 64 tokens outgrow
+KV_WINDOWED = KVSpec(dataclasses.replace(MODEL_PRESETS["mistral-7b"], sliding_window=WINDOW), "bf16")
+POOL_SLOTS = 200          # not a power of two: buddy gets arenas 128 + 64 + 8
+MAX_MODEL_LEN = 64
+MAX_SEQS = 12             # live + preempted at once: enough to fill the pool often
+PROBE = (SeqShape(16, 16), 17)   # a waiting request for breakdown(next_seq)
+
+# Extra values tried for integer options (besides the scenario default).
+INT_OPTION_VALUES = {"block_size": (1, 4)}
+
+# Operations run per variant id, by both drivers; test_enough_operations_per_allocator
+# reads it at the end of the module.
+OPS: collections.Counter = collections.Counter()
+
+
+# --- the variants: every registry entry, with the options a scenario can give it -------
+def _policy_models() -> list:
+    """The scenario's policy types (one per allocator key), or [] if the layout changed."""
+    try:
+        from kvsim import scenario
+        union = typing.get_args(scenario.Policy)[0]
+        return [m for m in typing.get_args(union) if "allocator" in m.model_fields]
+    except Exception:
+        return []
+
+
+def _option_values(name: str, field) -> tuple:
+    ann = field.annotation
+    if typing.get_origin(ann) is typing.Literal:
+        return typing.get_args(ann)
+    if ann is bool:
+        return (False, True)
+    if ann is int and not field.is_required():
+        return tuple(dict.fromkeys((field.default, *INT_OPTION_VALUES.get(name, ()))))
+    return ()   # anything else: leave it at its default
+
+
+def _as_allocator(policy) -> tuple[str, dict]:
+    """The registry key and options a policy builds (whichever hook the model offers)."""
+    if hasattr(policy, "allocator_kind"):
+        return policy.allocator_kind()
+    return policy.allocator, (policy.options() if hasattr(policy, "options") else {})
+
+
+def _variant_id(kind: str, options: dict) -> str:
+    words = [k if v is True else str(v) for k, v in options.items() if v is not False]
+    return "-".join([kind, *words])
+
+
+def allocator_variants() -> list[tuple[str, str, dict, int | None]]:
+    """(id, registry key, options, sliding window) for every entry of ALLOCATORS, read at
+    test time.
+
+    Options come from the scenario's policy models (every Literal and bool field, a few
+    values of integer fields), turned into a registry key and options by the model's
+    own hook, so the variants are exactly those a scenario can produce. A key no policy
+    produces is built with its builder's defaults. Each variant that honours a model's
+    sliding window (the model, not the policy, sets it) also runs with a short one.
+    """
+    out: dict[str, tuple] = {}
+    for model in _policy_models():
+        tag = typing.get_args(model.model_fields["allocator"].annotation)[0]
+        choices = {n: v for n, f in model.model_fields.items()
+                   if n not in ("name", "allocator") and not n.startswith("kv_")
+                   and (v := _option_values(n, f))}
+        for combo in itertools.product(*choices.values()):
+            try:
+                policy = model.model_validate({"name": "p", "allocator": tag, **dict(zip(choices, combo))})
+            except Exception:        # a combination the scenario itself refuses
+                continue
+            kind, options = _as_allocator(policy)
+            if kind in ALLOCATORS:
+                vid = _variant_id(kind, options)
+                out.setdefault(vid, (vid, kind, dict(options), None))
+    for kind in ALLOCATORS:
+        if not any(v[1] == kind for v in out.values()):
+            out[kind] = (kind, kind, {}, None)
+    for vid, kind, options, _ in list(out.values()):
+        try:
+            windowed = getattr(build(kind, options, WINDOW), "window", None) is not None
+        except (TypeError, ValueError):
+            windowed = False
+        if windowed:
+            out[f"{vid}-window"] = (f"{vid}-window", kind, options, WINDOW)
+    return sorted(out.values())
+
+
+def build(kind: str, options: dict, window: int | None = None):
+    kv = KV_WINDOWED if window else KV
+    return make_allocator(kind, POOL_SLOTS * kv.bytes_per_token, kv, MAX_MODEL_LEN, **options)
+
+
+def _buildable(variant) -> bool:
+    try:
+        build(*variant[1:])
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# Only what builds is driven below; test_every_scenario_variant_builds names the rest.
+VARIANTS = [v for v in allocator_variants() if _buildable(v)]
+VARIANT_IDS = [v[0] for v in VARIANTS]
+
+
+def test_every_scenario_variant_builds():
+    assert [v[0] for v in allocator_variants() if not _buildable(v)] == []
+
+
+def test_every_registry_entry_and_option_is_covered():
+    assert {v[1] for v in VARIANTS} == set(ALLOCATORS)
+    assert {"paged-1", "paged-16"} <= set(VARIANT_IDS)
+    assert {f"contiguous-{r}-{p}" for r in ("max", "pow2", "oracle")
+            for p in ("first-fit", "buddy")} <= set(VARIANT_IDS)
+
+
+# --- the model both drivers use ---------------------------------------------------------
+def _optional(alloc, name: str, arity: int):
+    """alloc.name if it exists and takes `arity` positional arguments, else None."""
+    method = getattr(alloc, name, None)
+    if method is None:
+        return None
+    try:
+        params = [p for p in inspect.signature(method).parameters.values()
+                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return None
+    return method if len(params) == arity else None
+
+
+class Model:
+    """An allocator beside a record of what each sequence should hold.
+
+    live:      seq id -> [shape, tokens held]
+    preempted: seq id -> (shape, tokens to re-admit with), in preemption order
+    swapped:   seq id -> [shape, tokens], held off the GPU pool (swap allocators only)
+    """
+
+    def __init__(self, vid: str, kind: str, options: dict, window: int | None = None):
+        self.vid = vid
+        self.window = window
+        self.alloc = build(kind, options, window)
+        self.live: dict[int, list] = {}
+        self.preempted: dict[int, tuple[SeqShape, int]] = {}
+        self.swapped: dict[int, list] = {}
+        self.gone: collections.deque[int] = collections.deque(maxlen=8)   # freed ids
+        self.next_id = 0
+        self.fork = _optional(self.alloc, "fork", 2)
+        self.swap_out = _optional(self.alloc, "swap_out", 1)
+        self.swap_in = _optional(self.alloc, "swap_in", 1)
+        self.evict = _optional(self.alloc, "evict", 1)
+        self.keep_free = "keep_free" in inspect.signature(self.alloc.allocate).parameters
+        self.check()
+
+    # -- operations (each counts once) ------------------------------------------------
+    def allocate(self, prompt: int, output: int, first: int, group: int, tail: str = "own",
+                 keep_free: int = 0) -> None:
+        prompt = min(prompt, MAX_MODEL_LEN - 1)
+        output = max(1, min(output, MAX_MODEL_LEN - prompt))
+        seq_id, self.next_id = self.next_id, self.next_id + 1
+        # group > 0: the prompt starts with 16 x group tokens of shared content (a system
+        # prompt) that a prefix cache may reuse. The rest is the sequence's own ("own"),
+        # the group's ("shared": duplicate requests), or never cacheable ("never", -1).
+        segments = ((group, min(prompt, 16 * group)),) if group else ()
+        tail_id = {"own": 100_000 + seq_id, "shared": 1_000 + group, "never": -1}[tail]
+        shape = SeqShape(prompt, output, segments, tail_id=tail_id)
+        if self.alloc.unfit_reason(shape) is not None:
+            return   # the scheduler rejects it on arrival: never allocated
+        self._admit(seq_id, shape, min(first, shape.final_tokens), keep_free)
+
+    def readmit(self, index: int) -> None:
+        seq_id = list(self.preempted)[index % len(self.preempted)]
+        shape, tokens = self.preempted[seq_id]
+        if self._admit(seq_id, shape, tokens):
+            del self.preempted[seq_id]
+
+    def _admit(self, seq_id: int, shape: SeqShape, tokens: int, keep_free: int = 0) -> bool:
+        OPS[self.vid] += 1
+        alone = not self.live and not self.swapped
+        matched = self.alloc.match_prefix(shape, tokens)
+        assert 0 <= matched <= max(tokens - 1, 0)
+        before = self.alloc.breakdown(None)
+        watermark = {"keep_free": keep_free} if keep_free and self.keep_free else {}
+        if self.alloc.allocate(seq_id, shape, tokens, **watermark):
+            self.live[seq_id] = [shape, tokens]
+            if watermark:
+                after = self.alloc.breakdown(None)
+                assert after.free >= keep_free, f"admitting {seq_id} left {after.free} < {keep_free} free"
+            return True
+        assert watermark or not alone, f"{seq_id} ({shape}, {tokens} tokens) fits no empty pool"
+        assert self.alloc.tokens_of(seq_id) is None
+        self._unchanged(before, f"failed allocate of seq {seq_id}")
+        return False
+
+    def grow(self, index: int, extra: int) -> None:
+        seq_id = self._pick(self.live, index)
+        shape, tokens = self.live[seq_id]
+        target = min(tokens + extra, shape.final_tokens)
+        OPS[self.vid] += 1
+        alone = len(self.live) == 1 and not self.swapped
+        before = self.alloc.breakdown(None)
+        if self.alloc.grow(seq_id, target):
+            self.live[seq_id][1] = target
+        else:
+            assert not alone, f"seq {seq_id} alone in the pool cannot grow to {target} of {shape.final_tokens}"
+            self._unchanged(before, f"failed grow of seq {seq_id} to {target}")
+
+    def free(self, index: int) -> None:
+        seq_id = self._pick(self.live, index)
+        OPS[self.vid] += 1
+        self.alloc.free(seq_id)
+        del self.live[seq_id]
+        self.gone.append(seq_id)
+
+    def preempt(self, index: int) -> None:
+        """Recompute preemption: drop the KV; re-admission prefills prompt + generated
+        and yields the next token, so it comes back holding one token more (at most
+        its final length)."""
+        seq_id = self._pick(self.live, index)
+        shape, tokens = self.live.pop(seq_id)
+        OPS[self.vid] += 1
+        self.alloc.free(seq_id)
+        self.preempted[seq_id] = (shape, min(tokens + 1, shape.final_tokens))
+
+    def do_fork(self, index: int) -> None:
+        """A parallel sample or beam: the child starts as a copy of the parent."""
+        parent = self._pick(self.live, index)
+        child, self.next_id = self.next_id, self.next_id + 1
+        OPS[self.vid] += 1
+        before = self.alloc.breakdown(None)
+        if self.fork(parent, child) is not False:
+            self.live[child] = list(self.live[parent])
+        else:
+            assert self.alloc.tokens_of(child) is None
+            self._unchanged(before, f"failed fork of seq {parent}")
+
+    def do_swap_out(self, index: int) -> None:
+        seq_id = self._pick(self.live, index)
+        OPS[self.vid] += 1
+        if self.swap_out(seq_id) is not False:
+            self.swapped[seq_id] = self.live.pop(seq_id)
+
+    def do_swap_in(self, index: int) -> None:
+        seq_id = self._pick(self.swapped, index)
+        OPS[self.vid] += 1
+        if self.swap_in(seq_id) is not False:
+            self.live[seq_id] = self.swapped.pop(seq_id)
+
+    def do_evict(self, amount: int) -> None:
+        OPS[self.vid] += 1
+        self.evict(amount)
+
+    @staticmethod
+    def _pick(seqs: dict, index: int) -> int:
+        return list(seqs)[index % len(seqs)]
+
+    # -- checks -----------------------------------------------------------------------
+    def _unchanged(self, before: Breakdown, what: str) -> None:
+        assert self.alloc.breakdown(None) == before, f"{what} changed the pool"
+
+    def check(self) -> None:
+        alloc = self.alloc
+        alloc.check_invariants()
+        held = sum(self._in_pool(tokens) for _, tokens in self.live.values())
+        head = next(iter(self.preempted.items()), None)
+        for view in (None, PROBE, head and head[1]):
+            b = alloc.breakdown(view)
+            parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)
+            assert min(parts) >= 0 and b.shared >= 0, f"negative part in {b}"
+            assert b.capacity == alloc.capacity, f"{b} does not sum to {alloc.capacity}"
+            # Shared slots hold one copy of tokens several sequences have: physical token
+            # slots never exceed the sequences' tokens, nor fall short by more than the
+            # slots sharing saves; without sharing they are equal.
+            assert b.token <= held <= b.token + b.shared, f"{b}: the sequences hold {held} tokens"
+            assert b.shared or b.token == held, f"{b}: the sequences hold {held} tokens"
+        for seq_id, (_, tokens) in self.live.items():
+            assert alloc.tokens_of(seq_id) == tokens, f"seq {seq_id}"
+        for seq_id in itertools.chain(self.preempted, self.gone):
+            assert alloc.tokens_of(seq_id) is None, f"seq {seq_id} was freed"
+
+    def _in_pool(self, tokens: int) -> int:
+        """Tokens whose KV the pool keeps: with a sliding window, whole blocks that fell
+        out of the window are released."""
+        if not self.window:
+            return tokens
+        bs = self.alloc.block_size
+        return tokens - bs * max(0, (tokens - self.window) // bs)
+
+    def drain(self) -> None:
+        """Free everything: the pool must be empty (cached-but-free blocks count as free)."""
+        for seq_id in list(self.swapped):
+            if self.swap_in(seq_id) is not False:
+                self.live[seq_id] = self.swapped.pop(seq_id)
+        for seq_id in list(self.live):
+            self.alloc.free(seq_id)
+            del self.live[seq_id]
+            self.check()
+        assert not self.swapped, "swapped sequences could not come back into an empty pool"
+        self.preempted.clear()
+        self.check()
+        b = self.alloc.breakdown(None)
+        assert b.allocated == 0 and b.unusable == 0 and b.free == self.alloc.capacity, b
+
+
+# --- driver 1: a hypothesis state machine -----------------------------------------------
+INDEX = st.integers(0, 1 << 16)
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    variant: tuple[str, str, dict]
+
+    @initialize()
+    def start(self):
+        self.m = Model(*self.variant)
+
+    @precondition(lambda self: len(self.m.live) + len(self.m.preempted) + len(self.m.swapped) < MAX_SEQS)
+    @rule(prompt=st.integers(1, 60), output=st.integers(1, 40), first=st.integers(1, 64),
+          group=st.integers(0, 3), tail=st.sampled_from(["own", "own", "shared", "never"]),
+          keep_free=st.sampled_from([0, 0, 0, 1, 2, 16, 100]))
+    def allocate(self, prompt, output, first, group, tail, keep_free):
+        self.m.allocate(prompt, output, first, group, tail, keep_free)
+
+    @precondition(lambda self: self.m.live)
+    @rule(index=INDEX, extra=st.sampled_from([1, 1, 1, 2, 7, 16, 64]))
+    def grow(self, index, extra):
+        self.m.grow(index, extra)
+
+    @precondition(lambda self: self.m.live)
+    @rule(index=INDEX)
+    def free(self, index):
+        self.m.free(index)
+
+    @precondition(lambda self: self.m.live)
+    @rule(index=INDEX)
+    def preempt(self, index):
+        self.m.preempt(index)
+
+    @precondition(lambda self: self.m.preempted)
+    @rule(index=INDEX)
+    def readmit(self, index):
+        self.m.readmit(index)
+
+    @precondition(lambda self: self.m.fork and self.m.live and len(self.m.live) < MAX_SEQS)
+    @rule(index=INDEX)
+    def fork(self, index):
+        self.m.do_fork(index)
+
+    @precondition(lambda self: self.m.swap_out and self.m.live)
+    @rule(index=INDEX)
+    def swap_out(self, index):
+        self.m.do_swap_out(index)
+
+    @precondition(lambda self: self.m.swap_in and self.m.swapped)
+    @rule(index=INDEX)
+    def swap_in(self, index):
+        self.m.do_swap_in(index)
+
+    @precondition(lambda self: self.m.evict)
+    @rule(amount=st.integers(1, POOL_SLOTS))
+    def evict(self, amount):
+        self.m.do_evict(amount)
+
+    @invariant()
+    def consistent(self):
+        if hasattr(self, "m"):
+            self.m.check()
+
+    def teardown(self):
+        if hasattr(self, "m"):
+            self.m.drain()
+
+
+MACHINE_SETTINGS = settings(max_examples=40, stateful_step_count=60, deadline=None,
+                            suppress_health_check=list(HealthCheck))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_state_machine(variant):
+    machine = type(f"Machine_{variant[0]}", (AllocatorMachine,), {"variant": variant})
+    machine.TestCase.settings = MACHINE_SETTINGS
+    machine.TestCase().runTest()
+
+
+# --- driver 2: long seeded random walks -------------------------------------------------
+# KVSIM_FUZZ_SCALE=10 walks ten times further, for a deeper run by hand.
+WALK_STEPS = int(3_500 * float(os.environ.get("KVSIM_FUZZ_SCALE", "1")))
+WALK_EXAMPLES = 6
+
+
+def random_walk(m: Model, rng: random.Random, steps: int) -> None:
+    """A scheduler-like mix: mostly growth, with admissions, completions, preemptions."""
+    for _ in range(steps):
+        n = len(m.live) + len(m.preempted) + len(m.swapped)
+        ops = [("allocate", 3 if n < MAX_SEQS else 0), ("grow", 8 * bool(m.live)),
+               ("free", bool(m.live)), ("preempt", bool(m.live)), ("readmit", 2 * bool(m.preempted)),
+               ("fork", 2 * bool(m.fork and m.live and n < MAX_SEQS)), ("swap_out", bool(m.swap_out and m.live)),
+               ("swap_in", bool(m.swap_in and m.swapped)), ("evict", bool(m.evict))]
+        op = rng.choices([o for o, _ in ops], [w for _, w in ops])[0]
+        i = rng.randrange(1 << 16)
+        if op == "allocate":
+            m.allocate(rng.randint(1, 60), rng.randint(1, 40), rng.randint(1, 64), rng.randint(0, 3),
+                       rng.choice(("own", "own", "own", "shared", "never")), rng.choice((0, 0, 0, 0, 1, 2, 16, 100)))
+        elif op == "grow":
+            m.grow(i, rng.choice((1, 1, 1, 1, 2, 7, 16, 64)))
+        elif op == "evict":
+            m.do_evict(rng.randint(1, POOL_SLOTS))
+        else:
+            getattr(m, {"fork": "do_fork", "swap_out": "do_swap_out", "swap_in": "do_swap_in"}.get(op, op))(i)
+        m.check()
+    m.drain()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@settings(max_examples=WALK_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+          database=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_walk(variant, seed):
+    random_walk(Model(*variant), random.Random(seed), WALK_STEPS)
+
+
+def test_enough_operations_per_allocator(request):
+    """Tens of thousands of operations per variant, when the whole module ran."""
+    ran = {v for v in VARIANT_IDS if OPS[v]}
+    if ran != set(VARIANT_IDS):
+        pytest.skip("the random-operation tests did not all run in this session")
+    print("operations per allocator variant: "
+          + ", ".join(f"{v} {OPS[v]:,}" for v in VARIANT_IDS))
+    assert min(OPS[v] for v in VARIANT_IDS) >= 10_000, dict(OPS)
+
+
+# --- 2. differential: paged with block size 1 against contiguous oracle ------------------
+class OneSecondSteps:
+    label = "fixed"
+
+    def step_time(self, batch):
+        return 1.0
+
+
+class Snapshots:
+    """Forwards to an allocator and notes, whenever the engine records a step (it asks
+    for the breakdown), how many tokens every sequence holds; counts refusals."""
+
+    def __init__(self, inner):
+        self.inner, self.capacity = inner, inner.capacity
+        self.ids: set[int] = set()
+        self.log: list[tuple] = []
+        self.refused = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def allocate(self, seq_id, *args, **kwargs):
+        ok = self.inner.allocate(seq_id, *args, **kwargs)
+        if ok:
+            self.ids.add(seq_id)
+        self.refused += not ok
+        return ok
+
+    def grow(self, seq_id, num_tokens):
+        ok = self.inner.grow(seq_id, num_tokens)
+        self.refused += not ok
+        return ok
+
+    def free(self, seq_id):
+        self.inner.free(seq_id)
+        self.ids.discard(seq_id)
+
+    def breakdown(self, next_seq):
+        self.log.append(tuple((i, self.inner.tokens_of(i)) for i in sorted(self.ids)))
+        return self.inner.breakdown(next_seq)
+
+
+def _unhurried_requests(n: int, seed: int):
+    """Poisson arrivals at 1/s with lengths up to 512: a 64k-slot pool never refuses anyone."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(1.0)
+        out.append(RequestSpec(i, t, rng.randint(1, 384), rng.randint(1, 128)))
+    return out
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole-prefill", "chunked-prefill"])
+def test_paged_block_1_and_oracle_hold_the_same_tokens_at_every_step(chunked):
+    requests = _unhurried_requests(150, seed=5)
+    runs, allocs = [], []
+    for kind, options in (("paged", {"block_size": 1}), ("contiguous", {"reserve": "oracle"})):
+        alloc = Snapshots(make_allocator(kind, 65_536 * KV.bytes_per_token, KV, 512, **options))
+        # chunked: a small token budget splits prompts, and requests queue for budget, not memory
+        runs.append(simulate(kind, requests, alloc, OneSecondSteps(), max_model_len=512,
+                             max_num_seqs=256, max_num_batched_tokens=128 if chunked else 1024,
+                             chunked_prefill=chunked))
+        allocs.append(alloc)
+    paged, oracle = runs
+    col = {name: i for i, name in enumerate(STEP_FIELDS)}
+    # the premise: memory never refuses, nothing is preempted, everything completes
+    assert allocs[0].refused == allocs[1].refused == 0
+    assert paged.preemptions == oracle.preemptions == 0
+    assert all(s.outcome == "completed" for run in runs for s in run.seqs)
+    # the same steps at the same times, holding the same token slots, request by request
+    same = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens", "token")
+    assert len(paged.steps) == len(oracle.steps) > 250
+    assert [[r[col[c]] for c in same] for r in paged.steps] == [[r[col[c]] for c in same] for r in oracle.steps]
+    assert allocs[0].log == allocs[1].log
+    assert any(row[col["waiting"]] for row in paged.steps) == chunked
+    # block size 1 allocates exactly the tokens; oracle reserves the rest up front
+    assert all(r[col["allocated"]] == r[col["token"]] for r in paged.steps)
+    assert any(r[col["allocated"]] > r[col["token"]] for r in oracle.steps)
+
+
+# --- 3. the check mode catches planted corruption ------------------------------------------
+# Six requests at t = 0 that finish in different steps; one-second steps make the clock
+# a step count.
+BURST = [(0.0, 24, 2 + 3 * i) for i in range(6)]
+
+
+def _burst_run(alloc, check=True, cost=None):
+    requests = [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(BURST)]
+    return simulate("p", requests, alloc, cost or OneSecondSteps(), max_model_len=64, max_num_seqs=256,
+                    max_num_batched_tokens=256, chunked_prefill=False, check_invariants=check)
+
+
+def _corrupt_nth(monkeypatch, cls, method: str, n: int, damage):
+    """Replace cls.method so that its n-th call (1-based) does `damage(self, *args)` after
+    the real work; returns the first argument (the seq id) of every call so far."""
+    real = getattr(cls, method)
+    calls = []
+
+    def patched(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        calls.append(args[0] if args else None)
+        if len(calls) == n:
+            damage(self, *args)
+        return result
+
+    monkeypatch.setattr(cls, method, patched)
+    return calls
+
+
+def _leak_last_free_block(alloc, *args):
+    alloc._free.pop()           # the block just freed vanishes from the free queue
+
+
+def _double_free_a_block(alloc, *args):
+    alloc._free.append(alloc._free[0])
+
+
+def _forget_growth(alloc, seq_id, *args):
+    alloc._seqs[seq_id].tokens -= 1
+
+
+STEP_AT = r"p: step (\d+) (planned|completed) at t=(\d+\.\d+)s: "
+
+
+@pytest.mark.parametrize("method, damage, culprit, phase", [
+    # the wording is the allocator's; the message must name the block or the request
+    ("free", _leak_last_free_block, r".*\bblocks? \[?\d+\b.*", "completed"),
+    ("free", _double_free_a_block, r".*\bblock \d+\b.*", "completed"),
+    ("grow", _forget_growth, r".*\b(request|seq) \d+\b.*", "planned"),
+], ids=["leak", "double-free", "lost-token"])
+def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, culprit, phase):
+    steps = []
+    cost = OneSecondSteps()
+    real_time = cost.step_time
+    cost.step_time = lambda batch: steps.append(len(steps)) or real_time(batch)
+    damaged_in = []     # the step being planned (grow) or completed (free) at the damage
+
+    def damage_and_note(alloc, *args):
+        damaged_in.append(len(steps) if phase == "planned" else len(steps) - 1)
+        damage(alloc, *args)
+
+    _corrupt_nth(monkeypatch, PagedAllocator, method, 3, damage_and_note)
+    with pytest.raises(InvariantError) as info:
+        _burst_run(PagedAllocator(64, 4), cost=cost)
+    message = str(info.value)
+    match = re.fullmatch(STEP_AT + culprit, message)
+    assert match, message
+    # caught in the step that did the damage, before another step was planned
+    step = int(match[1])
+    assert (step, match[2]) == (damaged_in[0], phase) and steps[-1] == step
+    assert float(match[3]) == (step + 1 if phase == "completed" else step)   # one-second steps
+
+
+def test_check_mode_catches_overlapping_contiguous_regions(monkeypatch):
+    real = contiguous.FirstFit.place
+    calls = []
+
+    def off_by_one(self, size):
+        start = real(self, size)
+        calls.append(start)
+        return start - 1 if len(calls) == 2 and start else start   # one slot into its neighbour
+
+    monkeypatch.setattr(contiguous.FirstFit, "place", off_by_one)
+    alloc = make_allocator("contiguous", 1024 * KV.bytes_per_token, KV, 64, reserve="oracle")
+    # request 0 takes [0, 26) (24 + 2 tokens); request 1's 29 slots should start at 26
+    with pytest.raises(InvariantError, match=r"^p: step 0 planned at t=0\.000000s: seq \d+ \[25, 54\) overlaps seq \d+$"):
+        _burst_run(alloc)
+
+
+def test_without_check_mode_the_same_leak_goes_unnoticed(monkeypatch):
+    """Why the mode exists: a leaked block only shrinks the pool, and the run ends normally."""
+    _corrupt_nth(monkeypatch, PagedAllocator, "free", 3, _leak_last_free_block)
+    run = _burst_run(PagedAllocator(64, 4), check=False)
+    assert all(s.outcome == "completed" for s in run.seqs)
+
+
+CORRUPTIBLE = """\
+name: corrupt
+model: llama-3-8b
+gpu: h100-80gb
+kv_cache_memory_gib: 0.25
+max_model_len: 512
+workload:
+  num_requests: 8
+  arrival: {process: burst}
+  prompt_tokens: {dist: fixed, value: 100}
+  output_tokens: {dist: fixed, value: 20}
+policies:
+  - {name: paged-16, allocator: paged, block_size: 16}
+"""
+
+
+def test_cli_check_mode_reports_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    (tmp_path / "corrupt.yaml").write_text(CORRUPTIBLE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
+    _corrupt_nth(monkeypatch, PagedAllocator, "free", 2, _double_free_a_block)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["run", "corrupt.yaml", "--check-invariants", "--quiet"])
+    assert code != 0
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    assert re.fullmatch(r"kvsim: invariant violated: paged-16: step \d+ completed at t=\d+\.\d+s: "
+                        r".*\bblock \d+\b.*", lines[0]), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.yaml"]   # no results, no temp folder
