@@ -302,6 +302,24 @@ def test_crash_while_writing_leaves_an_existing_output_untouched(in_scenario_fol
     assert hidden_entries(results) == []
 
 
+@pytest.mark.parametrize("where", ["kvsim.runner.simulate", "kvsim.plots.write_plots"])
+def test_ctrl_c_leaves_an_existing_output_untouched(in_scenario_folder, monkeypatch, where):
+    # Ctrl-C during the simulation or while results are written: exit 130, one line,
+    # the earlier results as they were and no temporary folder left behind.
+    assert kvsim("run", "small.yaml", "--quiet", "--num-requests", "5")[0] == 0
+    results = in_scenario_folder / "results"
+    before = snapshot(results / "small")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(where, interrupted)
+    code, out, err = kvsim("run", "small.yaml", "--quiet", "--num-requests", "5")
+    assert code == 130 and err.strip().splitlines() == ["kvsim: interrupted; earlier results left as they were"]
+    assert snapshot(results / "small") == before
+    assert hidden_entries(results) == []
+
+
 def test_rerun_replaces_its_own_earlier_results(in_scenario_folder):
     assert kvsim("run", "small.yaml", "--quiet", "--num-requests", "5")[0] == 0
     out = in_scenario_folder / "results" / "small"
