@@ -26,7 +26,6 @@ import math
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import wall_limit
 from kvsim.cli import main
 from kvsim.datasets import read_trace
 from kvsim.errors import InputError
@@ -84,20 +84,6 @@ def no_plots():
 
 
 @contextlib.contextmanager
-def time_limit(seconds: int):
-    """Fail an in-process run that does not end (SIGALRM, main thread only)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"kvsim run did not finish in {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
-@contextlib.contextmanager
 def inside(folder: Path):
     old = os.getcwd()
     os.chdir(folder)
@@ -110,7 +96,7 @@ def inside(folder: Path):
 def kvsim_in(folder: Path, *args) -> tuple[int, str, str]:
     """In-process `kvsim ARGS` run from `folder`: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    with inside(folder), time_limit(60), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with inside(folder), wall_limit(60), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main([str(a) for a in args])
     return code, out.getvalue(), err.getvalue()
 

@@ -10,15 +10,14 @@ run and counts what it cut off as unfinished. Invariants are checked after every
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import math
-import signal
 from pathlib import Path
 
 import pytest
 
+from helpers import wall_limit
 from kvsim.runner import run_scenario
 from kvsim.scenario import Paged, Scheduler, validate_scenario
 
@@ -93,20 +92,6 @@ if "swap" in Scheduler.model_fields["preemption_mode"].annotation.__args__:
 if "watermark" in Scheduler.model_fields:
     SCENARIOS["burst, no watermark"] = scenario(workload__arrival={"process": "burst"}, scheduler__watermark=0.0)
     SCENARIOS["preemption storm, high watermark"] = scenario(**STORM, scheduler__watermark=0.5)
-
-
-@contextlib.contextmanager
-def wall_limit(seconds: int):
-    """A run that never ends (livelock) fails here instead of hanging the suite."""
-    def expire(signum, frame):
-        raise TimeoutError(f"the simulation did not end within {seconds} s of wall time")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def run(raw: dict):

@@ -135,5 +135,11 @@ class KVAllocator(Protocol):
         """Raise InvariantError if the internal structures disagree."""
 
 
+def check_growth(seq_id: int, held: int, num_tokens: int) -> None:
+    """grow() only grows: asking a sequence to hold fewer tokens is a caller's bug."""
+    if num_tokens < held:
+        raise ValueError(f"sequence {seq_id} holds {held} tokens; cannot grow to {num_tokens}")
+
+
 class InvariantError(AssertionError):
     """Memory accounting is broken: a block lost, double-owned, or overlapping."""

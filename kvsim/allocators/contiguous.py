@@ -25,7 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
+from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth, split_used
 
 
 def next_power_of_two(n: int) -> int:
@@ -253,9 +253,7 @@ class ContiguousAllocator:
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         r = self._regions[seq_id]
-        if num_tokens < r.tokens:
-            raise ValueError(f"sequence {seq_id} holds {r.tokens} tokens; "
-                             f"cannot grow to {num_tokens}")
+        check_growth(seq_id, r.tokens, num_tokens)
         # A region never moves or grows: past its reservation the sequence must wait.
         if num_tokens > r.requested:
             return False

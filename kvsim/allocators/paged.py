@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
+from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth, split_used
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -140,9 +140,7 @@ class PagedAllocator:
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         seq = self._seqs[seq_id]
-        if num_tokens < seq.tokens:
-            raise ValueError(f"sequence {seq_id} holds {seq.tokens} tokens; "
-                             f"cannot grow to {num_tokens}")
+        check_growth(seq_id, seq.tokens, num_tokens)
         extra = blocks_for(num_tokens, self.block_size) - seq.logical_blocks()
         # Writing into a partly filled block that others share: copy it first.
         cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0

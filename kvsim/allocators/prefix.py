@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
+from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth, split_used
 from kvsim.allocators.paged import blocks_for
 
 _ROOT = -1   # the "parent key" of a table's first block
@@ -192,9 +192,7 @@ class PrefixCachingPagedAllocator:
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         seq = self._seqs[seq_id]
-        if num_tokens < seq.tokens:
-            raise ValueError(f"sequence {seq_id} holds {seq.tokens} tokens; "
-                             f"cannot grow to {num_tokens}")
+        check_growth(seq_id, seq.tokens, num_tokens)
         extra = blocks_for(num_tokens, self.block_size) - len(seq.table)
         # Writing into a partly filled block a fork shares: copy it first (it has no key).
         cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0

@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape
+from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth
 from kvsim.allocators.runs import Runs, cacheable_runs, common_length, runs_length, split_runs
 
 
@@ -218,9 +218,7 @@ class RadixCacheAllocator:
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         seq = self._seqs[seq_id]
-        if num_tokens < seq.tokens:
-            raise ValueError(f"sequence {seq_id} holds {seq.tokens} tokens; "
-                             f"cannot grow to {num_tokens}")
+        check_growth(seq_id, seq.tokens, num_tokens)
         need = num_tokens - seq.tokens
         if need > self._free + self._evictable:
             return False
