@@ -1,4 +1,5 @@
-"""The `kvsim` command line: `kvsim run` and `kvsim memory`.
+"""The `kvsim` command line: `kvsim run` and `kvsim memory` (here), `kvsim cost` and
+`kvsim calibrate` (kvsim.cli_cost).
 
 Bad input of any kind ends in one line on stderr naming the file (or the command
 line), the field and what is allowed, with exit status 2 and nothing written.

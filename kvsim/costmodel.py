@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .errors import InputError
 from .generalize import check_profile, find_shipped, model_shape, synthesize
 from .opfit import LINEAR_OPS, kv_bytes_per_token
 from .specs import GPUSpec, KVSpec, ModelSpec
@@ -61,6 +62,10 @@ class CostModel(Protocol):
         """Seconds for one step."""
 
 
+class NoProfile(LookupError):
+    """No shipped or predicted profile covers this GPU and model."""
+
+
 class Roofline:
     label = "roofline"
 
@@ -99,7 +104,7 @@ class Profiled:
                  block_size: int | None = None, step_overhead_s: float | None = None):
         profile = profile or find_shipped(model, gpu) or synthesize(model, gpu)
         if profile is None:
-            raise LookupError(f"{gpu.name}/{model.name}")
+            raise NoProfile(f"{gpu.name}/{model.name}")
         meta = profile.meta
         self.profile, self.tp, self.block_size = profile, tp, block_size
         self.shape = model_shape(model)
@@ -189,9 +194,6 @@ class Profiled:
         return sum(self.breakdown(batch).values())
 
 
-COST_MODELS = {"roofline": Roofline, "calibrated": Profiled}
-
-
 def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, *,
                     block_size: int | None = None, base_dir=".", src: str = "scenario") -> CostModel:
     """The scenario's cost_model: "roofline", "calibrated" (the shipped profile for this GPU
@@ -204,7 +206,12 @@ def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int,
     ms = getattr(choice, "step_overhead_ms", None)
     try:
         return Profiled(model, gpu, kv, tp, profile, block_size, None if ms is None else ms * 1e-3)
-    except LookupError as e:
+    except KeyError as e:
+        if ref is None:
+            raise
+        raise InputError(str(ref), "meta.json", f"has no {e.args[0]!r}: not a complete kvsim "
+                         "profile (see kvsim/profiles.py)") from None
+    except NoProfile as e:     # only a missing profile falls back, never a broken one
         fallback = Roofline(model, gpu, kv, tp)
         fallback.label = f"roofline (no profile for {e.args[0]})"
         return fallback

@@ -89,9 +89,6 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                              f"holds not even one block of policy '{policy.name}'")
         cost = make_cost_model(scn.cost_model, model, gpu, kv, scn.tensor_parallel_size,
                                block_size=options.get("block_size"), base_dir=base_dir, src=src)
-        if max(scn.workload.n, scn.workload.beam_width) > 1 and not hasattr(allocator, "fork"):
-            raise InputError(src, f"policies[{i}]", f"policy '{policy.name}' cannot fork sequences, "
-                             "so it cannot run workload.n or workload.beam_width above 1")
         setups.append((policy, kv, allocator, cost))
     summaries, series, tables = [], [], []
     for policy, kv, allocator, cost in setups:

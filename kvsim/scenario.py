@@ -338,7 +338,11 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InputError(src, "policies", f"policy names must be unique; repeated: {', '.join(dup)}")
-    if max(scn.workload.n, scn.workload.beam_width) > 1 and scn.scheduler.enable_chunked_prefill:
+    width = max(scn.workload.n, scn.workload.beam_width)
+    if width > scn.batched_token_budget:
+        raise InputError(src, "scheduler.max_num_batched_tokens", f"{scn.batched_token_budget} is "
+                         f"below the {width} sequences one request decodes per step")
+    if width > 1 and scn.scheduler.enable_chunked_prefill:
         raise InputError(src, "scheduler.enable_chunked_prefill", "must be false with workload.n or "
                          "workload.beam_width above 1: a group forks from a whole prefilled prompt")
     budget = scn.scheduler.max_num_batched_tokens

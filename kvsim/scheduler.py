@@ -140,7 +140,7 @@ class Scheduler:
             n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
             if not seq.prefilling and budget < self.width:
                 break
-            if self._grow_or_preempt(seq, self._held_after(seq, n), step):
+            if self._grow_or_preempt(seq, self._held_after(seq, n), step, now):
                 step.work.append((seq, n))
                 budget -= n if seq.prefilling else self.width
                 i += 1
@@ -213,10 +213,18 @@ class Scheduler:
         """Allocator ids of the request's sequences (one unless sampling or beams)."""
         return [seq.spec.id * MAX_WIDTH + k for k in range(self.width)]
 
-    def _grow_or_preempt(self, seq: Seq, tokens: int, step: Step) -> bool:
+    def _grow_or_preempt(self, seq: Seq, tokens: int, step: Step, now: float) -> bool:
         for sid in self._ids(seq):
             while not self.allocator.grow(sid, tokens):
                 victim = self.running.pop()
+                if victim is seq and not self.running:   # alone and still stuck: it never fits
+                    for k in self._ids(seq):
+                        self.allocator.free(k)
+                    seq.outcome, seq.finish_s = "rejected", now
+                    seq.reason = "cannot grow to its final length even alone in the KV pool" + (
+                        f" with its {self.width} sequences" if self.width > 1 else "")
+                    step.rejected.append(seq)
+                    return False
                 self._preempt(victim, step)
                 if victim is seq:
                     return False

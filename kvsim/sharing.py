@@ -2,7 +2,8 @@
 
 A request's identity is its content runs (see SeqShape): shared `segments` at the start
 of the prompt, then its own tail (the rest of the prompt and its output). Content ids
-0..n-1 are the n requests' tails; shared content gets ids from n upwards.
+0..n-1 are the n requests' tails (for conversations, numbered in draw order before
+the turns are sorted by arrival); shared content gets ids from n upwards.
 
 - prefix: G shared prefixes of N tokens (system prompts, few-shot examples); each
   request starts with one, chosen uniformly or by a Zipf law, and prompt_tokens gives

@@ -116,9 +116,6 @@ class KVSpec:
     def bytes_per_token(self) -> float:
         return self.data_bytes_per_token + self.scale_bytes_per_token
 
-    def bytes_for(self, tokens: int) -> float:
-        return tokens * self.bytes_per_token
-
 
 def resolve_kv_dtype(kv_cache_dtype: str, model: ModelSpec) -> str:
     """vLLM's "auto" means the model's own dtype."""

@@ -130,3 +130,16 @@ def test_run_bad_profile_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
     code, _, err = kvsim("run", path, "--out", tmp_path / "out", "--profile", "h100-llama-2-7b")
     assert "--profile" in one_error_line(code, err)
+
+
+def test_a_broken_profile_is_an_error_not_a_silent_fallback(tmp_path):
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(SHIPPED / "a100-llama-3-8b", broken)
+    meta = json.loads((broken / "meta.json").read_text())
+    del meta["allreduce"]["latency_s"]
+    (broken / "meta.json").write_text(json.dumps(meta))
+    code, _, err = kvsim("cost", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--tp", "2",
+                         "--prefill-tokens", "100", "--profile", broken)
+    assert one_error_line(code, err) == (f"kvsim: error: {broken}: meta.json: has no 'latency_s': "
+                                         "not a complete kvsim profile (see kvsim/profiles.py)")

@@ -188,7 +188,7 @@ def test_parallel_samples_share_the_prompt_and_finish_together():
     assert len(alloc.free_blocks) == 100
 
 
-def test_beam_search_is_the_same_tree_whatever_the_allocator():
+def test_beam_search_completes_and_shares_blocks_under_different_block_sizes():
     reqs = make_requests(*[(0.1 * i, 6 + i, 12) for i in range(6)])
     small, large = (run(reqs, PagedAllocator(n, bs), width=4, beam=True, seed=3)
                     for n, bs in ((60, 4), (400, 1)))
@@ -201,3 +201,22 @@ def test_a_group_that_cannot_fit_an_empty_pool_is_rejected():
     result = run(make_requests((0.0, 4, 4)), ContiguousAllocator(20, 8, "oracle", "first-fit"), width=3)
     assert [(s.outcome, s.reason) for s in result.seqs] == [
         ("rejected", "does not fit an empty KV pool with its 3 sequences")]
+
+
+def test_a_group_that_cannot_grow_even_alone_is_rejected_not_retried_forever():
+    # 4 samples of 2 + 5 tokens fit at admission (3 shared slots) but need 4 x 4 + 2
+    # slots at the end: more than the 10-slot pool. Alone and stuck, the group is
+    # rejected instead of being preempted and restarted forever.
+    result = run(make_requests((0.0, 2, 5), (0.0, 2, 1)), PagedAllocator(10, 1), width=4)
+    assert [(s.outcome, s.reason) for s in result.seqs] == [
+        ("rejected", "cannot grow to its final length even alone in the KV pool with its 4 sequences"),
+        ("completed", "")]
+
+
+def test_token_budget_below_the_group_width_is_an_input_error():
+    from kvsim.errors import InputError
+    bad = {**BASE, "max_model_len": 32, "scheduler": {"max_num_batched_tokens": 32},
+           "workload": {**BASE["workload"], "n": 40, "prompt_tokens": {"dist": "fixed", "value": 8},
+                        "output_tokens": {"dist": "fixed", "value": 8}}}
+    with pytest.raises(InputError, match="max_num_batched_tokens: 32 is below the 40 sequences"):
+        validate_scenario(bad, "s.yaml")
