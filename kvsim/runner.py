@@ -18,7 +18,7 @@ from .memory import PoolSizing, activation_estimate, size_pool
 from .metrics import request_table, step_table, summarize, tidy
 from .scenario import Scenario
 from .scheduler import SwapSpace
-from .specs import GIB, KVSpec, resolve_kv_dtype
+from .specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
 from .workload import generate_requests
 
 
@@ -33,8 +33,7 @@ class Results:
     pool: PoolSizing
 
 
-def plan_pool(scn: Scenario, base_dir: Path, src: str) -> PoolSizing:
-    model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
+def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:
     tp = scn.tensor_parallel_size
     act = (scn.activation_memory_gib * GIB if scn.activation_memory_gib is not None else
            activation_estimate(model, scn.batched_token_budget, scn.scheduler.max_num_seqs, tp))
@@ -70,7 +69,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                  check_invariants: bool = False) -> Results:
     """Run every policy of `scn`; on_progress(policy, finished, total) reports progress."""
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
-    pool = plan_pool(scn, base_dir, src)
+    pool = plan_pool(scn, model, gpu, src)
     requests = generate_requests(scn, base_dir, src)
     setups = []     # build every policy first: bad input fails before any simulation
     for i, policy in enumerate(scn.policies):

@@ -84,7 +84,7 @@ def test_shipped_scenarios_load(path):
     assert isinstance(scn, Scenario)
     assert base_dir == path.parent
     assert scn.name == path.stem          # so results/<name>/ matches the file
-    assert plan_pool(scn, base_dir, str(path)).pool_bytes > 0
+    assert plan_pool(scn, scn.model_spec(base_dir), scn.gpu_spec(), str(path)).pool_bytes > 0
 
 
 def test_at_least_the_documented_scenarios_ship():
