@@ -585,11 +585,15 @@ def _corrupt_nth(monkeypatch, cls, method: str, n: int, damage):
 
 
 def _leak_last_free_block(alloc, *args):
-    alloc._free.pop()           # the block just freed vanishes from the free queue
+    alloc._free.popitem()       # the block just freed vanishes from the free queue
 
 
-def _double_free_a_block(alloc, *args):
-    alloc._free.append(alloc._free[0])
+def _queue_a_held_block(alloc, *args):
+    held = [b for seq in alloc._seqs.values() for b in seq.table]
+    if held:                    # a block still in a table is queued as free too
+        alloc._free[held[0]] = None
+    else:                       # a queued block keeps a reference
+        alloc._ref[next(iter(alloc._free))] = 1
 
 
 def _forget_growth(alloc, seq_id, *args):
@@ -602,7 +606,7 @@ STEP_AT = r"p: step (\d+) (planned|completed) at t=(\d+\.\d+)s: "
 @pytest.mark.parametrize("method, damage, culprit, phase", [
     # the wording is the allocator's; the message must name the block or the request
     ("free", _leak_last_free_block, r".*\bblocks? \[?\d+\b.*", "completed"),
-    ("free", _double_free_a_block, r".*\bblock \d+\b.*", "completed"),
+    ("free", _queue_a_held_block, r".*\bblock \d+\b.*", "completed"),
     ("grow", _forget_growth, r".*\b(request|seq) \d+\b.*", "planned"),
 ], ids=["leak", "double-free", "lost-token"])
 def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, culprit, phase):
@@ -671,7 +675,7 @@ def test_cli_check_mode_reports_one_line_and_writes_nothing(tmp_path, monkeypatc
     (tmp_path / "corrupt.yaml").write_text(CORRUPTIBLE)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
-    _corrupt_nth(monkeypatch, PagedAllocator, "free", 2, _double_free_a_block)
+    _corrupt_nth(monkeypatch, PagedAllocator, "free", 2, _leak_last_free_block)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = main(["run", "corrupt.yaml", "--check-invariants", "--quiet"])
@@ -679,5 +683,5 @@ def test_cli_check_mode_reports_one_line_and_writes_nothing(tmp_path, monkeypatc
     lines = err.getvalue().splitlines()
     assert len(lines) == 1, lines
     assert re.fullmatch(r"kvsim: invariant violated: paged-16: step \d+ completed at t=\d+\.\d+s: "
-                        r".*\bblock \d+\b.*", lines[0]), lines[0]
+                        r".*\bblocks? \[?\d+\b.*", lines[0]), lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.yaml"]   # no results, no temp folder

@@ -29,8 +29,8 @@ its tokens and holds no block beyond the last one it needs.
 """
 from __future__ import annotations
 
-from collections import Counter, deque
-from dataclasses import dataclass
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, replace
 
 from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth, split_used
 
@@ -50,6 +50,10 @@ class _Seq:
     def logical_blocks(self) -> int:
         return self.dropped + len(self.table)
 
+    def copy(self) -> "_Seq":
+        """A forked sequence's record: the same blocks, its own table."""
+        return replace(self, table=list(self.table))
+
 
 class PagedAllocator:
     """Fixed-size blocks handed out one at a time from a FIFO free queue."""
@@ -62,8 +66,10 @@ class PagedAllocator:
         self.block_size = block_size
         self.window = window
         self.capacity = num_blocks * block_size
-        # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables.
-        self._free: deque[int] = deque(range(num_blocks))
+        # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables. An
+        # OrderedDict rather than a deque, so that a prefix cache can take a block back
+        # out of the middle in O(1); the head is the next block handed out.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._ref = [0] * num_blocks
         self._shared = 0              # blocks with count > 1: the breakdown's slow path
         self._seqs: dict[int, _Seq] = {}
@@ -88,12 +94,16 @@ class PagedAllocator:
     # -- reference counts -------------------------------------------------------------
 
     def _take(self, count: int) -> list[int]:
-        blocks = [self._free.popleft() for _ in range(count)]
+        """Hand out `count` blocks from the queue head."""
+        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
         for b in blocks:
             self._ref[b] = 1
         return blocks
 
     def _share(self, block: int) -> None:
+        """One reference more; a queued block (a prefix-cache hit) leaves the queue."""
+        if self._ref[block] == 0:
+            del self._free[block]
         self._ref[block] += 1
         self._shared += self._ref[block] == 2
 
@@ -103,7 +113,11 @@ class PagedAllocator:
             self._ref[b] -= 1
             self._shared -= self._ref[b] == 1
             if self._ref[b] == 0:
-                self._free.append(b)
+                self._free[b] = None
+
+    def _grown(self, seq: _Seq) -> None:
+        """After a sequence gained tokens: release blocks that left the window."""
+        self._slide(seq)
 
     # -- KVAllocator ----------------------------------------------------------------
 
@@ -125,7 +139,7 @@ class PagedAllocator:
         if need + blocks_for(keep_free, self.block_size) > len(self._free):
             return False
         self._seqs[seq_id] = seq = _Seq(shape, num_tokens, self._take(need))
-        self._slide(seq)
+        self._grown(seq)
         return True
 
     def fork(self, parent_id: int, child_id: int) -> bool:
@@ -135,7 +149,7 @@ class PagedAllocator:
         parent = self._seqs[parent_id]
         for b in parent.table:
             self._share(b)
-        self._seqs[child_id] = _Seq(parent.shape, parent.tokens, list(parent.table), parent.dropped)
+        self._seqs[child_id] = parent.copy()
         return True
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
@@ -152,7 +166,7 @@ class PagedAllocator:
             seq.table[-1] = self._take(1)[0]
         seq.table.extend(self._take(extra))
         seq.tokens = num_tokens
-        self._slide(seq)
+        self._grown(seq)
         return True
 
     def _slide(self, seq: _Seq) -> None:

@@ -1,7 +1,8 @@
 """Paged KV cache with automatic prefix caching, as in vLLM (FACTS.md, "Prefix caching").
 
-The pool is the paged allocator's: `num_blocks` blocks of `block_size` token slots and a
-block table per sequence. On top of it, a FULL block whose tokens are all identified is
+The pool is the paged allocator's (this class extends it: the free queue, reference
+counts, fork and copy-on-write growth are its): `num_blocks` blocks of `block_size`
+token slots and a block table per sequence. On top of it, a FULL block whose tokens are all identified is
 cached under a chained key: (key of the previous block in the table, the block's token
 runs). Equal keys mean equal whole prefixes, so a new request reuses every cached block
 of its longest cached prefix instead of recomputing it. Keys are interned to ints in a
@@ -33,67 +34,42 @@ its tokens and holds no block beyond the last one it needs.
 """
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth, split_used
-from kvsim.allocators.paged import blocks_for
+from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
+from kvsim.allocators.paged import PagedAllocator, _Seq, blocks_for
 
 _ROOT = -1   # the "parent key" of a table's first block
 
 
 @dataclass
-class _Seq:
-    shape: SeqShape
-    tokens: int
-    table: list[int]
+class _CachedSeq(_Seq):
     keys: list[int] = field(default_factory=list)  # keys of the leading cacheable full blocks
     hashed: int = 0                                  # full blocks looked at so far
 
+    def copy(self) -> "_CachedSeq":
+        return replace(self, table=list(self.table), keys=list(self.keys))
 
-class PrefixCachingPagedAllocator:
+
+class PrefixCachingPagedAllocator(PagedAllocator):
     """Paged blocks shared between sequences through a chained-key block cache."""
 
     def __init__(self, num_blocks: int, block_size: int):
-        if num_blocks < 0 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 0 and block_size >= 1, "
-                             f"got {num_blocks} and {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.capacity = num_blocks * block_size
-        # The LRU free queue: an OrderedDict instead of a deque, to remove a block from
-        # the middle in O(1) when a cache hit revives it. Head = next to be reused.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._ref = [0] * num_blocks
+        super().__init__(num_blocks, block_size)   # cached blocks stay whole: no window
+        # The free queue doubles as the LRU of cached blocks: a hit takes its block
+        # back out of the middle (PagedAllocator._share), a new block comes off the head.
         self._key_of: list[int | None] = [None] * num_blocks   # cached block -> key
         self._cached: dict[int, int] = {}                       # key -> cached block
         # (parent key, runs) -> key. Never pruned, so content always gets the same key
         # and chains below an evicted block stay valid; it grows with the distinct
         # shareable blocks ever seen, not with traffic.
         self._keys: dict[tuple, int] = {}
-        self._seqs: dict[int, _Seq] = {}
-
-    # -- views for tests and reports ------------------------------------------------
-
-    @property
-    def free_blocks(self) -> list[int]:
-        """Queued block ids, cached or not, in LRU order (the next allocation takes the first)."""
-        return list(self._free)
 
     @property
     def cached_blocks(self) -> list[int]:
         """Block ids that hold a cached key, ascending."""
         return sorted(self._cached.values())
-
-    def ref_count(self, block: int) -> int:
-        return self._ref[block]
-
-    def block_table(self, seq_id: int) -> list[int]:
-        return list(self._seqs[seq_id].table)
-
-    def tokens_of(self, seq_id: int) -> int | None:
-        seq = self._seqs.get(seq_id)
-        return None if seq is None else seq.tokens
 
     # -- keys -----------------------------------------------------------------------
 
@@ -117,7 +93,7 @@ class PrefixCachingPagedAllocator:
             parent = key
         return hits
 
-    def _cache_full_blocks(self, seq: _Seq) -> None:
+    def _cache_full_blocks(self, seq: _CachedSeq) -> None:
         """Give keys to the blocks the sequence has filled since the last call."""
         full = seq.tokens // self.block_size
         while seq.hashed < full and len(seq.keys) == seq.hashed:
@@ -134,17 +110,17 @@ class PrefixCachingPagedAllocator:
         seq.hashed = max(seq.hashed, full)
 
     def _take(self, count: int) -> list[int]:
-        """Pop `count` blocks from the queue head, evicting their cached keys."""
-        taken = []
-        for _ in range(count):
-            block, _ = self._free.popitem(last=False)
+        """Blocks from the queue head; a cached one loses its key (it is evicted)."""
+        taken = super()._take(count)
+        for block in taken:
             key = self._key_of[block]
             if key is not None:
                 del self._cached[key]
                 self._key_of[block] = None
-            self._ref[block] = 1
-            taken.append(block)
         return taken
+
+    def _grown(self, seq: _CachedSeq) -> None:
+        self._cache_full_blocks(seq)
 
     def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:
         """(cache hits, new blocks needed beyond the free queue left after the hits)."""
@@ -154,11 +130,6 @@ class PrefixCachingPagedAllocator:
         return hits, need - (len(self._free) - revived)
 
     # -- KVAllocator ----------------------------------------------------------------
-
-    def unfit_reason(self, shape: SeqShape) -> str | None:
-        if blocks_for(shape.final_tokens, self.block_size) > self.num_blocks:
-            return "final length exceeds KV pool"
-        return None
 
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         return len(self._hits(shape, num_tokens)) * self.block_size
@@ -170,49 +141,11 @@ class PrefixCachingPagedAllocator:
         if short + blocks_for(keep_free, self.block_size) > 0:   # the watermark stays free
             return False
         for block in hits:
-            if self._ref[block] == 0:
-                del self._free[block]
-            self._ref[block] += 1
+            self._share(block)
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
-        seq = _Seq(shape, num_tokens, table)
-        self._seqs[seq_id] = seq
+        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table)
         self._cache_full_blocks(seq)
         return True
-
-    def fork(self, parent_id: int, child_id: int) -> bool:
-        """The child shares every block the parent holds (never fails: nothing is copied yet)."""
-        if child_id in self._seqs:
-            raise ValueError(f"sequence {child_id} is already allocated")
-        parent = self._seqs[parent_id]
-        for block in parent.table:
-            self._ref[block] += 1
-        self._seqs[child_id] = _Seq(parent.shape, parent.tokens, list(parent.table),
-                                    list(parent.keys), parent.hashed)
-        return True
-
-    def grow(self, seq_id: int, num_tokens: int) -> bool:
-        seq = self._seqs[seq_id]
-        check_growth(seq_id, seq.tokens, num_tokens)
-        extra = blocks_for(num_tokens, self.block_size) - len(seq.table)
-        # Writing into a partly filled block a fork shares: copy it first (it has no key).
-        cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0
-               and self._ref[seq.table[-1]] > 1)
-        if extra + cow > len(self._free):
-            return False
-        if cow:
-            self._ref[seq.table[-1]] -= 1
-            seq.table[-1:] = self._take(1)
-        seq.table.extend(self._take(extra))
-        seq.tokens = num_tokens
-        self._cache_full_blocks(seq)
-        return True
-
-    def free(self, seq_id: int) -> None:
-        seq = self._seqs.pop(seq_id)
-        for block in reversed(seq.table):
-            self._ref[block] -= 1
-            if self._ref[block] == 0:
-                self._free[block] = None
 
     def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
         """Physical blocks counted once, in O(sequences): a table's unfilled slots all
