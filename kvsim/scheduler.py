@@ -61,6 +61,7 @@ class Seq:
     held: int = 0            # tokens whose KV the allocator holds for it
     preemptions: int = 0
     swapped: bool = False    # KV sits in CPU memory, to be copied back on admission
+    ids: tuple[int, ...] = ()   # allocator ids of its sequences (one unless samples or beams)
     admitted_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan
@@ -116,6 +117,7 @@ class Scheduler:
     # --- arrivals and the waiting queue --------------------------------------------
     def arrive(self, seq: Seq, now: float) -> None:
         seq.target = seq.shape.prompt_tokens
+        seq.ids = tuple(seq.spec.id * MAX_WIDTH + k for k in range(self.width))
         reason = ("prompt + output exceeds max_model_len"
                   if seq.shape.final_tokens > self.max_model_len
                   else self.allocator.unfit_reason(seq.shape))
@@ -174,7 +176,7 @@ class Scheduler:
         # The watermark guards running requests; with none running it would only block.
         keep_free = self.keep_free if self.running else 0
         if seq.swapped:    # copy its KV back and let it decode at once
-            if not self.allocator.allocate(self._ids(seq)[0], seq.shape, seq.held + 1, keep_free):
+            if not self.allocator.allocate(seq.ids[0], seq.shape, seq.held + 1, keep_free):
                 return 0
             nbytes = seq.held * self.swap.bytes_per_token
             self.swap.used_bytes -= nbytes
@@ -189,7 +191,7 @@ class Scheduler:
             return 0
         done = min(cached, seq.target - 1)
         held = done + n + (1 if done + n == seq.target else 0)
-        first, *others = self._ids(seq)
+        first, *others = seq.ids
         if not self.allocator.allocate(first, seq.shape, held, keep_free):
             return 0
         for k, other in enumerate(others):
@@ -209,16 +211,12 @@ class Scheduler:
         done = seq.prefilled + n
         return done + 1 if done == seq.target else done
 
-    def _ids(self, seq: Seq) -> list[int]:
-        """Allocator ids of the request's sequences (one unless sampling or beams)."""
-        return [seq.spec.id * MAX_WIDTH + k for k in range(self.width)]
-
     def _grow_or_preempt(self, seq: Seq, tokens: int, step: Step, now: float) -> bool:
-        for sid in self._ids(seq):
+        for sid in seq.ids:
             while not self.allocator.grow(sid, tokens):
                 victim = self.running.pop()
                 if victim is seq and not self.running:   # alone and still stuck: it never fits
-                    for k in self._ids(seq):
+                    for k in seq.ids:
                         self.allocator.free(k)
                     seq.outcome, seq.finish_s = "rejected", now
                     seq.reason = "cannot grow to its final length even alone in the KV pool" + (
@@ -231,7 +229,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Seq, step: Step) -> None:
-        for sid in self._ids(seq):
+        for sid in seq.ids:
             self.allocator.free(sid)
         nbytes = seq.held * self.swap.bytes_per_token if self.swap else math.inf
         if self.width > 1:   # a group restarts: its samples or beams are not kept
@@ -251,7 +249,7 @@ class Scheduler:
     def _branch(self, seq: Seq) -> None:
         """Prune beams and fork kept ones in their place (see the module docstring)."""
         rng = np.random.default_rng((self.seed, seq.spec.id, seq.generated))
-        ids = self._ids(seq)
+        ids = seq.ids
         replaced = [k for k in range(1, self.width) if rng.random() < BEAM_REPLACE]
         kept = [k for k in range(self.width) if k not in replaced]
         for k in replaced:
@@ -269,10 +267,10 @@ class Scheduler:
             if id(seq) in running:
                 raise InvariantError(f"request {seq.spec.id} is both running and waiting")
             swapped += seq.held * self.swap.bytes_per_token if seq.swapped else 0
-            if any(self.allocator.tokens_of(sid) is not None for sid in self._ids(seq)):
+            if any(self.allocator.tokens_of(sid) is not None for sid in seq.ids):
                 raise InvariantError(f"waiting request {seq.spec.id} still holds KV")
         for seq in self.running:
-            for sid in self._ids(seq):
+            for sid in seq.ids:
                 held = self.allocator.tokens_of(sid)
                 if held != seq.held:
                     raise InvariantError(f"request {seq.spec.id} (sequence {sid}) should hold "
@@ -305,7 +303,7 @@ class Scheduler:
                 seq.first_token_s = now
             if seq.generated == seq.shape.output_tokens:
                 seq.outcome, seq.finish_s = "completed", now
-                for sid in self._ids(seq):
+                for sid in seq.ids:
                     self.allocator.free(sid)
                 finished.append(seq)
             elif self.beam:
