@@ -8,6 +8,8 @@
   kvsim.opfit, 5-fold cross-validated on the measured points.
 
 MAPE = mean of |predicted - measured| / measured, per operator and over all of them.
+A profile made by `kvsim calibrate` also carries whole forward steps timed end to end
+against its prediction (kvsim.validate); the report passes them on as ``end_to_end``.
 For shipped profiles the errors against the full source data (denser than the shipped
 grid) and the leave-one-shape-out error of the GPU shape model are in
 kvsim/data/profiles/accuracy.json, written by scripts/derive_profiles.py.
@@ -66,6 +68,8 @@ def report(profile: Profile) -> dict:
            "method": "linear ops: even token counts predict odd ones; attention: 5-fold CV",
            "mape": {k: round(v, 4) for k, v in per_op.items()},
            "overall_mape": round(float(np.mean(list(per_op.values()))), 4) if per_op else None}
+    if "validation" in profile.meta:
+        out["end_to_end"] = profile.meta["validation"]
     acc = SHIPPED / "accuracy.json"
     if (SHIPPED / profile.name).is_dir() and acc.is_file():
         src = json.loads(acc.read_text())

@@ -14,6 +14,9 @@ share of each op; communication is not measured):
   block table, converted and attended with SDPA, over batch x context x block size x
   KV dtype; and the KV write (index_copy_ into the cache) for each step size.
 
+Then it times whole forward steps of the model and stores them, with the profile's
+prediction for each, as ``validation`` in meta.json (kvsim.validate).
+
 PyTorch's gather + SDPA is not a fused paged-attention kernel (FlashInfer, vLLM), so
 decode times here are those of this reference implementation. ``--quick`` is a smoke
 test: tiny grids and, on CPU, every width divided by 8 (recorded as ``shape_scale`` in
@@ -22,6 +25,7 @@ around each op; on CPU it is perf_counter.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import platform
 import time
@@ -36,8 +40,12 @@ from .generalize import gpu_fits, model_shape, token_grid
 from .opfit import LINEAR_OPS, fit_attention
 from .profiles import FORMAT, Profile
 from .specs import GPU_PRESETS, ModelSpec
+from .validate import validate
 
 KV_STORAGE = {"bf16": 16, "fp8": 8, "int8": 8}     # int4 has no torch storage type: not measured
+# More than any GPU L2 or CPU last-level cache that kvsim calibrates on: weights and KV
+# are spread over this many bytes so that no timed call finds them still cached.
+CACHE_BYTES = 256 * 2**20
 
 
 def _torch():
@@ -50,29 +58,38 @@ def _torch():
 
 
 class Timer:
-    """Median seconds of `reps` calls after `warmup` calls."""
+    """Median seconds of `reps` calls after `warmup` calls. Several functions are timed
+    in rounds (each once per round), so a burst of load on a shared machine raises one
+    call of each rather than every call of one."""
 
     def __init__(self, torch, device: str, warmup: int, reps: int):
         self.torch, self.cuda, self.warmup, self.reps = torch, device == "cuda", warmup, reps
 
     def __call__(self, fn) -> float:
-        torch = self.torch
-        for _ in range(self.warmup):
-            fn()
-        times = []
+        return self.rounds({0: fn})[0]
+
+    def rounds(self, fns: dict) -> dict:
+        for fn in fns.values():
+            for _ in range(self.warmup):
+                fn()
+        times = {key: [] for key in fns}
         for _ in range(self.reps):
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) * 1e-3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return float(np.median(times))
+            for key, fn in fns.items():
+                times[key].append(self._once(fn))
+        return {key: float(np.median(t)) for key, t in times.items()}
+
+    def _once(self, fn) -> float:
+        torch = self.torch
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) * 1e-3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
 
 
 def plan(model: ModelSpec, device: str, quick: bool) -> dict:
@@ -82,13 +99,13 @@ def plan(model: ModelSpec, device: str, quick: bool) -> dict:
     for key in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size"):
         measured[key] = max(shape[key] // scale, 1)
     tps = [1, 2] if quick else [1, 2, 4, 8]
-    grid = {"tokens": [1, 8, 64, 256] if quick else token_grid(16384, per_octave=4),
+    grid = {"tokens": [1, 4, 8, 64, 256] if quick else token_grid(16384, per_octave=4),
             "chunks": [16, 64] if quick else [64, 256, 1024, 4096, 8192],
             "cached": [0, 128] if quick else [0, 1024, 4096, 12288],
             "batches": [1, 4] if quick else [1, 4, 16, 64, 256],
             "contexts": [64, 256] if quick else [256, 1024, 4096, 16384],
             "block_sizes": [16, 32] if quick else [8, 16, 32],
-            "warmup": 1 if quick else 3, "reps": 3 if quick else 10,
+            "warmup": 1 if quick else 3, "reps": 5 if quick else 10,
             # skip points whose tensors would not fit comfortably: K+V elements gathered
             # for decode, and query x key pairs for a masked prefill
             "max_kv_elems": 1 << 30, "max_pairs": 1 << 26}
@@ -96,7 +113,7 @@ def plan(model: ModelSpec, device: str, quick: bool) -> dict:
             "tps": [t for t in tps if measured["num_heads"] % t == 0], **grid}
 
 
-def measure_linear(torch, p: dict, dev: str, dtype, timer: Timer) -> pd.DataFrame:
+def measure_linear(torch, p: dict, dev: str, dtype, timer: Timer, log=print) -> pd.DataFrame:
     s = p["measured"]
     h, d, heads, kvh = s["hidden_size"], s["head_dim"], s["num_heads"], s["num_kv_heads"]
     ffn, vocab = s["intermediate_size"], s["vocab_size"]
@@ -104,26 +121,42 @@ def measure_linear(torch, p: dict, dev: str, dtype, timer: Timer) -> pd.DataFram
     rows = []
     for tp in p["tps"]:
         qh, kh, f = heads // tp, max(kvh // tp, 1), math.ceil(ffn / tp)
-        w = {"qkv": rnd(h, (qh + 2 * kh) * d), "o": rnd(qh * d, h), "up": rnd(h, 2 * f),
-             "down": rnd(f, h), "lm": rnd(h, math.ceil(vocab / tp)), "emb": rnd(vocab, h), "norm": rnd(h)}
+        w = rotation(lambda: {"qkv": rnd(h, (qh + 2 * kh) * d), "o": rnd(qh * d, h), "up": rnd(h, 2 * f),
+                              "down": rnd(f, h), "lm": rnd(h, math.ceil(vocab / tp)), "emb": rnd(vocab, h),
+                              "norm": rnd(h)})
         for n in p["tokens"]:
             x, y, up = rnd(n, h), rnd(n, qh * d), rnd(n, 2 * f)
             q, cos = rnd(n, qh + kh, d), rnd(n, 1, d // 2)
             ids = torch.randint(0, vocab, (n,), device=dev)
             ops = {
-                "emb": lambda: torch.nn.functional.embedding(ids, w["emb"]),
-                "input_layernorm": lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w["norm"],
-                "attn_pre_proj": lambda: x @ w["qkv"],
+                "emb": lambda: torch.nn.functional.embedding(ids, w()["emb"]),
+                "input_layernorm": lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w()["norm"],
+                "attn_pre_proj": lambda: x @ w()["qkv"],
                 "attn_rope": lambda: _rope(torch, q, cos, cos),
-                "attn_post_proj": lambda: y @ w["o"],
-                "mlp_up_proj": lambda: x @ w["up"],
+                "attn_post_proj": lambda: y @ w()["o"],
+                "mlp_up_proj": lambda: x @ w()["up"],
                 "mlp_act": lambda: torch.nn.functional.silu(up[:, :f]) * up[:, f:],
-                "mlp_down_proj": lambda: up[:, :f] @ w["down"],
+                "mlp_down_proj": lambda: up[:, :f] @ w()["down"],
                 "add": lambda: x + x,
-                "lm_head": lambda: x @ w["lm"]}
+                "lm_head": lambda: x @ w()["lm"]}
             ops["post_attention_layernorm"] = ops["input_layernorm"]
-            rows.append({"tp": tp, "num_tokens": n, **{op: timer(ops[op]) * 1e3 for op in LINEAR_OPS}})
+            times = timer.rounds({op: ops[op] for op in LINEAR_OPS})
+            rows.append({"tp": tp, "num_tokens": n, **{op: times[op] * 1e3 for op in LINEAR_OPS}})
+        log(f"  linear ops at tp {tp}: done")
     return pd.DataFrame(rows)
+
+
+def rotation(make):
+    """A function that returns the next of enough copies of make()'s tensors to fill
+    CACHE_BYTES, so each call reads its weights from memory, as in a forward pass where
+    every layer has its own."""
+    first = make()
+    size = sum(t.nelement() * t.element_size() for t in first.values())
+    return itertools.cycle([first] + [make() for _ in range(math.ceil(CACHE_BYTES / size) - 1)]).__next__
+
+
+def _pool_blocks(blocks_needed: int, block_bytes: int) -> int:
+    return max(blocks_needed, math.ceil(CACHE_BYTES / block_bytes))
 
 
 def _rope(torch, x, cos, sin):
@@ -131,7 +164,7 @@ def _rope(torch, x, cos, sin):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def measure_attention(torch, p: dict, dev: str, dtype, timer: Timer) -> pd.DataFrame:
+def measure_attention(torch, p: dict, dev: str, dtype, timer: Timer, log=print) -> pd.DataFrame:
     s = p["measured"]
     d, heads, kvh = s["head_dim"], s["num_heads"], s["num_kv_heads"]
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -158,6 +191,7 @@ def measure_attention(torch, p: dict, dev: str, dtype, timer: Timer) -> pd.DataF
                         fn = _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype)
                         rows.append(_row("decode", tp, batch, 0, ctx, bs, kv_dtype, timer(fn),
                                          _kv_write(torch, timer, batch, kh, d, bs, kv_dtype, dev, dtype)))
+        log(f"  attention at tp {tp}: done")
     return pd.DataFrame(rows)
 
 
@@ -172,18 +206,22 @@ def _storage(torch, kv_dtype: str, dtype):
 
 
 def _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype):
-    """Decode over K/V blocks at random places, gathered through a block table."""
+    """Decode over K/V blocks at random places in a pool of at least CACHE_BYTES, gathered
+    through a block table; successive calls use disjoint blocks, so none is cached."""
     per_seq = -(-ctx // bs)
-    n_blocks = batch * per_seq
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    table = torch.randperm(n_blocks, generator=gen).view(batch, per_seq).to(dev)
     store = _storage(torch, kv_dtype, dtype)
-    cache = [torch.randn(n_blocks, bs, kh, d, device=dev, dtype=dtype).clamp(-4, 4).to(store) for _ in "kv"]
+    elem = torch.empty(0, dtype=store).element_size()
+    n_blocks = _pool_blocks(batch * per_seq, bs * kh * d * elem)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    tables = torch.randperm(n_blocks, generator=gen)[: n_blocks // (batch * per_seq) * batch * per_seq]
+    tables = itertools.cycle(tables.view(-1, batch, per_seq).to(dev)).__next__
+    # index fp8 as bytes (no gather kernel for it); zeros, not random bits: no denormals
+    raw = [torch.zeros(n_blocks, bs, kh, d, device=dev, dtype=torch.uint8 if kv_dtype == "fp8" else store)
+           for _ in "kv"]
     q, scale = torch.randn(batch, qh, 1, d, device=dev, dtype=dtype), 0.05
 
-    raw = [c.view(torch.uint8) if kv_dtype == "fp8" else c for c in cache]   # index fp8 as bytes
-
     def step():
+        table = tables()
         k, v = (_as(torch, c[table], kv_dtype).view(batch, per_seq * bs, kh, d)[:, :ctx]
                 .transpose(1, 2).to(dtype) for c in raw)
         if kv_dtype == "int8":
@@ -193,13 +231,14 @@ def _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype):
 
 
 def _kv_write(torch, timer, tokens, kh, d, bs, kv_dtype, dev, dtype) -> float:
-    """Scatter `tokens` new K and V vectors into a paged cache (one slot index each)."""
+    """Scatter `tokens` new K and V vectors into random slots of a paged cache."""
     store = _storage(torch, kv_dtype, dtype)
-    slots = max(4 * tokens, 1024)
-    cache = [torch.zeros(slots, kh, d, device=dev, dtype=dtype).to(store) for _ in "kv"]
+    elem = torch.empty(0, dtype=store).element_size()
+    slots = _pool_blocks(4 * tokens, 2 * kh * d * elem)
+    byte = torch.uint8 if kv_dtype == "fp8" else store    # fp8 has no index_copy_ kernel: copy its bytes
+    cache = [torch.zeros(slots, kh, d, device=dev, dtype=byte) for _ in "kv"]
     new = torch.randn(tokens, kh, d, device=dev, dtype=dtype).to(store)
-    if kv_dtype == "fp8":     # fp8 has no index_copy_ kernel: copy its bytes
-        cache, new = [c.view(torch.uint8) for c in cache], new.view(torch.uint8)
+    new = new.view(torch.uint8) if kv_dtype == "fp8" else new
     where = torch.randperm(slots, device=dev)[:tokens]
     return timer(lambda: [c.index_copy_(0, where, new) for c in cache])
 
@@ -230,9 +269,9 @@ def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, 
     p = plan(model, device, quick)
     timer = Timer(torch, device, p["warmup"], p["reps"])
     log(f"measuring linear ops: {len(p['tps'])} tp x {len(p['tokens'])} token counts")
-    linear = measure_linear(torch, p, device, dtype, timer)
+    linear = measure_linear(torch, p, device, dtype, timer, log)
     log("measuring attention: prefill, paged decode, KV writes")
-    att = measure_attention(torch, p, device, dtype, timer)
+    att = measure_attention(torch, p, device, dtype, timer, log)
     preset = GPU_PRESETS.get(gpu)
     # CPU (or an unknown GPU) has no datasheet peaks: efficiencies are then relative to
     # nominal 1 TFLOP/s and 100 GB/s, and the cost model converts back with the same numbers.
@@ -259,4 +298,6 @@ def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, 
                  + ([f"--quick on CPU: widths divided by {p['scale']}; times do not describe the "
                      "real model"] if p["scale"] > 1 else []),
     }
-    return Profile(meta, linear, att)
+    profile = Profile(meta, linear, att)
+    meta["validation"] = validate(torch, profile, device, dtype, timer, quick, log)
+    return profile

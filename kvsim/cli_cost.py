@@ -105,6 +105,12 @@ def calibrate(model_name, device, quick, out, gpu_name, report, as_json):
         overall = result["overall_mape"]
         click.echo(f"  {'overall':<28} {overall:7.1%}" if overall is not None else
                    "  no measured points in this profile to hold out")
+        if "end_to_end" in result:
+            e2e = result["end_to_end"]
+            click.echo(f"whole forward steps, predicted vs measured: MAPE {e2e['mape']:.1%}")
+            for r in e2e["steps"]:
+                click.echo(f"  {r['step']:<28} {r['measured_ms']:10.3f} ms measured "
+                           f"{r['predicted_ms']:10.3f} ms predicted {r['error']:+7.1%}")
         return
     if not model_name or not out:
         raise InputError("command line", "--model" if not model_name else "--out",

@@ -71,3 +71,41 @@ def test_cuda_without_a_gpu_is_an_input_error(tmp_path):
     code, _, err = kvsim("calibrate", "--model", "llama-3-8b", "--device", "cuda", "--out", tmp_path / "x")
     assert code == 2 and err.startswith("kvsim: error: command line: --device: CUDA is not available")
     assert not (tmp_path / "x").exists()
+
+
+def test_quick_profile_times_whole_steps_against_its_prediction(quick_profile):
+    """The stored end-to-end check covers prompts, decode batches and a mixed step, and the
+    sum of parts lands within 50% of every measured step (a forgotten part, such as the
+    per-layer multiply or the LM head, misses by far more)."""
+    e2e = load_profile(quick_profile).meta["validation"]
+    labels = [r["step"] for r in e2e["steps"]]
+    assert labels[0] == "prefill 16" and "decode 4 x 256" in labels and labels[-1].startswith("prefill 64 + decode")
+    for r in e2e["steps"]:
+        assert r["measured_ms"] > 0 and abs(r["predicted_ms"] / r["measured_ms"] - 1 - r["error"]) < 1e-3
+        assert abs(r["error"]) < 0.5, r
+    code, out, _ = kvsim("calibrate", "--report", quick_profile)
+    assert code == 0 and f"whole forward steps, predicted vs measured: MAPE {e2e['mape']:.1%}" in out
+
+
+def test_forward_decode_attends_each_sequence_through_its_block_table():
+    """Paged decode in kvsim.validate equals attention over K and V read slot by slot."""
+    from kvsim.costmodel import StepBatch
+    from kvsim.validate import BLOCK, Forward
+
+    torch.manual_seed(0)
+    shape = {"hidden_size": 32, "head_dim": 8, "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2,
+             "num_layers": 2, "vocab_size": 50}
+    net = Forward(torch, shape, "cpu", torch.float32, max_kv_tokens=40 * BLOCK)
+    s = net.prepare(StepBatch.build([(20, 0)], [37] * 3))
+    slots = s["slots"].tolist()
+    assert len(slots) == len(set(slots)) == 23
+    kv = torch.randn(2, 40 * BLOCK, 2, 8)
+    q = torch.randn(3, 4, 8)
+    got = net._decode(kv, q, s["table"], 37)
+    for i in range(3):
+        at = [int(s["table"][i, t // BLOCK]) * BLOCK + t % BLOCK for t in range(37)]
+        assert at[-1] == slots[20 + i]           # the new token is written where it is read
+        k, v = (kv[j, at].repeat_interleave(2, dim=1).transpose(0, 1) for j in (0, 1))   # heads, 37, 8
+        ref = torch.softmax(q[i][:, None] @ k.transpose(1, 2) / 8 ** 0.5, -1) @ v
+        assert torch.allclose(got[i], ref.reshape(-1), atol=1e-5)
+    assert net(s).shape == (4, 50)               # logits for the prompt's last token and 3 decodes
