@@ -40,7 +40,7 @@ from .generalize import gpu_fits, model_shape, token_grid
 from .opfit import LINEAR_OPS, fit_attention
 from .profiles import FORMAT, Profile
 from .specs import GPU_PRESETS, ModelSpec
-from .validate import validate
+from .validate import rms_norm, rope, validate
 
 KV_STORAGE = {"bf16": 16, "fp8": 8, "int8": 8}     # int4 has no torch storage type: not measured
 # More than any GPU L2 or CPU last-level cache that kvsim calibrates on: weights and KV
@@ -130,9 +130,9 @@ def measure_linear(torch, p: dict, dev: str, dtype, timer: Timer, log=print) -> 
             ids = torch.randint(0, vocab, (n,), device=dev)
             ops = {
                 "emb": lambda: torch.nn.functional.embedding(ids, w()["emb"]),
-                "input_layernorm": lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w()["norm"],
+                "input_layernorm": lambda: rms_norm(torch, x, w()["norm"]),
                 "attn_pre_proj": lambda: x @ w()["qkv"],
-                "attn_rope": lambda: _rope(torch, q, cos, cos),
+                "attn_rope": lambda: rope(torch, q, cos, cos),
                 "attn_post_proj": lambda: y @ w()["o"],
                 "mlp_up_proj": lambda: x @ w()["up"],
                 "mlp_act": lambda: torch.nn.functional.silu(up[:, :f]) * up[:, f:],
@@ -157,11 +157,6 @@ def rotation(make):
 
 def _pool_blocks(blocks_needed: int, block_bytes: int) -> int:
     return max(blocks_needed, math.ceil(CACHE_BYTES / block_bytes))
-
-
-def _rope(torch, x, cos, sin):
-    a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
 def measure_attention(torch, p: dict, dev: str, dtype, timer: Timer, log=print) -> pd.DataFrame:

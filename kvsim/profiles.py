@@ -7,7 +7,9 @@ A profile is a folder (shipped ones live in kvsim/data/profiles/<name>/):
   heads, KV heads, head_dim, hidden, FFN, vocab, gated MLP), ``dtype``, ``date``,
   ``tools`` (versions), ``source`` and ``license``, ``origin`` per part (measured,
   borrowed, predicted), ``attention`` (fitted forms, kvsim.opfit), ``allreduce``
-  (bus GB/s and latency), ``step_overhead_s`` and free-text ``notes``.
+  (bus GB/s and latency), ``step_overhead_s`` and free-text ``notes``; a profile made
+  by `kvsim calibrate` adds ``validation``, whole forward steps measured against its
+  prediction (kvsim.validate).
 * ``linear.csv`` — one row per (tp, num_tokens): per-layer milliseconds of every
   linear-layer op (kvsim.opfit.LINEAR_OPS); ``emb`` and ``lm_head`` are per step
   (``lm_head`` by the number of sequences that produce logits).

@@ -79,9 +79,9 @@ class Forward:
         qh, kh, d, f = self.qh, self.kh, self.d, self.f
         x = F.embedding(s["ids"], self.emb)
         for w in self.layers:
-            a = _norm(torch, x, w["n1"]) @ w["qkv"]
+            a = rms_norm(torch, x, w["n1"]) @ w["qkv"]
             q, k, v = a.view(-1, qh + 2 * kh, d).split([qh, kh, kh], dim=1)
-            q, k = _rope(torch, q, s["cos"], s["sin"]), _rope(torch, k, s["cos"], s["sin"])
+            q, k = rope(torch, q, s["cos"], s["sin"]), rope(torch, k, s["cos"], s["sin"])
             w["kv"][0].index_copy_(0, s["slots"], k)
             w["kv"][1].index_copy_(0, s["slots"], v)
             outs, start = [], 0
@@ -93,7 +93,7 @@ class Forward:
             if s["ctx"]:
                 outs.append(self._decode(w["kv"], q[start:], s["table"], s["ctx"]))
             x = x + torch.cat(outs) @ w["o"]
-            up = _norm(torch, x, w["n2"]) @ w["up"]
+            up = rms_norm(torch, x, w["n2"]) @ w["up"]
             x = x + (F.silu(up[:, :f]) * up[:, f:]) @ w["down"]
         return x[s["last"]] @ self.lm
 
@@ -106,11 +106,11 @@ class Forward:
         return out.reshape(b, self.qh * self.d)
 
 
-def _norm(torch, x, w):
+def rms_norm(torch, x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
-def _rope(torch, x, cos, sin):
+def rope(torch, x, cos, sin):
     a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
