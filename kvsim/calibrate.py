@@ -122,14 +122,14 @@ def measure_linear(torch, p: dict, dev: str, dtype, timer: Timer, log=print) -> 
     for tp in p["tps"]:
         qh, kh, f = heads // tp, max(kvh // tp, 1), math.ceil(ffn / tp)
         w = rotation(lambda: {"qkv": rnd(h, (qh + 2 * kh) * d), "o": rnd(qh * d, h), "up": rnd(h, 2 * f),
-                              "down": rnd(f, h), "lm": rnd(h, math.ceil(vocab / tp)), "emb": rnd(vocab, h),
-                              "norm": rnd(h)})
+                              "down": rnd(f, h), "lm": rnd(h, math.ceil(vocab / tp)), "norm": rnd(h)})
+        emb = rnd(vocab, h)      # a lookup reads only its rows: one table is enough
         for n in p["tokens"]:
             x, y, up = rnd(n, h), rnd(n, qh * d), rnd(n, 2 * f)
             q, cos = rnd(n, qh + kh, d), rnd(n, 1, d // 2)
             ids = torch.randint(0, vocab, (n,), device=dev)
             ops = {
-                "emb": lambda: torch.nn.functional.embedding(ids, w()["emb"]),
+                "emb": lambda: torch.nn.functional.embedding(ids, emb),
                 "input_layernorm": lambda: rms_norm(torch, x, w()["norm"]),
                 "attn_pre_proj": lambda: x @ w()["qkv"],
                 "attn_rope": lambda: rope(torch, q, cos, cos),
@@ -234,8 +234,14 @@ def _kv_write(torch, timer, tokens, kh, d, bs, kv_dtype, dev, dtype) -> float:
     cache = [torch.zeros(slots, kh, d, device=dev, dtype=byte) for _ in "kv"]
     new = torch.randn(tokens, kh, d, device=dev, dtype=dtype).to(store)
     new = new.view(torch.uint8) if kv_dtype == "fp8" else new
-    where = torch.randperm(slots, device=dev)[:tokens]
-    return timer(lambda: [c.index_copy_(0, where, new) for c in cache])
+    where = torch.randperm(slots, device=dev)[: slots // tokens * tokens].view(-1, tokens)
+    where = itertools.cycle(where).__next__
+
+    def write():                  # each call writes other slots
+        at = where()
+        for c in cache:
+            c.index_copy_(0, at, new)
+    return timer(write)
 
 
 def _as(torch, x, kv_dtype: str):

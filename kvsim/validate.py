@@ -72,7 +72,8 @@ class Forward:
                 "ctx": ctx, "prompts": prompts,
                 "cos": torch.rand(n, 1, half, device=dev, dtype=self.dtype),
                 "sin": torch.rand(n, 1, half, device=dev, dtype=self.dtype),
-                "last": [t - 1 for t in itertools.accumulate(prompts)] + list(range(sum(prompts), n))}
+                "last": torch.tensor([t - 1 for t in itertools.accumulate(prompts)]
+                                     + list(range(sum(prompts), n))).to(dev)}
 
     def __call__(self, s: dict):
         torch, F = self.torch, self.torch.nn.functional
