@@ -1,8 +1,7 @@
 """`kvsim calibrate`: measure a model's kernels with PyTorch and write a profile.
 
 Imported only when the command runs; needs the optional extra ``kvsim[calibrate]``.
-What it measures, on one device (a tensor-parallel degree is measured as one GPU's
-share of each op; communication is not measured):
+What it measures (a tensor-parallel degree is measured as one GPU's share of each op):
 
 * the linear-layer ops of kvsim.opfit.LINEAR_OPS with the model's shapes (eager
   torch.matmul, RMSNorm, RoPE, SiLU-and-mul, embedding gather, residual add, LM head)
@@ -12,7 +11,9 @@ share of each op; communication is not measured):
 * decode attention over a paged KV cache: K and V stored in the KV dtype (bf16, fp8
   e4m3, int8 with a scale) in blocks at random physical places, gathered through a
   block table, converted and attended with SDPA, over batch x context x block size x
-  KV dtype; and the KV write (index_copy_ into the cache) for each step size.
+  KV dtype; and the KV write (index_copy_ into the cache) for each step size;
+* the all-reduce, where tp workers fit: NCCL across GPUs, gloo across CPU processes
+  (kvsim.allreduce); on one GPU it is not measured and the profile says so.
 
 Then it times whole forward steps of the model and stores them, with the profile's
 prediction for each, as ``validation`` in meta.json (kvsim.validate).
@@ -35,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from . import __version__
+from .allreduce import measure as measure_allreduce
 from .errors import InputError
 from .generalize import gpu_fits, model_shape, token_grid
 from .opfit import LINEAR_OPS, fit_attention
@@ -155,6 +157,13 @@ def rotation(make):
     return itertools.cycle([first] + [make() for _ in range(math.ceil(CACHE_BYTES / size) - 1)]).__next__
 
 
+def _cycler(rows):
+    """A function that returns rows[0], rows[1], ... and starts over (a tensor's rows are
+    indexed one at a time: iterating it would make every row's view at once)."""
+    count = itertools.count()
+    return lambda: rows[next(count) % len(rows)]
+
+
 def _pool_blocks(blocks_needed: int, block_bytes: int) -> int:
     return max(blocks_needed, math.ceil(CACHE_BYTES / block_bytes))
 
@@ -209,7 +218,7 @@ def _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype):
     n_blocks = _pool_blocks(batch * per_seq, bs * kh * d * elem)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tables = torch.randperm(n_blocks, generator=gen)[: n_blocks // (batch * per_seq) * batch * per_seq]
-    tables = itertools.cycle(tables.view(-1, batch, per_seq).to(dev)).__next__
+    tables = _cycler(tables.view(-1, batch, per_seq).to(dev))
     # index fp8 as bytes (no gather kernel for it); zeros, not random bits: no denormals
     raw = [torch.zeros(n_blocks, bs, kh, d, device=dev, dtype=torch.uint8 if kv_dtype == "fp8" else store)
            for _ in "kv"]
@@ -235,7 +244,7 @@ def _kv_write(torch, timer, tokens, kh, d, bs, kv_dtype, dev, dtype) -> float:
     new = torch.randn(tokens, kh, d, device=dev, dtype=dtype).to(store)
     new = new.view(torch.uint8) if kv_dtype == "fp8" else new
     where = torch.randperm(slots, device=dev)[: slots // tokens * tokens].view(-1, tokens)
-    where = itertools.cycle(where).__next__
+    where = _cycler(where)
 
     def write():                  # each call writes other slots
         at = where()
@@ -278,9 +287,15 @@ def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, 
     # nominal 1 TFLOP/s and 100 GB/s, and the cost model converts back with the same numbers.
     peak, bw = (preset.bf16_tflops * 1e12, preset.hbm_tb_s * 1e12) if preset else (1e12, 1e11)
     fits = fit_attention({c: att[c].values for c in att}, p["measured"], peak, bw)
-    known = gpu_fits().get("h100-80gb" if gpu == "h200" else gpu)
-    allreduce = dict(known["allreduce"]) if known else {
-        "bus_gb_s": 100.0, "latency_s": 1e-5, "source": "ASSUMED placeholder; not measured"}
+    log("measuring all-reduce where tp workers fit (GPUs, or CPU processes)")
+    allreduce, why_not = measure_allreduce(torch, device, p["tps"], p["tokens"], p["measured"]["hidden_size"],
+                                           p["warmup"], p["reps"], log)
+    if allreduce is None:
+        log(f"  all-reduce not measured: {why_not}")
+        known = gpu_fits().get("h100-80gb" if gpu == "h200" else gpu)
+        allreduce = dict(known["allreduce"]) if known else {
+            "bus_gb_s": 100.0, "latency_s": 1e-5, "source": "ASSUMED placeholder"}
+        allreduce["source"] += f"; calibrate could not measure it: {why_not}"
     meta = {
         "format": FORMAT, "name": f"{gpu}-{model.name}" + ("-quick" if quick else ""), "gpu": gpu,
         "device": description, "model": p["shape"], "measured_shape": p["measured"],
@@ -291,7 +306,7 @@ def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, 
         "source": "kvsim calibrate: PyTorch eager ops (matmul, SDPA, gather through a block table)",
         "license": "measurements made by the user", "peak_flops": peak, "bandwidth": bw,
         "origin": {"linear": "measured", "attention": "fitted on the measured points in attention.csv",
-                   "allreduce": allreduce["source"] + " (single device: not measured)"},
+                   "allreduce": allreduce["source"]},
         "attention": fits, "allreduce": allreduce, "step_overhead_s": 0.0,
         "step_overhead_source": "not measured; set cost_model.step_overhead_ms",
         "notes": ["decode = PyTorch gather through a block table + SDPA, not a fused paged kernel",

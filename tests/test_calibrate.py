@@ -109,3 +109,29 @@ def test_forward_decode_attends_each_sequence_through_its_block_table():
         ref = torch.softmax(q[i][:, None] @ k.transpose(1, 2) / 8 ** 0.5, -1) @ v
         assert torch.allclose(got[i], ref.reshape(-1), atol=1e-5)
     assert net(s).shape == (4, 50)               # logits for the prompt's last token and 3 decodes
+
+
+def test_all_reduce_is_measured_across_cpu_processes_and_charged_per_layer(quick_profile):
+    """Two gloo workers time the all-reduce; the cost model charges exactly the fit."""
+    from kvsim.allreduce import fit
+
+    ar = load_profile(quick_profile).meta["allreduce"]
+    if ar["source"].endswith("one core"):
+        pytest.skip("one CPU core: no second worker")
+    assert ar["source"].startswith("measured: torch.distributed all_reduce (gloo)")
+    assert [p["num_tokens"] for p in ar["points"]] == [1, 4, 8, 64, 256] and all(p["time_s"] > 0 for p in ar["points"])
+    assert fit(ar["points"], 512) == {k: ar[k] for k in ("latency_s", "bus_gb_s", "fit_mape")}
+    code, out, _ = kvsim("cost", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--tp", "2",
+                         "--prefill-tokens", "64", "--profile", quick_profile, "--json")
+    expected = 32 * 2 * (ar["latency_s"] + 2 * (2 - 1) / 2 * 64 * 4096 * 2 / (ar["bus_gb_s"] * 1e9))
+    assert code == 0 and json.loads(out)["parts_s"]["allreduce"] == pytest.approx(expected)
+
+
+def test_all_reduce_fit_recovers_a_known_ring():
+    from kvsim.allreduce import fit
+
+    rows = [{"tp": tp, "num_tokens": n, "time_s": 5e-6 + 2 * (tp - 1) / tp * n * 1024 * 2 / 100e9}
+            for tp in (2, 4) for n in (1, 64, 4096)]
+    got = fit(rows, 1024)
+    assert got["latency_s"] == pytest.approx(5e-6) and got["bus_gb_s"] == pytest.approx(100.0)
+    assert got["fit_mape"] < 1e-9
