@@ -9,7 +9,7 @@ from kvsim.allocators import (
     Breakdown, InvariantError, PrefixCachingPagedAllocator, RadixCacheAllocator, SeqShape,
     make_allocator,
 )
-from kvsim.allocators.runs import common_length, split_runs
+from kvsim.allocators.runs import common_length, full_block_runs, split_runs
 from kvsim.specs import MODEL_PRESETS, KVSpec
 
 SYSTEM = ((7, 8),)        # a shared system prompt of two 4-token blocks
@@ -194,6 +194,22 @@ def test_runs_helpers():
     assert common_length(((1, 0, 6),), ((1, 1, 6),)) == 0
     assert common_length(((-1, 0, 6),), ((-1, 0, 6),)) == 0
     assert split_runs(((1, 0, 6), (2, 0, 4)), 8) == (((1, 0, 6), (2, 0, 2)), ((2, 2, 2),))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 3), st.integers(0, 40)), max_size=5), st.integers(0, 60),
+       st.integers(0, 60), st.integers(-1, 3), st.sampled_from([1, 3, 16]))
+def test_full_block_runs_match_each_block_cut_alone(segments, prompt, output, tail, block):
+    """The one-walk block list equals shape.runs block by block, up to the first -1."""
+    shape = SeqShape(max(prompt, sum(n for _, n in segments)), output, tuple(segments), tail)
+    expected, cut = [], False
+    for index in range(shape.final_tokens // block):
+        runs = shape.runs(index * block, (index + 1) * block)
+        if any(content == -1 for content, _, _ in runs):
+            cut = True
+            break
+        expected.append(runs)
+    assert full_block_runs(shape, block) == (tuple(expected), cut)
 
 
 @pytest.fixture

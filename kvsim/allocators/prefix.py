@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 
 from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
 from kvsim.allocators.paged import PagedAllocator, _Seq, blocks_for
+from kvsim.allocators.runs import full_block_runs
 
 _ROOT = -1   # the "parent key" of a table's first block
 
@@ -75,11 +76,14 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _block_id(self, shape: SeqShape, parent: int, index: int) -> tuple | None:
         """The (parent key, runs) identity of full block `index`, None if uncacheable."""
-        b = self.block_size
-        runs = shape.runs(index * b, (index + 1) * b)
-        if any(content == -1 for content, _, _ in runs):
+        blocks, cut = full_block_runs(shape, self.block_size)
+        if index < len(blocks):
+            return parent, blocks[index]
+        if cut:
             return None
-        return parent, runs
+        b = self.block_size              # beyond the final length (not reached in runs)
+        runs = shape.runs(index * b, (index + 1) * b)
+        return None if any(content == -1 for content, _, _ in runs) else (parent, runs)
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""

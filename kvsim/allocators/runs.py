@@ -6,6 +6,8 @@ Content -1 means "unique, never shared": no cache stores or matches it.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from kvsim.allocators.base import SeqShape
 
 Runs = tuple[tuple[int, int, int], ...]
@@ -50,3 +52,27 @@ def cacheable_runs(shape: SeqShape, num_tokens: int) -> Runs:
     runs = shape.runs(0, num_tokens)
     cut = next((i for i, (content, _, _) in enumerate(runs) if content == -1), len(runs))
     return runs[:cut]
+
+
+@lru_cache(maxsize=512)
+def full_block_runs(shape: SeqShape, block_size: int) -> tuple[tuple[Runs, ...], bool]:
+    """`shape.runs` of each full block of the shape's final sequence, up to the first
+    block holding content -1, and whether that block cut the list short. The prefix cache
+    asks for a block's runs on every lookup, and a waiting request is looked up every
+    step, so they are made once per shape, in one walk over its segments (the cache is
+    bounded; the value depends on the arguments alone)."""
+    pieces = [(content, length) for content, length in shape.segments if length]
+    pieces.append((shape.tail_id, shape.final_tokens))       # the tail runs to the end
+    blocks, block, room = [], [], block_size
+    for content, length in pieces:
+        offset = 0
+        while offset < length and len(blocks) < shape.final_tokens // block_size:
+            if content == -1:
+                return tuple(blocks), True
+            take = min(room, length - offset)
+            block.append((content, offset, take))
+            offset, room = offset + take, room - take
+            if not room:
+                blocks.append(tuple(block))
+                block, room = [], block_size
+    return tuple(blocks), False
