@@ -21,5 +21,5 @@ if [ "$device" = cuda ]; then
 else
     grid=(--quick)
 fi
-kvsim calibrate --model llama-3-8b --device "$device" "${grid[@]}" --out "$out/profile" 2>&1 | tee "$out/full.log"
+kvsim calibrate --model llama-3-8b --device "$device" ${grid[@]+"${grid[@]}"} --out "$out/profile" 2>&1 | tee "$out/full.log"
 kvsim calibrate --report "$out/profile" | tee "$out/report.txt"
