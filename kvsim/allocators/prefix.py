@@ -81,7 +81,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             return parent, blocks[index]
         if cut:
             return None
-        b = self.block_size              # beyond the final length (not reached in runs)
+        b = self.block_size      # past the shape's final length: not expected, but cut it directly
         runs = shape.runs(index * b, (index + 1) * b)
         return None if any(content == -1 for content, _, _ in runs) else (parent, runs)
 
