@@ -75,8 +75,8 @@ def test_cuda_without_a_gpu_is_an_input_error(tmp_path):
 
 def test_quick_profile_times_whole_steps_against_its_prediction(quick_profile):
     """The stored end-to-end check covers prompts, decode batches and a mixed step, and the
-    sum of parts lands within 50% of every measured step (a forgotten part, such as the
-    per-layer multiply or the LM head, misses by far more)."""
+    sum of parts lands within 50% of every measured step (forgetting to multiply the
+    per-layer parts by 32 layers would miss by over 90%)."""
     e2e = load_profile(quick_profile).meta["validation"]
     labels = [r["step"] for r in e2e["steps"]]
     assert labels[0] == "prefill 16" and "decode 4 x 256" in labels and labels[-1].startswith("prefill 64 + decode")
