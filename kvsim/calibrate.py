@@ -206,22 +206,22 @@ def _row(phase, tp, batch, chunk, ctx, bs, kv_dtype, t, write) -> dict:
 
 
 def _storage(torch, kv_dtype: str, dtype):
-    return {"bf16": dtype, "fp8": torch.float8_e4m3fn, "int8": torch.int8}[kv_dtype]
+    """The KV dtype's torch type, and the type a cache of it is held in: fp8 as its bytes,
+    since gather and index_copy_ have no fp8 kernels."""
+    store = {"bf16": dtype, "fp8": torch.float8_e4m3fn, "int8": torch.int8}[kv_dtype]
+    return store, torch.uint8 if kv_dtype == "fp8" else store
 
 
 def _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype):
     """Decode over K/V blocks at random places in a pool of at least CACHE_BYTES, gathered
     through a block table; successive calls use disjoint blocks, so none is cached."""
     per_seq = -(-ctx // bs)
-    store = _storage(torch, kv_dtype, dtype)
-    elem = torch.empty(0, dtype=store).element_size()
-    n_blocks = _pool_blocks(batch * per_seq, bs * kh * d * elem)
+    _, held = _storage(torch, kv_dtype, dtype)
+    n_blocks = _pool_blocks(batch * per_seq, bs * kh * d * held.itemsize)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tables = torch.randperm(n_blocks, generator=gen)[: n_blocks // (batch * per_seq) * batch * per_seq]
     tables = _cycler(tables.view(-1, batch, per_seq).to(dev))
-    # index fp8 as bytes (no gather kernel for it); zeros, not random bits: no denormals
-    raw = [torch.zeros(n_blocks, bs, kh, d, device=dev, dtype=torch.uint8 if kv_dtype == "fp8" else store)
-           for _ in "kv"]
+    raw = [torch.zeros(n_blocks, bs, kh, d, device=dev, dtype=held) for _ in "kv"]   # zeros: no denormals
     q, scale = torch.randn(batch, qh, 1, d, device=dev, dtype=dtype), 0.05
 
     def step():
@@ -236,13 +236,10 @@ def _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype):
 
 def _kv_write(torch, timer, tokens, kh, d, bs, kv_dtype, dev, dtype) -> float:
     """Scatter `tokens` new K and V vectors into random slots of a paged cache."""
-    store = _storage(torch, kv_dtype, dtype)
-    elem = torch.empty(0, dtype=store).element_size()
-    slots = _pool_blocks(4 * tokens, 2 * kh * d * elem)
-    byte = torch.uint8 if kv_dtype == "fp8" else store    # fp8 has no index_copy_ kernel: copy its bytes
-    cache = [torch.zeros(slots, kh, d, device=dev, dtype=byte) for _ in "kv"]
-    new = torch.randn(tokens, kh, d, device=dev, dtype=dtype).to(store)
-    new = new.view(torch.uint8) if kv_dtype == "fp8" else new
+    store, held = _storage(torch, kv_dtype, dtype)
+    slots = _pool_blocks(4 * tokens, 2 * kh * d * held.itemsize)
+    cache = [torch.zeros(slots, kh, d, device=dev, dtype=held) for _ in "kv"]
+    new = torch.randn(tokens, kh, d, device=dev, dtype=dtype).to(store).view(held)
     where = torch.randperm(slots, device=dev)[: slots // tokens * tokens].view(-1, tokens)
     where = _cycler(where)
 
