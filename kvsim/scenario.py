@@ -31,11 +31,16 @@ class Poisson(Strict):
     rate_per_s: float = Field(gt=0)
 
 
+# A coefficient of variation: outside this range a gamma or lognormal is a typo, and
+# its parameters (1/cv^2, log(1 + cv^2)) overflow or divide by zero.
+CV = Annotated[float, Field(ge=1e-3, le=1e3)]
+
+
 class Gamma(Strict):
     """Gamma-distributed gaps: cv > 1 is burstier than Poisson, cv < 1 more regular."""
     process: Literal["gamma"]
     rate_per_s: float = Field(gt=0)
-    cv: float = Field(gt=0)
+    cv: CV
 
 
 class Burst(Strict):
@@ -72,7 +77,7 @@ class Uniform(Bounded):
 class Lognormal(Bounded):
     dist: Literal["lognormal"]
     mean: float = Field(gt=0)
-    cv: float = Field(gt=0)
+    cv: CV
 
 
 class Empirical(Bounded):
