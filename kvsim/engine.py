@@ -9,7 +9,7 @@ Order of simultaneous events: requests arriving at the instant a step ends are q
 before the next step is planned (the engine yields one zero-delay timeout after each
 step, which SimPy runs after every event already scheduled for that instant).
 
-`simulate` runs one policy and returns plain records; kvsim.metrics turns them into
+`simulate` runs one policy and returns plain records; kvsim.report.metrics turns them into
 tables. Nothing here writes files or reads a clock.
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Callable
 
 import simpy
 
-from .allocators import InvariantError, KVAllocator
-from .costmodel import CostModel
-from .scheduler import Scheduler, Seq
-from .workload import RequestSpec
+from kvsim.allocators import InvariantError, KVAllocator
+from kvsim.cost.model import CostModel
+from kvsim.scheduler import Scheduler, Seq
+from kvsim.workload.requests import RequestSpec
 
 # One row per step: the memory breakdown (slots) while the step runs.
 STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens",
@@ -40,6 +40,8 @@ class PolicyRun:
     prompt_tokens: int = 0     # tokens to prefill at admissions, and those found cached
     cached_tokens: int = 0
     width: int = 1             # sequences per request
+    extrapolated: int = 0      # steps the cost model priced beyond its measured ranges ...
+    extrapolation_reasons: set[str] = field(default_factory=set)   # ... and why
 
 
 def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cost: CostModel, *,
@@ -83,7 +85,10 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
             if not step.work:
                 raise RuntimeError(f"{name}: no progress possible at t={env.now:.6f}s with "
                                    f"{len(sched.waiting)} waiting; this is a kvsim bug")
-            dt = cost.step_time(step.cost)
+            dt, why = cost.price(step.cost)
+            if why:
+                run.extrapolated += 1
+                run.extrapolation_reasons.update(why)
             if step.swap_bytes:      # the step waits for its PCIe copies
                 dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
             _record(run, sched, step, env.now, dt)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .specs import DTYPE_BITS, GIB, GPUSpec, ModelSpec
+from kvsim.specs import DTYPE_BITS, GIB, GPUSpec, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One scenario, every policy, one request stream: `run_scenario` returns the tables.
 
-Building and running never write files; kvsim.cli writes what this returns.
+Building and running never write files; kvsim.cli.app writes what this returns.
 """
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from typing import Callable
 
 import pandas as pd
 
-from .allocators import make_allocator
-from .costmodel import make_cost_model
-from .engine import simulate
-from .errors import InputError
-from .memory import PoolSizing, activation_estimate, size_pool
-from .metrics import request_table, step_table, summarize, tidy
-from .scenario import Scenario
-from .scheduler import SwapSpace
-from .specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
-from .workload import generate_requests
+from kvsim.allocators import make_allocator
+from kvsim.cost.model import describe, make_cost_model
+from kvsim.engine import simulate
+from kvsim.errors import InputError
+from kvsim.memory import PoolSizing, activation_estimate, size_pool
+from kvsim.report.metrics import request_table, step_table, summarize, tidy
+from kvsim.scenario import Scenario
+from kvsim.scheduler import SwapSpace
+from kvsim.specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
+from kvsim.workload.requests import generate_requests
 
 
 MAX_UNITS = 1 << 26    # blocks (or slots) a simulated pool may have: beyond, memory runs out
@@ -101,7 +101,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
             "kv_cache_dtype": kv.kv_cache_dtype,
             "kv_pool_gib": tidy(pool.pool_bytes / GIB), "kv_capacity_tokens": allocator.capacity,
             **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
-            "cost_model": cost.label,
+            "cost_model": describe(cost.label, run.extrapolated, len(run.steps), run.extrapolation_reasons),
         })
         series.append(step_table(run))
         tables.append(table)

@@ -14,8 +14,8 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
-from .errors import InputError
-from .specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
+from kvsim.errors import InputError
+from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
 
 KVDtype = Literal["auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"]
 assert set(typing.get_args(KVDtype)) - {"auto"} == set(DTYPE_BITS)
@@ -126,7 +126,7 @@ class Workload(Strict):
     arrival: Arrival | None = None
     prompt_tokens: LengthDist | None = None
     output_tokens: LengthDist | None = None
-    dataset: str | None = None     # joint lengths from a preset (kvsim.datasets)
+    dataset: str | None = None     # joint lengths from a preset (kvsim.workload.datasets)
     trace: str | None = None       # CSV of arrival time and lengths, replayed as is
     n: int = Field(1, ge=1, le=64)           # parallel samples per request
     beam_width: int = Field(1, ge=1, le=64)  # beams per request
@@ -244,7 +244,7 @@ class InlineGPU(Strict):
 
 class ProfileCost(Strict):
     """Step costs from a profile: a shipped name or a folder relative to the scenario
-    (kvsim.profiles); step_overhead_ms replaces the profile's fixed per-step overhead."""
+    (kvsim.cost.profiles); step_overhead_ms replaces the profile's fixed per-step overhead."""
     profile: str
     step_overhead_ms: float | None = Field(None, ge=0)
 
@@ -372,7 +372,7 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
         if isinstance(dist, Empirical) and not (base / dist.file).is_file():
             raise InputError(src, f"workload.{key}.file", f"file {base / dist.file} not found")
     if wl.dataset is not None:
-        from .datasets import DATASETS
+        from kvsim.workload.datasets import DATASETS
         if wl.dataset not in DATASETS:
             raise InputError(src, "workload.dataset", _unknown(wl.dataset, DATASETS, "dataset"))
     return scn

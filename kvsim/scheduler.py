@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .allocators import InvariantError, KVAllocator, SeqShape
-from .costmodel import StepBatch
-from .workload import RequestSpec
+from kvsim.allocators import InvariantError, KVAllocator, SeqShape
+from kvsim.cost.model import StepBatch
+from kvsim.workload.requests import RequestSpec
 
 
 MAX_WIDTH = 64        # sequences per request; allocator ids are request id * 64 + k
@@ -82,13 +82,13 @@ class Step:
     rejected: list[Seq] = field(default_factory=list)   # found unable to fit even alone
 
 
-@dataclass
+@dataclass(frozen=True)
 class SwapSpace:
-    """CPU memory for swapped-out KV and the link it is copied over."""
+    """CPU memory for swapped-out KV and the link it is copied over (the scheduler
+    owns what is in use: `Scheduler.swap_used`)."""
     capacity_bytes: float
     bytes_per_token: float
     bandwidth_bytes_s: float
-    used_bytes: float = 0.0
 
 
 class Scheduler:
@@ -105,6 +105,7 @@ class Scheduler:
         self.chunked = chunked_prefill
         self.keep_free = int(watermark * allocator.capacity)
         self.swap = swap
+        self.swap_used = 0.0               # bytes of swapped-out KV in CPU memory
         self.window = sliding_window
         self.width, self.beam, self.seed = width, beam, seed
         self.running: list[Seq] = []       # admission order: the last is preempted first
@@ -179,7 +180,7 @@ class Scheduler:
             if not self.allocator.allocate(seq.ids[0], seq.shape, seq.held + 1, keep_free):
                 return 0
             nbytes = seq.held * self.swap.bytes_per_token
-            self.swap.used_bytes -= nbytes
+            self.swap_used -= nbytes
             step.swap_bytes += nbytes
             seq.swapped = False
             return 1
@@ -235,8 +236,8 @@ class Scheduler:
         if self.width > 1:   # a group restarts: its samples or beams are not kept
             seq.generated = 0
             nbytes = math.inf
-        if self.swap and not seq.prefilling and nbytes <= self.swap.capacity_bytes - self.swap.used_bytes:
-            self.swap.used_bytes += nbytes
+        if self.swap and not seq.prefilling and nbytes <= self.swap.capacity_bytes - self.swap_used:
+            self.swap_used += nbytes
             step.swap_bytes += nbytes
             seq.swapped = True
             self.swaps += 1
@@ -278,8 +279,8 @@ class Scheduler:
             if seq.held > seq.shape.final_tokens:
                 raise InvariantError(f"request {seq.spec.id} holds {seq.held} tokens, more than "
                                      f"its final length {seq.shape.final_tokens}")
-        if self.swap and not math.isclose(swapped, self.swap.used_bytes, abs_tol=1e-6):
-            raise InvariantError(f"swap space counts {self.swap.used_bytes} bytes; swapped-out "
+        if self.swap and not math.isclose(swapped, self.swap_used, abs_tol=1e-6):
+            raise InvariantError(f"swap space counts {self.swap_used} bytes; swapped-out "
                                  f"requests hold {swapped}")
         b = self.allocator.breakdown(self.next_waiting())
         parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)

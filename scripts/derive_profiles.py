@@ -11,7 +11,7 @@ as the first argument) and writes ``kvsim/data/profiles/``:
   GEMM shape model;
 * ``gpus.json``: per GPU, the GEMM efficiency fitted on every measured model's
   shapes, elementwise bandwidth fits, the attention forms and the all-reduce
-  assumption (kvsim.generalize uses them for models without a profile);
+  assumption (kvsim.cost.generalize uses them for models without a profile);
 * ``accuracy.json``: held-out errors — interpolation (fit on the grid, predict the
   other measured counts), leave-one-shape-out for the shape model, 5-fold
   cross-validation for the attention forms.
@@ -39,11 +39,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.generalize import model_shape, predict_linear, token_grid
-from kvsim.opfit import (GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token,
+from kvsim.cost.generalize import model_shape, predict_linear, token_grid
+from kvsim.cost.fit import (GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token,
                          fit_attention, fit_elementwise, fit_gemm, gemm_kn, gemm_work, kfold, mape,
                          predict_attention, predict_elementwise, predict_gemm)
-from kvsim.profiles import FORMAT, Profile, save_profile
+from kvsim.cost.profiles import FORMAT, Profile, save_profile
 from kvsim.specs import GPU_PRESETS, MODEL_PRESETS
 
 REPO = Path(__file__).resolve().parent.parent

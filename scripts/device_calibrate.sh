@@ -12,7 +12,7 @@ device=${1:-cuda}
 out=${OUT:-/tmp/kvsim-device}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-kvsim() { python3 -c 'import sys; from kvsim.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+kvsim() { python3 -c 'import sys; from kvsim.cli.app import main; sys.exit(main(sys.argv[1:]))' "$@"; }
 if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
     # a smoke test first (seconds), so a broken CUDA path fails before the long run

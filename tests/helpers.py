@@ -2,6 +2,8 @@
 import contextlib
 import signal
 
+from kvsim.cost.model import StepBatch
+
 
 @contextlib.contextmanager
 def wall_limit(seconds: int):
@@ -15,3 +17,19 @@ def wall_limit(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+class OneSecondSteps:
+    """A cost model whose every step takes one second, so every instant is predictable;
+    it keeps the batches it priced."""
+    label = "fixed"
+
+    def __init__(self):
+        self.batches: list[StepBatch] = []
+
+    def price(self, batch: StepBatch) -> tuple[float, tuple[str, ...]]:
+        self.batches.append(batch)
+        return 1.0, ()
+
+    def step_time(self, batch: StepBatch) -> float:
+        return self.price(batch)[0]

@@ -9,8 +9,8 @@ from contextlib import redirect_stderr, redirect_stdout
 import pandas as pd
 import pytest
 
-from kvsim.cli import main
-from kvsim.profiles import load_profile
+from kvsim.cli.app import main
+from kvsim.cost.profiles import load_profile
 
 torch = pytest.importorskip("torch")
 
@@ -88,9 +88,9 @@ def test_quick_profile_times_whole_steps_against_its_prediction(quick_profile):
 
 
 def test_forward_decode_attends_each_sequence_through_its_block_table():
-    """Paged decode in kvsim.validate equals attention over K and V read slot by slot."""
-    from kvsim.costmodel import StepBatch
-    from kvsim.validate import BLOCK, Forward
+    """Paged decode in kvsim.calibrate.validate equals attention over K and V read slot by slot."""
+    from kvsim.cost.model import StepBatch
+    from kvsim.calibrate.validate import BLOCK, Forward
 
     torch.manual_seed(0)
     shape = {"hidden_size": 32, "head_dim": 8, "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2,
@@ -113,7 +113,7 @@ def test_forward_decode_attends_each_sequence_through_its_block_table():
 
 def test_all_reduce_is_measured_across_cpu_processes_and_charged_per_layer(quick_profile):
     """Two gloo workers time the all-reduce; the cost model charges exactly the fit."""
-    from kvsim.allreduce import fit
+    from kvsim.calibrate.allreduce import fit
 
     ar = load_profile(quick_profile).meta["allreduce"]
     if ar["source"].endswith("one core"):
@@ -128,7 +128,7 @@ def test_all_reduce_is_measured_across_cpu_processes_and_charged_per_layer(quick
 
 
 def test_all_reduce_fit_recovers_a_known_ring():
-    from kvsim.allreduce import fit
+    from kvsim.calibrate.allreduce import fit
 
     rows = [{"tp": tp, "num_tokens": n, "time_s": 5e-6 + 2 * (tp - 1) / tp * n * 1024 * 2 / 100e9}
             for tp in (2, 4) for n in (1, 64, 4096)]

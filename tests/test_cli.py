@@ -1,7 +1,7 @@
 """`kvsim run` end to end: a small scenario, the files it writes, determinism, overrides,
 and bad input ending in one line on stderr, exit status 2 and nothing written.
 
-Most runs go through `kvsim.cli.main([...])` in-process (it returns the exit status);
+Most runs go through `kvsim.cli.app.main([...])` in-process (it returns the exit status);
 two go through the installed executable for real exit codes and stderr.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from kvsim.cli import main
+from kvsim.cli.app import main
 from kvsim.errors import InputError
 from kvsim.scenario import load_scenario
 
@@ -76,7 +76,7 @@ def kvsim(*args) -> tuple[int, str, str]:
 
 def kvsim_executable(*args, cwd: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
     return subprocess.run([*cmd, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
@@ -295,14 +295,14 @@ def test_crash_while_writing_leaves_an_existing_output_untouched(in_scenario_fol
     def broken_plots(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("kvsim.plots.write_plots", broken_plots)
+    monkeypatch.setattr("kvsim.report.plots.write_plots", broken_plots)
     with pytest.raises(RuntimeError, match="disk full"):
         kvsim("run", "small.yaml", "--quiet", "--num-requests", "5")
     assert snapshot(results / "small") == before
     assert hidden_entries(results) == []
 
 
-@pytest.mark.parametrize("where", ["kvsim.runner.simulate", "kvsim.plots.write_plots"])
+@pytest.mark.parametrize("where", ["kvsim.runner.simulate", "kvsim.report.plots.write_plots"])
 def test_ctrl_c_leaves_an_existing_output_untouched(in_scenario_folder, monkeypatch, where):
     # Ctrl-C during the simulation or while results are written: exit 130, one line,
     # the earlier results as they were and no temporary folder left behind.

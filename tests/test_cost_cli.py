@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from kvsim.cli import main
-from kvsim.profiles import SHIPPED
+from kvsim.cli.app import main
+from kvsim.cost.profiles import SHIPPED
 
 
 def kvsim(*args) -> tuple[int, str, str]:
@@ -142,4 +142,4 @@ def test_a_broken_profile_is_an_error_not_a_silent_fallback(tmp_path):
     code, _, err = kvsim("cost", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--tp", "2",
                          "--prefill-tokens", "100", "--profile", broken)
     assert one_error_line(code, err) == (f"kvsim: error: {broken}: meta.json: has no 'latency_s': "
-                                         "not a complete kvsim profile (see kvsim/profiles.py)")
+                                         "not a complete kvsim profile (see kvsim/cost/profiles.py)")

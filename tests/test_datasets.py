@@ -1,4 +1,4 @@
-"""Tests for kvsim.datasets: length presets, arrival statistics and the trace reader.
+"""Tests for kvsim.workload.datasets: length presets, arrival statistics and the trace reader.
 
 Checks against the real traces in /work/shared/data skip when that folder is absent;
 everything else runs from the package's own derived json."""
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kvsim.datasets import DATASETS, Dataset, arrival_stats, read_trace, sample_lengths
+from kvsim.workload.datasets import DATASETS, Dataset, arrival_stats, read_trace, sample_lengths
 from kvsim.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from kvsim.cli import main
+from kvsim.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -37,7 +37,7 @@ SUMMARIES = ("summary.csv", "summary.json")
 
 @pytest.fixture(autouse=True)
 def fast(monkeypatch):
-    monkeypatch.setattr("kvsim.plots.write_plots", lambda *args, **kwargs: None)
+    monkeypatch.setattr("kvsim.report.plots.write_plots", lambda *args, **kwargs: None)
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
 
 
@@ -61,7 +61,7 @@ def rag_all(tmp_path_factory):
     """rag_8k with every policy, once for the module."""
     out = tmp_path_factory.mktemp("rag") / "all"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("kvsim.plots.write_plots", lambda *args, **kwargs: None)
+        mp.setattr("kvsim.report.plots.write_plots", lambda *args, **kwargs: None)
         mp.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
         kvsim("run", RAG, "--out", out, "--quiet", "--num-requests", RAG_REQUESTS)
     return out
@@ -121,7 +121,7 @@ def _fresh_interpreter(scenario: Path, out: Path, cwd: Path, **env_changes: str)
     env = {k: v for k, v in os.environ.items() if k != "KVSIM_CHECK_INVARIANTS"}
     env.update(env_changes)
     exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
     proc = subprocess.run([*cmd, "run", str(scenario), "--out", str(out), "--quiet"], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr

@@ -7,21 +7,12 @@ import math
 import pytest
 
 from kvsim.allocators import ContiguousAllocator, PagedAllocator
-from kvsim.costmodel import StepBatch
+from kvsim.cost.model import StepBatch
 from kvsim.engine import simulate
-from kvsim.metrics import request_table, summarize
-from kvsim.workload import RequestSpec
+from kvsim.report.metrics import request_table, summarize
+from kvsim.workload.requests import RequestSpec
 
-
-class OneSecondSteps:
-    label = "fixed"
-
-    def __init__(self):
-        self.batches: list[StepBatch] = []
-
-    def step_time(self, batch):
-        self.batches.append(batch)
-        return 1.0
+from helpers import OneSecondSteps
 
 
 def make_requests(*rows):

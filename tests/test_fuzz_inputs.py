@@ -11,7 +11,7 @@ edits, binary garbage, a shipped scenario truncated at every byte, and trace CSV
 scenarios whose numbers make no physical sense, in a subprocess with a time and
 memory limit, since a bug there can hang or exhaust the machine.
 
-Most runs go through `kvsim.cli.main` in-process (it returns the exit status) with the
+Most runs go through `kvsim.cli.app.main` in-process (it returns the exit status) with the
 plots stubbed out: drawing PNGs costs half a second a run and sees only simulated
 tables, never raw input; the subprocess runs draw them for real. FUZZED counts the
 inputs tried per test; test_fuzz_counts (last) prints them.
@@ -38,8 +38,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import wall_limit
-from kvsim.cli import main
-from kvsim.datasets import read_trace
+from kvsim.cli.app import main
+from kvsim.workload.datasets import read_trace
 from kvsim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ BASE = {
 @pytest.fixture(scope="module", autouse=True)
 def no_plots():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("kvsim.plots.write_plots", lambda *args, **kwargs: None)
+        mp.setattr("kvsim.report.plots.write_plots", lambda *args, **kwargs: None)
         yield
 
 
@@ -364,7 +364,7 @@ def kvsim_subprocess(folder: Path, *args, timeout: float = 60) -> subprocess.Com
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
     exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run([*cmd, *map(str, args)], cwd=folder, capture_output=True, text=True,
                           timeout=timeout, preexec_fn=limit_memory, env=env)

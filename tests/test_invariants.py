@@ -39,10 +39,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvsim.allocators import ALLOCATORS, Breakdown, InvariantError, SeqShape, make_allocator
 from kvsim.allocators import contiguous
 from kvsim.allocators.paged import PagedAllocator
-from kvsim.cli import main
+from kvsim.cli.app import main
 from kvsim.engine import STEP_FIELDS, simulate
+from helpers import OneSecondSteps
 from kvsim.specs import MODEL_PRESETS, KVSpec
-from kvsim.workload import RequestSpec
+from kvsim.workload.requests import RequestSpec
 
 KV = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
 WINDOW = 24               # a sliding window that sequences of up to 64 tokens outgrow
@@ -476,13 +477,6 @@ def test_enough_operations_per_allocator(request):
 
 
 # --- 2. differential: paged with block size 1 against contiguous oracle ------------------
-class OneSecondSteps:
-    label = "fixed"
-
-    def step_time(self, batch):
-        return 1.0
-
-
 class Snapshots:
     """Forwards to an allocator and notes, whenever the engine records a step (it asks
     for the breakdown), how many tokens every sequence holds; counts refusals."""
@@ -612,8 +606,8 @@ STEP_AT = r"p: step (\d+) (planned|completed) at t=(\d+\.\d+)s: "
 def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, culprit, phase):
     steps = []
     cost = OneSecondSteps()
-    real_time = cost.step_time
-    cost.step_time = lambda batch: steps.append(len(steps)) or real_time(batch)
+    real_price = cost.price
+    cost.price = lambda batch: steps.append(len(steps)) or real_price(batch)
     damaged_in = []     # the step being planned (grow) or completed (free) at the damage
 
     def damage_and_note(alloc, *args):

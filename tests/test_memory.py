@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvsim.cli import main
+from kvsim.cli.app import main
 from kvsim.memory import kv_footprint
 from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS
 
@@ -170,7 +170,7 @@ def test_cli_text_output_names_the_numbers(capsys):
 
 def test_cli_executable_end_to_end():
     exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
     proc = subprocess.run([*cmd, "memory", "--model", "llama-3-70b", "--context", "8192",
                            "--batch", "32", "--json"], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr) == (0, "")
@@ -258,7 +258,7 @@ def test_config_with_negative_layers_exits_2(tmp_path, capsys):
 
 def test_bad_flag_through_the_executable_is_one_line_exit_2():
     exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
     proc = subprocess.run([*cmd, "memory", "--model", "nope", "--context", "1"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

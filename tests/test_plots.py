@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from matplotlib import pyplot
 
-from kvsim.plots import FILES, downsample, latency_samples, policy_colours, write_plots
+from kvsim.report.plots import FILES, downsample, latency_samples, policy_colours, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.costmodel import Profiled, Roofline, StepBatch, make_cost_model
+from kvsim.cost.model import Profiled, Roofline, StepBatch, describe, make_cost_model
 from kvsim.errors import InputError
-from kvsim.generalize import find_shipped, model_shape, synthesize, token_grid
-from kvsim.opfit import (fit_elementwise, fit_gemm, fit_ramp, gemm_work, predict_elementwise, predict_gemm,
+from kvsim.cost.generalize import find_shipped, model_shape, synthesize, token_grid
+from kvsim.cost.fit import (fit_elementwise, fit_gemm, fit_ramp, gemm_work, predict_elementwise, predict_gemm,
                          predict_ramp)
-from kvsim.profiles import SHIPPED, Profile, load_profile, save_profile, shipped_names
+from kvsim.cost.profiles import SHIPPED, Profile, load_profile, save_profile, shipped_names
 from kvsim.scenario import ProfileCost, validate_scenario
 from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, KVSpec
 
@@ -140,11 +140,13 @@ def test_profiled_is_slower_than_the_roofline_bound():
             assert cost(model, gpu, tp).step_time(batch) > bound
 
 
-def test_extrapolation_is_counted_and_named_in_the_label():
+def test_extrapolation_is_named_per_step_and_described_for_a_run():
     c = cost()
-    c.step_time(StepBatch.build([(100, 0)], []))
-    c.step_time(StepBatch.build([(40000, 0)], []))
-    assert c.label.startswith("profile:a100-llama-3-8b [extrapolated in 1/2 steps: linear ops beyond 32768")
+    inside, beyond = (c.price(StepBatch.build([(n, 0)], []))[1] for n in (100, 40000))
+    assert inside == () and beyond[0].startswith("linear ops beyond 32768")
+    assert c.label == "profile:a100-llama-3-8b"          # no history: the label stays fixed
+    assert describe(c.label, 1, 2, beyond).startswith(
+        "profile:a100-llama-3-8b [extrapolated in 1/2 steps: linear ops beyond 32768")
 
 
 def test_fallbacks_and_predictions_are_named():

@@ -17,7 +17,7 @@ import yaml
 
 from kvsim.errors import InputError
 from kvsim.scenario import load_scenario
-from kvsim.workload import RequestSpec, generate_requests
+from kvsim.workload.requests import RequestSpec, generate_requests
 
 TINY_TRACE = Path(__file__).parent / "data" / "tiny_trace.csv"
 # tests/data/tiny_trace.csv: (arrived_at, num_prefill_tokens, num_decode_tokens)

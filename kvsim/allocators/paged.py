@@ -183,44 +183,81 @@ class PagedAllocator:
         seq = self._seqs.pop(seq_id)
         self._drop(reversed(seq.table))
 
+    def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
+        """Blocks a sequence admitted with `num_tokens` tokens needs beyond the free queue."""
+        return blocks_for(num_tokens, self.block_size) - len(self._free)
+
     def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
-        token = reservation = internal = logical = 0
-        seen: set[int] = set()
+        """Physical blocks counted once, in O(sequences): a table's unfilled slots all
+        sit in its last block, which only its forks may share, so reservation and
+        internal come from split_used once per distinct last block, and every other
+        used slot holds a token. shared = logical - physical slots in use. Queued
+        blocks (cached or not) are free, or unusable when the next sequence needs more
+        blocks than the queue keeps (after its cache hits, with a prefix cache)."""
         bs = self.block_size
+        reservation = internal = logical = 0
+        last_blocks: set[int] = set()
         for seq in self._seqs.values():
-            gone = seq.dropped * bs
-            logical += len(seq.table) * bs
-            if not self._shared:     # fast path: every block has one owner
-                t, r, i = split_used(seq.tokens - gone, len(seq.table) * bs,
-                                     seq.shape.final_tokens - gone)
-                token, reservation, internal = token + t, reservation + r, internal + i
-                continue
-            for j, b in enumerate(seq.table):    # count each physical block once
-                if b in seen:
-                    continue
-                seen.add(b)
-                start = gone + j * bs
-                t, r, i = split_used(min(max(seq.tokens - start, 0), bs), bs,
-                                     max(seq.shape.final_tokens - start, 0))
-                token, reservation, internal = token + t, reservation + r, internal + i
+            allocated = len(seq.table) * bs
+            logical += allocated
+            if seq.table and seq.table[-1] not in last_blocks:
+                last_blocks.add(seq.table[-1])
+                gone = seq.dropped * bs      # tokens in blocks that left the window
+                _, r, i = split_used(seq.tokens - gone, allocated, seq.shape.final_tokens - gone)
+                reservation, internal = reservation + r, internal + i
+        used = (self.num_blocks - len(self._free)) * bs
         free_slots = len(self._free) * bs
-        starved = (next_seq is not None
-                   and len(self._free) < blocks_for(next_seq[1], bs))
-        return Breakdown(token, reservation, internal, padding=0,
+        starved = next_seq is not None and self._blocks_short(*next_seq) > 0
+        return Breakdown(used - reservation - internal, reservation, internal, padding=0,
                          unusable=free_slots if starved else 0,
-                         free=0 if starved else free_slots,
-                         shared=logical - (self.capacity - free_slots))
+                         free=0 if starved else free_slots, shared=logical - used)
 
     def check_invariants(self) -> None:
-        counts = Counter(b for seq in self._seqs.values() for b in seq.table)
-        fast_ok = (len(counts) + len(self._free) == self.num_blocks
-                   and all(self._ref[b] == n for b, n in counts.items())
-                   and all(self._ref[b] == 0 for b in self._free)
-                   and self._shared == sum(n > 1 for n in counts.values())
-                   and all(blocks_for(s.tokens, self.block_size) == s.logical_blocks()
-                           for s in self._seqs.values()))
+        """Checks per table and over the pool at C speed (check mode runs this after
+        every engine step, on pools of tens of thousands of blocks); the block-by-block
+        walk that names the culprit runs only when they fail. Block ids enter the free
+        queue only from tables (range-checked here) or the initial 0..N-1."""
+        bs = self.block_size
+        holders: Counter[int] = Counter()
+        for seq_id, seq in self._seqs.items():
+            if seq.table and not 0 <= min(seq.table) <= max(seq.table) < self.num_blocks:
+                raise InvariantError(f"seq {seq_id}'s table {seq.table} has a block out of range")
+            holders.update(seq.table)
+        fast_ok = (len(holders) + len(self._free) == self.num_blocks
+                   and holders.keys().isdisjoint(self._free.keys())
+                   and all(self._ref[b] == n for b, n in holders.items())
+                   and sum(self._ref) == holders.total() and min(self._ref, default=0) >= 0
+                   and self._shared == sum(n > 1 for n in holders.values()))
         if not fast_ok:   # find and name the culprit
-            self._diagnose(counts)
+            self._diagnose(holders)
+        last: dict[int, list[int]] = {}   # partly filled last block -> [tokens in it, tables]
+        for seq_id, seq in self._seqs.items():
+            table = seq.table
+            if seq.logical_blocks() != blocks_for(seq.tokens, bs):
+                raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in blocks {table} "
+                                     f"({seq.dropped} released)")
+            self._check_table(seq_id, seq)
+            filled = seq.tokens - (seq.logical_blocks() - 1) * bs
+            if table and filled < bs:
+                entry = last.setdefault(table[-1], [filled, 0])
+                if entry[0] != filled:
+                    raise InvariantError(f"block {table[-1]} holds {filled} tokens for seq "
+                                         f"{seq_id} but {entry[0]} for another")
+                entry[1] += 1
+        for block, (_, tables) in last.items():
+            if tables != holders[block]:   # a fork's partial block, full for another table
+                raise InvariantError(f"partly filled block {block} is not the last block "
+                                     f"of every table holding it")
+        self._check_cache()
+        b = self.breakdown(None)
+        if min(b.token, b.reservation, b.internal, b.free, b.shared) < 0 or b.capacity != self.capacity:
+            raise InvariantError(f"breakdown {b} does not split the pool of {self.capacity}")
+
+    def _check_table(self, seq_id: int, seq: _Seq) -> None:
+        """A subclass's checks of one table (a prefix cache: its blocks' keys)."""
+
+    def _check_cache(self) -> None:
+        """A subclass's checks of what it keeps beside the tables."""
 
     def _diagnose(self, counts: Counter) -> None:
         queued: set[int] = set()
@@ -240,13 +277,6 @@ class PagedAllocator:
                 if self._ref[b] != counts[b]:
                     raise InvariantError(f"block {b} (in seq {seq_id}'s table) has reference count "
                                          f"{self._ref[b]} but {counts[b]} owners")
-            held = seq.logical_blocks() * self.block_size
-            if held < seq.tokens:
-                raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in "
-                                     f"{held} slots (blocks {seq.table})")
-            if seq.logical_blocks() > blocks_for(seq.tokens, self.block_size):
-                raise InvariantError(f"seq {seq_id} keeps block {seq.table[-1]} "
-                                     f"beyond its {seq.tokens} tokens")
         lost = sorted(set(range(self.num_blocks)) - queued - counts.keys())
         if lost:
             raise InvariantError(f"blocks {lost} are neither free nor in a table")

@@ -34,10 +34,9 @@ its tokens and holds no block beyond the last one it needs.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, split_used
+from kvsim.allocators.base import InvariantError, SeqShape
 from kvsim.allocators.paged import PagedAllocator, _Seq, blocks_for
 from kvsim.allocators.runs import full_block_runs
 
@@ -76,14 +75,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _block_id(self, shape: SeqShape, parent: int, index: int) -> tuple | None:
         """The (parent key, runs) identity of full block `index`, None if uncacheable."""
-        blocks, cut = full_block_runs(shape, self.block_size)
-        if index < len(blocks):
-            return parent, blocks[index]
-        if cut:
-            return None
-        b = self.block_size      # past the shape's final length: not expected, but cut it directly
-        runs = shape.runs(index * b, (index + 1) * b)
-        return None if any(content == -1 for content, _, _ in runs) else (parent, runs)
+        blocks = full_block_runs(shape, self.block_size)
+        return (parent, blocks[index]) if index < len(blocks) else None
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""
@@ -151,83 +144,21 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._cache_full_blocks(seq)
         return True
 
-    def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
-        """Physical blocks counted once, in O(sequences): a table's unfilled slots all
-        sit in its last block, which only its forks may share, so reservation and
-        internal come from split_used once per distinct last block, and every other
-        used slot holds a token. shared = logical - physical slots in use. Queued
-        blocks, cached or not, are free, or unusable when the next sequence, after
-        its cache hits, needs more blocks than the queue keeps."""
-        reservation = internal = logical = 0
-        last_blocks: set[int] = set()
-        for seq in self._seqs.values():
-            allocated = len(seq.table) * self.block_size
-            logical += allocated
-            if seq.table and seq.table[-1] not in last_blocks:
-                last_blocks.add(seq.table[-1])
-                _, r, i = split_used(seq.tokens, allocated, seq.shape.final_tokens)
-                reservation, internal = reservation + r, internal + i
-        used = (self.num_blocks - len(self._free)) * self.block_size
-        free_slots = len(self._free) * self.block_size
-        starved = next_seq is not None and self._new_blocks_needed(*next_seq)[1] > 0
-        return Breakdown(used - reservation - internal, reservation, internal, padding=0,
-                         unusable=free_slots if starved else 0,
-                         free=0 if starved else free_slots, shared=logical - used)
+    def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
+        return self._new_blocks_needed(shape, num_tokens)[1]
 
-    def check_invariants(self) -> None:
-        """Checks per table and over the pool at C speed (check mode runs this after
-        every engine step, on pools of tens of thousands of blocks); the block-by-block
-        walk that names the culprit runs only when they fail. Block ids enter the free
-        queue only from tables (range-checked here) or the initial 0..N-1."""
-        holders: Counter[int] = Counter()
-        last: dict[int, list[int]] = {}   # partial last block -> [tokens in it, tables]
-        for seq_id, seq in self._seqs.items():
-            table = seq.table
-            if len(table) != blocks_for(seq.tokens, self.block_size):
-                raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in blocks {table}")
-            if table and not 0 <= min(table) <= max(table) < self.num_blocks:
-                raise InvariantError(f"seq {seq_id}'s table {table} has a block out of range")
-            holders.update(table)
-            keys = list(map(self._key_of.__getitem__, table))
-            n = len(seq.keys)
-            if (keys[:n] != seq.keys and any(k is not None and k != own for k, own in zip(keys, seq.keys))
-                    or keys[n:].count(None) != len(keys[n:])):
-                raise InvariantError(f"seq {seq_id} holds a cached block whose prefix differs "
-                                     f"from its own: keys {keys}, its chain {seq.keys}")
-            filled = seq.tokens - (len(table) - 1) * self.block_size
-            if table and filled < self.block_size:
-                entry = last.setdefault(table[-1], [filled, 0])
-                if entry[0] != filled:
-                    raise InvariantError(f"block {table[-1]} holds {filled} tokens for seq "
-                                         f"{seq_id} but {entry[0]} for another")
-                entry[1] += 1
-        for block, (_, tables) in last.items():
-            if tables != holders[block]:   # a fork's partial block, full for another table
-                raise InvariantError(f"partly filled block {block} is not the last block "
-                                     f"of every table holding it")
-        fast_ok = (len(holders) + len(self._free) == self.num_blocks
-                   and holders.keys().isdisjoint(self._free.keys())
-                   and all(self._ref[b] == n for b, n in holders.items())
-                   and sum(self._ref) == holders.total() and min(self._ref, default=0) >= 0)
-        if not fast_ok:
-            self._diagnose(holders)
+    def _check_table(self, seq_id: int, seq: _CachedSeq) -> None:
+        keys = list(map(self._key_of.__getitem__, seq.table))
+        n = len(seq.keys)
+        if (keys[:n] != seq.keys and any(k is not None and k != own for k, own in zip(keys, seq.keys))
+                or keys[n:].count(None) != len(keys[n:])):
+            raise InvariantError(f"seq {seq_id} holds a cached block whose prefix differs "
+                                 f"from its own: keys {keys}, its chain {seq.keys}")
+
+    def _check_cache(self) -> None:
         for key, block in self._cached.items():
             if self._key_of[block] != key:
                 raise InvariantError(f"key {key} maps to block {block}, "
                                      f"whose key is {self._key_of[block]}")
         if self.num_blocks - self._key_of.count(None) != len(self._cached):
             raise InvariantError("a block holds a key the cache does not map to it")
-        b = self.breakdown(None)
-        if min(b.token, b.reservation, b.internal, b.free, b.shared) < 0 or b.capacity != self.capacity:
-            raise InvariantError(f"breakdown {b} does not split the pool of {self.capacity}")
-
-    def _diagnose(self, holders: Counter) -> None:
-        for block in range(self.num_blocks):
-            queued, ref = block in self._free, self._ref[block]
-            if ref != holders[block] or ref < 0:
-                raise InvariantError(f"block {block} has refcount {ref} but "
-                                     f"{holders[block]} tables hold it")
-            if queued == (ref > 0):
-                raise InvariantError(f"block {block} with refcount {ref} is "
-                                     f"{'' if queued else 'not '}in the free queue")
-        raise InvariantError("the free queue and the tables disagree")

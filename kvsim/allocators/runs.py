@@ -55,9 +55,9 @@ def cacheable_runs(shape: SeqShape, num_tokens: int) -> Runs:
 
 
 @lru_cache(maxsize=512)
-def full_block_runs(shape: SeqShape, block_size: int) -> tuple[tuple[Runs, ...], bool]:
+def full_block_runs(shape: SeqShape, block_size: int) -> tuple[Runs, ...]:
     """`shape.runs` of each full block of the shape's final sequence, up to the first
-    block holding content -1, and whether that block cut the list short. The prefix cache
+    block holding content -1 (no later block can be cached). The prefix cache
     asks for a block's runs on every lookup, and a waiting request is looked up every
     step, so they are made once per shape, in one walk over its segments (the cache is
     bounded; the value depends on the arguments alone)."""
@@ -68,11 +68,11 @@ def full_block_runs(shape: SeqShape, block_size: int) -> tuple[tuple[Runs, ...],
         offset = 0
         while offset < length and len(blocks) < shape.final_tokens // block_size:
             if content == -1:
-                return tuple(blocks), True
+                return tuple(blocks)
             take = min(room, length - offset)
             block.append((content, offset, take))
             offset, room = offset + take, room - take
             if not room:
                 blocks.append(tuple(block))
                 block, room = [], block_size
-    return tuple(blocks), False
+    return tuple(blocks)

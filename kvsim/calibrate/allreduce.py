@@ -1,7 +1,7 @@
 """Measuring the tensor-parallel all-reduce, for `kvsim calibrate`.
 
 With tp workers each layer all-reduces its N x hidden activations twice (after the
-attention output projection and after the MLP). kvsim.costmodel charges each one as a
+attention output projection and after the MLP). kvsim.cost.model charges each one as a
 ring: latency + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth. Here tp worker
 processes (one GPU each with NCCL, or CPU processes with gloo) time
 torch.distributed.all_reduce of N x hidden tensors in the model dtype, back to back

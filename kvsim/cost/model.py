@@ -9,7 +9,7 @@ bytes at peak HBM bandwidth and doing its FLOPs at peak dense BF16 compute. It i
 kernel efficiency, launch and scheduling overheads and tensor-parallel communication,
 so its times are lower bounds; every output that uses it says "roofline".
 
-`Profiled` sums measured per-operator kernel times (kvsim.profiles, kvsim.opfit) part
+`Profiled` sums measured per-operator kernel times (kvsim.cost.profiles, kvsim.cost.fit) part
 by part; `make_cost_model` turns the scenario's `cost_model` into one of the two.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .errors import InputError
-from .generalize import check_profile, find_shipped, model_shape, synthesize
-from .opfit import LINEAR_OPS, kv_bytes_per_token
-from .specs import GPUSpec, KVSpec, ModelSpec
+from kvsim.errors import InputError
+from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synthesize
+from kvsim.cost.fit import LINEAR_OPS, kv_bytes_per_token
+from kvsim.specs import GPUSpec, KVSpec, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,20 @@ class StepBatch:
 class CostModel(Protocol):
     label: str
 
+    def price(self, batch: StepBatch) -> tuple[float, tuple[str, ...]]:
+        """Seconds for one step, and why it extrapolated beyond measured ranges (if it did)."""
+
     def step_time(self, batch: StepBatch) -> float:
         """Seconds for one step."""
+
+
+def describe(label: str, extrapolated: int, steps: int, reasons) -> str:
+    """A run's cost_model column: the model's label and the steps it extrapolated in."""
+    if not extrapolated:
+        return label
+    reasons = sorted(set(reasons))
+    why = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
+    return f"{label} [extrapolated in {extrapolated}/{steps} steps: {why}]"
 
 
 class NoProfile(LookupError):
@@ -79,6 +91,9 @@ class Roofline:
         self.flops_per_pair = 4 * model.num_layers * model.num_heads * model.head_dim
         self.kv_bytes_per_token = kv.bytes_per_token
 
+    def price(self, batch: StepBatch) -> tuple[float, tuple[str, ...]]:
+        return self.step_time(batch), ()
+
     def step_time(self, batch: StepBatch) -> float:
         flops = batch.new_tokens * self.flops_per_token + batch.attended_pairs * self.flops_per_pair
         # Weights are read once per step; KV is read for attention and written for new tokens.
@@ -87,17 +102,18 @@ class Roofline:
 
 
 class Profiled:
-    """Step time from measured per-operator kernel times (kvsim.profiles), part by part:
+    """Step time from measured per-operator kernel times (kvsim.cost.profiles), part by part:
 
         step = layers x (linear ops(N) + prefill attention + decode attention + KV write
                          + 2 all-reduces when tp > 1) + embedding(N) + LM head(S) + overhead
 
     N is the step's new tokens, S its sequences (each produces logits). Linear ops are
     interpolated in the profile's table; attention and KV writes use the fitted forms
-    (kvsim.opfit) with this model's shapes, KV dtype and block size and this GPU's
+    (kvsim.cost.fit) with this model's shapes, KV dtype and block size and this GPU's
     peaks; whole prompts and chunks on a cache are separate kernels, all decodes one.
     All-reduce is a ring: latency + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth.
-    Steps that leave the measured ranges are counted and named in `label`.
+    `price` names what a step left the measured ranges for; the run counts them
+    (kvsim.engine), so this object keeps no history and `label` is fixed.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, profile=None,
@@ -126,18 +142,9 @@ class Profiled:
                              if tp > 1 else 0.0)
         self.overhead = meta.get("step_overhead_s", 0.0) if step_overhead_s is None else step_overhead_s
         base = meta.get("label", f"profile:{profile.name}")
-        self.base_label = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
+        self.label = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
         self._linear: dict[int, tuple] = {}     # memos by token / sequence count
         self._lm_head: dict[int, tuple] = {}
-        self.steps = self.extrapolated = 0
-        self.reasons: set[str] = set()
-
-    @property
-    def label(self) -> str:
-        if not self.extrapolated:
-            return self.base_label
-        why = "; ".join(sorted(self.reasons)[:3]) + ("; ..." if len(self.reasons) > 3 else "")
-        return f"{self.base_label} [extrapolated in {self.extrapolated}/{self.steps} steps: {why}]"
 
     def _ops(self, tokens: int, ops) -> tuple[float, list[str]]:
         total, why = 0.0, []
@@ -154,8 +161,8 @@ class Profiled:
             why.append(f"{name} attention beyond measured work")
         return f["a_s"] + work / (rate * f["e_max"]) * (1 + (f["w_half"] / max(work, 1.0)) ** f["k"]) + extra
 
-    def breakdown(self, batch: StepBatch) -> dict[str, float]:
-        """Seconds per part of one step (the parts sum to step_time)."""
+    def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
+        """Seconds per part of one step (they sum to step_time), and why it extrapolated."""
         n, seqs = batch.new_tokens, len(batch.prefills) + len(batch.decode_contexts)
         why: list[str] = []
         if n not in self._linear:
@@ -181,17 +188,21 @@ class Profiled:
         kv_write = (w.get("a_s", 0.0) + w.get("per_prefill_token_s", 0.0) * pre_tokens
                     + w.get("per_decode_token_s", 0.0) * len(ctxs)) if w else 0.0
         allreduce = 2 * (self.ar_lat + self.ar_per_token * n) if self.tp > 1 else 0.0
-        self.steps += 1
-        if why:
-            self.extrapolated += 1
-            self.reasons.update(why)
         L = self.layers
         return {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
                 "kv_write": L * kv_write, "allreduce": L * allreduce, "embedding": emb,
-                "lm_head": lm_head, "overhead": self.overhead}
+                "lm_head": lm_head, "overhead": self.overhead}, tuple(why)
+
+    def breakdown(self, batch: StepBatch) -> dict[str, float]:
+        """Seconds per part of one step (they sum to step_time)."""
+        return self.parts(batch)[0]
+
+    def price(self, batch: StepBatch) -> tuple[float, tuple[str, ...]]:
+        parts, why = self.parts(batch)
+        return sum(parts.values()), why
 
     def step_time(self, batch: StepBatch) -> float:
-        return sum(self.breakdown(batch).values())
+        return self.price(batch)[0]
 
 
 def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, *,
@@ -210,7 +221,7 @@ def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int,
         if ref is None:
             raise
         raise InputError(str(ref), "meta.json", f"has no {e.args[0]!r}: not a complete kvsim "
-                         "profile (see kvsim/profiles.py)") from None
+                         "profile (see kvsim/cost/profiles.py)") from None
     except NoProfile as e:     # only a missing profile falls back, never a broken one
         fallback = Roofline(model, gpu, kv, tp)
         fallback.label = f"roofline (no profile for {e.args[0]})"

@@ -5,11 +5,11 @@
   half as dense as the cost model's: a pessimistic bound on its interpolation error).
   Rows whose ``origin`` is "predicted" are skipped as not measurements.
 * Attention (when the profile carries attention.csv): the fitted forms of
-  kvsim.opfit, 5-fold cross-validated on the measured points.
+  kvsim.cost.fit, 5-fold cross-validated on the measured points.
 
 MAPE = mean of |predicted - measured| / measured, per operator and over all of them.
 A profile made by `kvsim calibrate` also carries whole forward steps timed end to end
-against its prediction (kvsim.validate); the report passes them on as ``end_to_end``.
+against its prediction (kvsim.calibrate.validate); the report passes them on as ``end_to_end``.
 For shipped profiles the errors against the full source data (denser than the shipped
 grid) and the leave-one-shape-out error of the GPU shape model are in
 kvsim/data/profiles/accuracy.json, written by scripts/derive_profiles.py.
@@ -20,8 +20,8 @@ import json
 
 import numpy as np
 
-from .opfit import LINEAR_OPS, fit_attention, kfold, mape, predict_attention
-from .profiles import SHIPPED, Profile
+from kvsim.cost.fit import LINEAR_OPS, fit_attention, kfold, mape, predict_attention
+from kvsim.cost.profiles import SHIPPED, Profile
 
 
 def linear_heldout(profile: Profile) -> dict[str, float]:

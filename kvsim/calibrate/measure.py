@@ -3,7 +3,7 @@
 Imported only when the command runs; needs the optional extra ``kvsim[calibrate]``.
 What it measures (a tensor-parallel degree is measured as one GPU's share of each op):
 
-* the linear-layer ops of kvsim.opfit.LINEAR_OPS with the model's shapes (eager
+* the linear-layer ops of kvsim.cost.fit.LINEAR_OPS with the model's shapes (eager
   torch.matmul, RMSNorm, RoPE, SiLU-and-mul, embedding gather, residual add, LM head)
   over a grid of token counts and tp degrees;
 * prefill attention (torch SDPA, causal; a chunk on a cache uses a bottom-right causal
@@ -13,10 +13,10 @@ What it measures (a tensor-parallel degree is measured as one GPU's share of eac
   block table, converted and attended with SDPA, over batch x context x block size x
   KV dtype; and the KV write (index_copy_ into the cache) for each step size;
 * the all-reduce, where tp workers fit: NCCL across GPUs, gloo across CPU processes
-  (kvsim.allreduce); on one GPU it is not measured and the profile says so.
+  (kvsim.calibrate.allreduce); on one GPU it is not measured and the profile says so.
 
 Then it times whole forward steps of the model and stores them, with the profile's
-prediction for each, as ``validation`` in meta.json (kvsim.validate).
+prediction for each, as ``validation`` in meta.json (kvsim.calibrate.validate).
 
 PyTorch's gather + SDPA is not a fused paged-attention kernel (FlashInfer, vLLM), so
 decode times here are those of this reference implementation. ``--quick`` is a smoke
@@ -35,14 +35,14 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from . import __version__
-from .allreduce import measure as measure_allreduce
-from .errors import InputError
-from .generalize import gpu_fits, model_shape, token_grid
-from .opfit import LINEAR_OPS, fit_attention
-from .profiles import FORMAT, Profile
-from .specs import GPU_PRESETS, ModelSpec
-from .validate import rms_norm, rope, validate
+from kvsim import __version__
+from kvsim.calibrate.allreduce import measure as measure_allreduce
+from kvsim.errors import InputError
+from kvsim.cost.generalize import gpu_fits, model_shape, token_grid
+from kvsim.cost.fit import LINEAR_OPS, fit_attention
+from kvsim.cost.profiles import FORMAT, Profile
+from kvsim.specs import GPU_PRESETS, ModelSpec
+from kvsim.calibrate.validate import rms_norm, rope, validate
 
 KV_STORAGE = {"bf16": 16, "fp8": 8, "int8": 8}     # int4 has no torch storage type: not measured
 # More than any GPU L2 or CPU last-level cache that kvsim calibrates on: weights and KV

@@ -3,7 +3,7 @@
 For each GPU with measured data (kvsim/data/profiles/gpus.json, written by
 scripts/derive_profiles.py) kvsim keeps the GEMM efficiency as a function of operator
 shape, an elementwise bandwidth fit per op, the attention forms and the all-reduce
-assumption (kvsim.opfit explains the forms). A new model's layer shapes then predict
+assumption (kvsim.cost.fit explains the forms). A new model's layer shapes then predict
 its per-op times on the same token grid a measured profile has, and the result is an
 ordinary Profile whose ``origin`` says "predicted".
 
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import InputError
-from .opfit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token, gemm_kn,
+from kvsim.errors import InputError
+from kvsim.cost.fit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token, gemm_kn,
                     gemm_work, predict_elementwise, predict_gemm)
-from .profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_names
-from .specs import GPUSpec, ModelSpec
+from kvsim.cost.profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_names
+from kvsim.specs import GPUSpec, ModelSpec
 
 GPU_FITS = SHIPPED / "gpus.json"
 TP_GRID = (1, 2, 4, 8)

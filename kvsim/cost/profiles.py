@@ -6,12 +6,12 @@ A profile is a folder (shipped ones live in kvsim/data/profiles/<name>/):
   it), ``gpu`` (the kvsim GPU preset it stands for), ``model`` (the shape: layers,
   heads, KV heads, head_dim, hidden, FFN, vocab, gated MLP), ``dtype``, ``date``,
   ``tools`` (versions), ``source`` and ``license``, ``origin`` per part (measured,
-  borrowed, predicted), ``attention`` (fitted forms, kvsim.opfit), ``allreduce``
+  borrowed, predicted), ``attention`` (fitted forms, kvsim.cost.fit), ``allreduce``
   (bus GB/s and latency), ``step_overhead_s`` and free-text ``notes``; a profile made
   by `kvsim calibrate` adds ``validation``, whole forward steps measured against its
-  prediction (kvsim.validate).
+  prediction (kvsim.calibrate.validate).
 * ``linear.csv`` — one row per (tp, num_tokens): per-layer milliseconds of every
-  linear-layer op (kvsim.opfit.LINEAR_OPS); ``emb`` and ``lm_head`` are per step
+  linear-layer op (kvsim.cost.fit.LINEAR_OPS); ``emb`` and ``lm_head`` are per step
   (``lm_head`` by the number of sequences that produce logits).
 * ``attention.csv`` (optional) — measured attention points: phase, tp, batch_size,
   chunk_tokens, context, block_size, kv_dtype, kv_bits, time_ms, kv_write_ms. Only used to
@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import InputError
-from .opfit import LINEAR_OPS
+from kvsim.errors import InputError
+from kvsim.cost.fit import LINEAR_OPS
 
 FORMAT = "kvsim-profile/1"
-SHIPPED = Path(__file__).parent / "data" / "profiles"
+SHIPPED = Path(__file__).parent.parent / "data" / "profiles"
 REPLICATED_OPS = ("emb", "input_layernorm", "post_attention_layernorm", "add")
 ATTENTION_COLUMNS = ("phase", "tp", "batch_size", "chunk_tokens", "context", "block_size",
                      "kv_dtype", "kv_bits", "time_ms", "kv_write_ms")

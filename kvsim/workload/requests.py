@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import sharing as share
-from .allocators import SeqShape
-from .errors import InputError
-from .scenario import Burst, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
+from kvsim.workload import sharing as share
+from kvsim.allocators import SeqShape
+from kvsim.errors import InputError
+from kvsim.scenario import Burst, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
 
 MAX_REDRAW_ROUNDS = 200
 
@@ -43,7 +43,7 @@ def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> l
     wl = scn.workload
     arrival_ss, length_ss, sharing_ss = np.random.SeedSequence(scn.seed).spawn(3)
     if wl.trace is not None:
-        from .datasets import read_trace
+        from kvsim.workload.datasets import read_trace
         df = read_trace(base_dir / wl.trace)
         if wl.num_requests is not None:
             df = df.iloc[: wl.num_requests]
@@ -84,7 +84,7 @@ def _draw_lengths(scn: Scenario, n: int, rng: np.random.Generator, base_dir: Pat
     """n (prompt, output) pairs with prompt + output <= limit."""
     wl = scn.workload
     if wl.dataset is not None:
-        from .datasets import sample_lengths
+        from kvsim.workload.datasets import sample_lengths
         draw = lambda k: sample_lengths(wl.dataset, k, rng)   # noqa: E731
     else:
         prompt = _sampler(wl.prompt_tokens, base_dir, src, "workload.prompt_tokens")

@@ -38,7 +38,7 @@ def gemm_kn(shape: dict, op: str, tp: int) -> tuple[float, float]:
     """(K, N) of one GPU's share of a GEMM; M is the token count."""
     h, heads, kv, d = shape["hidden_size"], shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
     ffn = shape["intermediate_size"] * (2 if shape.get("gated_mlp", True) else 1)
-    qkv = shape.get("qkv_width", (heads + 2 * kv) * d)     # MLA: see kvsim.generalize
+    qkv = shape.get("qkv_width", (heads + 2 * kv) * d)     # MLA: see kvsim.cost.generalize
     return {"attn_pre_proj": (h, qkv / tp), "attn_post_proj": (heads * d / tp, h),
             "mlp_up_proj": (h, ffn / tp), "mlp_down_proj": (shape["intermediate_size"] / tp, h),
             "lm_head": (h, shape["vocab_size"] / tp)}[op]

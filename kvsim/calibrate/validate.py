@@ -1,6 +1,6 @@
 """End-to-end check of a profile that `kvsim calibrate` just measured.
 
-The profile predicts a step as a sum of separately timed parts (kvsim.costmodel.
+The profile predicts a step as a sum of separately timed parts (kvsim.cost.model.
 Profiled). Here whole forward steps of the same model run back to back, as an engine
 runs them, and their measured times are set against the profile's prediction:
 embedding; per layer RMSNorm, QKV, RoPE, KV write into a paged cache, attention
@@ -20,9 +20,9 @@ import itertools
 
 import numpy as np
 
-from .costmodel import Profiled, StepBatch
-from .profiles import Profile
-from .specs import GPUSpec, KVSpec, ModelSpec
+from kvsim.cost.model import Profiled, StepBatch
+from kvsim.cost.profiles import Profile
+from kvsim.specs import GPUSpec, KVSpec, ModelSpec
 
 BLOCK = 16
 
@@ -140,12 +140,12 @@ def validate(torch, profile: Profile, dev: str, dtype, timer, quick: bool, log=p
                      "predicted_ms": round(predicted * 1e3, 4),
                      "error": round((predicted - measured[label]) / measured[label], 4)})
     return {"method": "whole forward steps timed back to back vs the profile's sum of parts "
-                      "(tp 1, KV in the model dtype, block 16; kvsim.validate)",
+                      "(tp 1, KV in the model dtype, block 16; kvsim.calibrate.validate)",
             "mape": round(float(np.mean([abs(r["error"]) for r in rows])), 4), "steps": rows}
 
 
 def _gated_params(s: dict) -> float:
-    """A parameter count that kvsim.generalize.model_shape reads as a gated MLP."""
+    """A parameter count that kvsim.cost.generalize.model_shape reads as a gated MLP."""
     h, d = s["hidden_size"], s["head_dim"]
     attn = h * d * (2 * s["num_heads"] + 2 * s["num_kv_heads"])
     return s["num_layers"] * (attn + 3 * h * s["intermediate_size"]) + 2 * s["vocab_size"] * h

@@ -1,5 +1,5 @@
 """The `kvsim` command line: `kvsim run` and `kvsim memory` (here), `kvsim cost` and
-`kvsim calibrate` (kvsim.cli_cost).
+`kvsim calibrate` (kvsim.cli.cost).
 
 Bad input of any kind ends in one line on stderr naming the file (or the command
 line), the field and what is allowed, with exit status 2 and nothing written.
@@ -17,12 +17,13 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .allocators import InvariantError
-from .cli_cost import calibrate, cost
-from .errors import InputError
-from .memory import kv_footprint
-from .specs import DTYPE_BITS, MODEL_PRESETS, model_from_hf_config, with_kv_heads
+from kvsim import __version__
+from kvsim.allocators import InvariantError
+from kvsim.cli.args import model_arg
+from kvsim.cli.cost import calibrate, cost
+from kvsim.errors import InputError
+from kvsim.memory import kv_footprint
+from kvsim.specs import DTYPE_BITS, MODEL_PRESETS, with_kv_heads
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,16 +48,16 @@ def cli():
 @click.option("--profile", metavar="NAME_OR_DIR", help="Step costs from this profile (overrides cost_model).")
 def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, force, profile):
     """Run every policy of SCENARIO on one request stream and write results and plots."""
-    from .runner import run_scenario
-    from .scenario import load_scenario
+    from kvsim.runner import run_scenario
+    from kvsim.scenario import load_scenario
 
     started = time.monotonic()
     scn, base_dir = load_scenario(scenario)
     scn = _override(scn, str(scenario), seed, num_requests, policies)
     if profile is not None:
-        from .generalize import check_profile
-        from .profiles import shipped_names
-        from .scenario import ProfileCost
+        from kvsim.cost.generalize import check_profile
+        from kvsim.cost.profiles import shipped_names
+        from kvsim.scenario import ProfileCost
         ref = profile if profile in shipped_names() else str(Path(profile).resolve())
         check_profile(ref, scn.model_spec(base_dir), Path("."), "command line", "--profile")
         scn = scn.model_copy(update={"cost_model": ProfileCost(profile=ref)})
@@ -116,7 +117,7 @@ def _refuse_foreign(out: Path, name: str) -> None:
 
 def _write_results(results, scn, out: Path, meta: dict) -> None:
     """Write into a fresh folder beside `out`, then swap it in: never half a result."""
-    from .plots import write_plots
+    from kvsim.report.plots import write_plots
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -202,7 +203,7 @@ class Progress:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def memory(model_name, context, batch, kv_dtype, num_kv_heads, as_json):
     """KV-cache bytes per token, per request and in total (the seeds' formula)."""
-    model = with_kv_heads(_model_arg(model_name), num_kv_heads)
+    model = with_kv_heads(model_arg(model_name), num_kv_heads)
     fp = kv_footprint(model, context, batch, kv_dtype)
     if as_json:
         click.echo(json.dumps(fp.as_dict(), indent=2))
@@ -213,19 +214,6 @@ def memory(model_name, context, batch, kv_dtype, num_kv_heads, as_json):
     click.echo(f"per token:    {_bytes(fp.per_token_bytes)}")
     click.echo(f"per request:  {_bytes(fp.per_request_bytes)}  at {context:,} tokens")
     click.echo(f"total:        {_bytes(fp.total_bytes)}  for batch {batch:,}")
-
-
-def _model_arg(name: str):
-    if name in MODEL_PRESETS:
-        return MODEL_PRESETS[name]
-    if name.endswith(".json") or Path(name).is_file():
-        try:
-            return model_from_hf_config(name)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise InputError(name, "file", f"not a usable Hugging Face config.json ({e!r})") from None
-    raise InputError("command line", "--model",
-                     f"unknown model '{name}'; choose a preset ({', '.join(MODEL_PRESETS)}) "
-                     "or give a config.json path")
 
 
 def _bytes(n: int) -> str:

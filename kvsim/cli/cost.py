@@ -12,14 +12,9 @@ from pathlib import Path
 
 import click
 
-from .errors import InputError
-from .specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, KVSpec, resolve_kv_dtype
-
-
-def _gpu_arg(name: str):
-    if name not in GPU_PRESETS:
-        raise InputError("command line", "--gpu", f"unknown GPU '{name}'; choose from: {', '.join(GPU_PRESETS)}")
-    return GPU_PRESETS[name]
+from kvsim.cli.args import gpu_arg, model_arg
+from kvsim.errors import InputError
+from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, KVSpec, resolve_kv_dtype
 
 
 @click.command()
@@ -39,9 +34,8 @@ def _gpu_arg(name: str):
 def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dtype, block_size, profile,
          roofline, as_json):
     """Predicted time of one engine step and its parts."""
-    from .cli import _model_arg
-    from .costmodel import Roofline, StepBatch, make_cost_model
-    from .scenario import ProfileCost
+    from kvsim.cost.model import Roofline, StepBatch, describe, make_cost_model
+    from kvsim.scenario import ProfileCost
 
     if (prefill_tokens is None) == (decode_batch is None):
         raise InputError("command line", "--prefill-tokens", "give either --prefill-tokens T "
@@ -51,9 +45,9 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
                          "(the tokens each sequence attends to)")
     if profile and roofline:
         raise InputError("command line", "--profile", "give --profile or --roofline, not both")
-    model, gpu = _model_arg(model_name), _gpu_arg(gpu_name)
+    model, gpu = model_arg(model_name), gpu_arg(gpu_name)
     if profile:
-        from .generalize import check_profile
+        from kvsim.cost.generalize import check_profile
         check_profile(profile, model, Path("."), "command line", "--profile")
     kv = KVSpec(model, resolve_kv_dtype(kv_dtype or "auto", model))
     choice = "roofline" if roofline else ProfileCost(profile=profile) if profile else "calibrated"
@@ -61,21 +55,21 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
                                  base_dir=Path("."), src="command line")
     batch = (StepBatch.build([(prefill_tokens, context or 0)], []) if prefill_tokens
              else StepBatch.build([], [context] * decode_batch))
-    parts = model_cost.breakdown(batch) if hasattr(model_cost, "breakdown") else {
-        "roofline": model_cost.step_time(batch)}
+    parts, why = (model_cost.parts(batch) if hasattr(model_cost, "parts")
+                  else ({"roofline": model_cost.step_time(batch)}, ()))
+    label = describe(model_cost.label, 1 if why else 0, 1, why)
     total = sum(parts.values())
     bound = Roofline(model, gpu, kv, tp).step_time(batch)
     step = (f"prefill {prefill_tokens:,} tokens on {context or 0:,} cached" if prefill_tokens
             else f"decode batch {decode_batch:,} x {context:,} context")
     out = {"model": model.name, "gpu": gpu.name, "tp": tp, "step": step, "kv_dtype": kv.kv_cache_dtype,
-           "block_size": block_size, "cost_model": model_cost.label, "step_time_s": total,
-           "parts_s": parts, "roofline_s": bound,
-           "extrapolated": sorted(getattr(model_cost, "reasons", []))}
+           "block_size": block_size, "cost_model": label, "step_time_s": total,
+           "parts_s": parts, "roofline_s": bound, "extrapolated": sorted(set(why))}
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
     click.echo(f"{model.name} on {gpu.name} x{tp}: {step}, KV {kv.kv_cache_dtype}, block {block_size}")
-    click.echo(f"cost model: {model_cost.label}")
+    click.echo(f"cost model: {label}")
     click.echo(f"step time:  {total * 1e3:.3f} ms   (roofline bound {bound * 1e3:.3f} ms)")
     for name, seconds in parts.items():
         click.echo(f"  {name:<18} {seconds * 1e3:10.3f} ms  {seconds / total:6.1%}")
@@ -91,10 +85,10 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
 @click.option("--json", "as_json", is_flag=True, help="With --report: print JSON.")
 def calibrate(model_name, device, quick, out, gpu_name, report, as_json):
     """Measure kernel times with PyTorch and write a profile (or report a profile's error)."""
-    from .profiles import load_profile, save_profile
+    from kvsim.cost.profiles import load_profile, save_profile
 
     if report:
-        from .accuracy import report as held_out
+        from kvsim.cost.accuracy import report as held_out
         result = held_out(load_profile(report))
         if as_json:
             click.echo(json.dumps(result, indent=2))
@@ -116,10 +110,9 @@ def calibrate(model_name, device, quick, out, gpu_name, report, as_json):
         raise InputError("command line", "--model" if not model_name else "--out",
                          "calibrate needs --model and --out (or --report PROFILE)")
     if gpu_name is not None:
-        _gpu_arg(gpu_name)
-    from .calibrate import calibrate as measure
-    from .cli import _model_arg
-    profile = measure(_model_arg(model_name), device, quick, gpu_name, log=lambda m: click.echo(m, err=True))
+        gpu_arg(gpu_name)
+    from kvsim.calibrate.measure import calibrate as measure
+    profile = measure(model_arg(model_name), device, quick, gpu_name, log=lambda m: click.echo(m, err=True))
     save_profile(profile, out)
     click.echo(f"wrote {out}/ (profile '{profile.name}', {len(profile.linear)} linear rows, "
                f"{len(profile.attention_rows)} attention points)")

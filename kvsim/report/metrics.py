@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .engine import STEP_FIELDS, PolicyRun
+from kvsim.engine import STEP_FIELDS, PolicyRun
 
 PARTS = ("token", "reservation", "internal", "external", "free")
 REQUEST_COLUMNS = ("request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s",

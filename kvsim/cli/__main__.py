@@ -1,0 +1,5 @@
+import sys
+
+from kvsim.cli.app import main
+
+sys.exit(main())

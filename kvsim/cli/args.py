@@ -1,0 +1,26 @@
+"""Command-line arguments that name a model or a GPU, shared by every command."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvsim.errors import InputError
+from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, model_from_hf_config
+
+
+def model_arg(name: str):
+    if name in MODEL_PRESETS:
+        return MODEL_PRESETS[name]
+    if name.endswith(".json") or Path(name).is_file():
+        try:
+            return model_from_hf_config(name)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise InputError(name, "file", f"not a usable Hugging Face config.json ({e!r})") from None
+    raise InputError("command line", "--model",
+                     f"unknown model '{name}'; choose a preset ({', '.join(MODEL_PRESETS)}) "
+                     "or give a config.json path")
+
+
+def gpu_arg(name: str):
+    if name not in GPU_PRESETS:
+        raise InputError("command line", "--gpu", f"unknown GPU '{name}'; choose from: {', '.join(GPU_PRESETS)}")
+    return GPU_PRESETS[name]
