@@ -171,6 +171,23 @@ class Scheduler(Strict):
     watermark: float = Field(0.01, ge=0, lt=1)  # share of the pool kept free at admission (vLLM V0)
 
 
+class SLO(Strict):
+    """Latency targets (simulated seconds): a policy meets them when every given
+    percentile of its completed requests is at most the target (kvsim.report.slo)."""
+    ttft_p50_s: float | None = Field(None, gt=0)
+    ttft_p90_s: float | None = Field(None, gt=0)
+    ttft_p99_s: float | None = Field(None, gt=0)
+    tpot_p50_s: float | None = Field(None, gt=0)
+    tpot_p90_s: float | None = Field(None, gt=0)
+    tpot_p99_s: float | None = Field(None, gt=0)
+    e2e_p50_s: float | None = Field(None, gt=0)
+    e2e_p99_s: float | None = Field(None, gt=0)
+
+    def targets(self) -> dict[str, float]:
+        """The targets that are set, by summary column."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class PolicyBase(Strict):
     name: str
     kv_cache_dtype: KVDtype = "auto"
@@ -277,6 +294,7 @@ class Scenario(Strict):
                           Discriminator(lambda v: "preset" if isinstance(v, str) else "profile-ref")] = "roofline"
     workload: Workload
     scheduler: Scheduler = Scheduler()
+    slo: SLO | None = None
     policies: list[Policy] = Field(min_length=1)
 
     # Resolved views: the rest of kvsim uses these, not the raw fields.
