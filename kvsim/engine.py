@@ -21,12 +21,14 @@ import simpy
 
 from kvsim.allocators import InvariantError, KVAllocator
 from kvsim.cost.model import CostModel
-from kvsim.scheduler import Scheduler, Seq
+from kvsim.engines import make_rules
+from kvsim.scheduler import LIMITS, Scheduler, Seq
 from kvsim.workload.requests import RequestSpec
 
-# One row per step: the memory breakdown (slots) while the step runs.
+# One row per step: the memory breakdown (slots) while the step runs, and what kept the
+# waiting queue's head out (an index into kvsim.scheduler.LIMITS).
 STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens",
-               "token", "reservation", "internal", "external", "free", "allocated", "shared")
+               "token", "reservation", "internal", "external", "free", "allocated", "shared", "limit")
 
 
 @dataclass
@@ -45,28 +47,31 @@ class PolicyRun:
 
 
 def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cost: CostModel, *,
-             on_step: Callable[[int], None] | None = None, check_invariants: bool = False,
-             time_limit_s: float | None = None, **scheduler_options) -> PolicyRun:
-    """Replay `requests` against one allocator; `on_step(finished_so_far)` reports progress.
+             engine: str = "vllm-v1", on_step: Callable[[int], None] | None = None,
+             check_invariants: bool = False, time_limit_s: float | None = None,
+             **scheduler_options) -> PolicyRun:
+    """Replay `requests` against one allocator under `engine`'s rules (kvsim.engines);
+    `on_step(finished_so_far)` reports progress.
 
     scheduler_options go to kvsim.scheduler.Scheduler (max_model_len, max_num_seqs,
-    max_num_batched_tokens, chunked_prefill, watermark, swap, sliding_window).
+    max_num_batched_tokens, chunked_prefill, watermark, preemption_mode, swap,
+    sliding_window, width, beam, seed, schedule_policy).
     check_invariants: verify allocator and scheduler after every planned and every
     completed step; a violation raises InvariantError naming the step and the time.
     time_limit_s: stop the simulated clock there; requests not finished stay "unfinished".
     """
     env = simpy.Environment()
-    sched = Scheduler(allocator, **scheduler_options)
-    seqs = [Seq(r, r.shape) for r in requests]
+    sched = Scheduler(allocator, make_rules(engine), **scheduler_options)
+    seqs = sched.expand(requests, scheduler_options.get("width", 1))
     run = PolicyRun(name, allocator.capacity, seqs)
     state = {"ended": 0, "wake": env.event()}
 
     def arrivals():
-        for seq in seqs:
+        for index, seq in enumerate(seqs):
             delay = seq.spec.arrival_s - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            sched.arrive(seq, env.now)
+            sched.arrive(seq, env.now, index)
             if seq.outcome:          # rejected on arrival
                 state["ended"] += 1
             if not state["wake"].triggered:
@@ -74,13 +79,13 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
 
     def engine():
         while state["ended"] < len(seqs):
-            if not sched.running and not sched.waiting:
+            if not sched.running and not sched.waiting and not sched.swapped:
                 state["wake"] = env.event()
                 yield state["wake"]
                 continue
             step = sched.schedule(env.now)
             state["ended"] += len(step.rejected)
-            if not step.work and not sched.running and not sched.waiting:
+            if not step.work and not sched.running and not sched.waiting and not sched.swapped:
                 continue
             if not step.work:
                 raise RuntimeError(f"{name}: no progress possible at t={env.now:.6f}s with "
@@ -119,7 +124,8 @@ def _check(sched: Scheduler, where: str) -> None:
 
 
 def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:
-    b = sched.allocator.breakdown(sched.next_waiting())
+    b = sched.allocator.breakdown(step.head_need)
     prefill = sum(n for n, _ in step.cost.prefills)
-    run.steps.append((now, dt, len(sched.running), len(sched.waiting), prefill,
-                      len(step.cost.decode_contexts), b.token, b.reservation, b.internal, b.external, b.free, b.allocated, b.shared))
+    run.steps.append((now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,
+                      len(step.cost.decode_contexts), b.token, b.reservation, b.internal, b.external,
+                      b.free, b.allocated, b.shared, LIMITS.index(step.limit)))

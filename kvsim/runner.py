@@ -13,6 +13,7 @@ import pandas as pd
 from kvsim.allocators import make_allocator
 from kvsim.cost.model import describe, make_cost_model
 from kvsim.engine import simulate
+from kvsim.engines import EngineSettings
 from kvsim.errors import InputError
 from kvsim.memory import PoolSizing, activation_estimate, size_pool
 from kvsim.report.metrics import request_table, step_table, summarize, tidy
@@ -35,8 +36,9 @@ class Results:
 
 def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:
     tp = scn.tensor_parallel_size
+    s = scn.engine_settings()
     act = (scn.activation_memory_gib * GIB if scn.activation_memory_gib is not None else
-           activation_estimate(model, scn.batched_token_budget, scn.scheduler.max_num_seqs, tp))
+           activation_estimate(model, s.max_num_batched_tokens, s.max_num_seqs, tp))
     pool = size_pool(model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
                      kv_cache_memory_gib=scn.kv_cache_memory_gib, activation_bytes=act)
     if scn.kv_cache_memory_gib is not None and scn.kv_cache_memory_gib > gpu.memory_gib:
@@ -51,17 +53,29 @@ def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSi
     return pool
 
 
-def scheduler_options(scn: Scenario, kv: KVSpec, gpu) -> dict:
-    s = scn.scheduler
+def scheduler_options(scn: Scenario, kv: KVSpec, gpu, s: EngineSettings) -> dict:
+    """What the Scheduler takes: the engine's effective settings and the swap space."""
     swap = None
-    if s.preemption_mode == "swap":
-        swap = SwapSpace(s.swap_space_gib * GIB * scn.tensor_parallel_size, kv.bytes_per_token,
-                         gpu.pcie_gb_s * 1e9 * scn.tensor_parallel_size)
-    return dict(max_model_len=scn.max_model_len, max_num_seqs=s.max_num_seqs,
-                max_num_batched_tokens=scn.batched_token_budget,
-                chunked_prefill=s.enable_chunked_prefill, watermark=s.watermark, swap=swap,
+    if s.preemption_mode != "recompute":      # swap, or V0's choice (groups swap)
+        swap = SwapSpace(scn.scheduler.swap_space_gib * GIB * scn.tensor_parallel_size,
+                         kv.bytes_per_token, gpu.pcie_gb_s * 1e9 * scn.tensor_parallel_size)
+    return dict(engine=s.engine, max_model_len=scn.max_model_len, max_num_seqs=s.max_num_seqs,
+                max_num_batched_tokens=s.max_num_batched_tokens,
+                chunked_prefill=s.enable_chunked_prefill, watermark=s.watermark,
+                preemption_mode=s.preemption_mode, swap=swap, schedule_policy=s.schedule_policy,
                 sliding_window=kv.model.sliding_window, seed=scn.seed,
                 width=max(scn.workload.n, scn.workload.beam_width), beam=scn.workload.beam_width > 1)
+
+
+def effective_columns(s: EngineSettings, kind: str, options: dict) -> dict:
+    """The settings a policy ran with, as summary columns (so a comparison hides none)."""
+    cache = "radix" if kind == "radix" else "hash" if options.get("prefix_caching") else "none"
+    return {"engine": s.engine, "block_size": options.get("block_size", 1 if kind == "radix" else 0),
+            "enable_prefix_caching": cache != "none", "prefix_cache": cache,
+            "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
+            "enable_chunked_prefill": s.enable_chunked_prefill,
+            "preemption_mode": s.preemption_mode or "recompute; swap for groups",
+            "watermark": s.watermark}
 
 
 def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
@@ -75,7 +89,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
     for i, policy in enumerate(scn.policies):
         kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale,
                     policy.kv_scale_group_size)
-        kind, options = policy.allocator_kind()
+        kind, options = policy.allocator_kind(scn.engine_name)
         units = pool.pool_bytes / kv.bytes_per_token / options.get("block_size", 1)
         if units > MAX_UNITS:
             raise InputError(src, f"policies[{i}]", f"the KV pool would hold {units:.3g} "
@@ -88,18 +102,22 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                              f"holds not even one block of policy '{policy.name}'")
         cost = make_cost_model(scn.cost_model, model, gpu, kv, scn.tensor_parallel_size,
                                block_size=options.get("block_size"), base_dir=base_dir, src=src)
-        setups.append((policy, kv, allocator, cost))
+        settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
+        setups.append((policy, kv, allocator, cost, settings, kind, options))
+    width = max(scn.workload.n, scn.workload.beam_width)
     summaries, series, tables = [], [], []
-    for policy, kv, allocator, cost in setups:
+    for policy, kv, allocator, cost, settings, kind, options in setups:
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
         run = simulate(policy.name, requests, allocator, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
-                       **scheduler_options(scn, kv, gpu))
+                       **scheduler_options(scn, kv, gpu, settings))
         table = request_table(run)
+        mean_footprint = sum(allocator.footprint(r.shape) for r in requests) * width / len(requests)
         summaries.append({
             "policy": policy.name, "allocator": policy.allocator,
-            "kv_cache_dtype": kv.kv_cache_dtype,
+            "kv_cache_dtype": kv.kv_cache_dtype, **effective_columns(settings, kind, options),
             "kv_pool_gib": tidy(pool.pool_bytes / GIB), "kv_capacity_tokens": allocator.capacity,
+            "memory_capacity_requests": tidy(allocator.capacity / mean_footprint),
             **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
             "cost_model": describe(cost.label, run.extrapolated, len(run.steps), run.extrapolation_reasons),
         })

@@ -162,13 +162,20 @@ class Workload(Strict):
 
 
 # --- engine ----------------------------------------------------------------------
+Engine = Literal["vllm-v0", "vllm-v1", "sglang"]
+
+
 class Scheduler(Strict):
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1)   # default max(max_model_len, 2048)
-    enable_chunked_prefill: bool = False
-    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    """Engine settings under vLLM's names; what is left unset takes the engine's default
+    (kvsim.engines.settings)."""
+    engine: Engine | None = None                # or top-level `engine:`
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    enable_chunked_prefill: bool | None = None
+    preemption_mode: Literal["recompute", "swap"] | None = None
     swap_space_gib: float = Field(4.0, ge=0)    # CPU memory per GPU for swapped-out KV (vLLM: 4)
-    watermark: float = Field(0.01, ge=0, lt=1)  # share of the pool kept free at admission (vLLM V0)
+    watermark: float | None = Field(None, ge=0, lt=1)   # share of the pool kept free at admission
+    schedule_policy: Literal["fcfs", "lpm"] | None = None   # SGLang's order of the waiting queue
 
 
 class SLO(Strict):
@@ -208,20 +215,23 @@ class Contiguous(PolicyBase):
                              "region); use allocator: paged for enable_prefix_caching")
         return self
 
-    def allocator_kind(self) -> tuple[str, dict]:
+    def allocator_kind(self, engine: str = "vllm-v1") -> tuple[str, dict]:
         return "contiguous", {"reserve": self.reserve, "placement": self.placement}
 
 
 class Paged(PolicyBase):
     allocator: Literal["paged"]
     block_size: int = Field(16, ge=1, le=4096)
-    enable_prefix_caching: bool = False
-    prefix_cache: Literal["hash", "radix"] = "hash"   # radix: SGLang-style, token granularity
+    enable_prefix_caching: bool | None = None          # default: the engine's
+    prefix_cache: Literal["hash", "radix"] | None = None   # radix: SGLang-style, token granularity
 
-    def allocator_kind(self) -> tuple[str, dict]:
-        if not self.enable_prefix_caching:
+    def allocator_kind(self, engine: str = "vllm-v1") -> tuple[str, dict]:
+        from kvsim.engines.settings import prefix_defaults
+        default_on, default_cache = prefix_defaults(engine)
+        on = default_on if self.enable_prefix_caching is None else self.enable_prefix_caching
+        if not on:
             return "paged", {"block_size": self.block_size}
-        if self.prefix_cache == "radix":
+        if (self.prefix_cache or default_cache) == "radix":
             return "radix", {}
         return "paged", {"block_size": self.block_size, "prefix_caching": True}
 
@@ -288,6 +298,7 @@ class Scenario(Strict):
     kv_cache_memory_gib: float | None = Field(None, gt=0)
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
     max_model_len: int = Field(ge=1)
+    engine: Engine | None = None     # vllm-v0, vllm-v1 (default) or sglang; or under scheduler:
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
     cost_model: Annotated[Union[Annotated[Literal["roofline", "calibrated"], Tag("preset")],
                                 Annotated[ProfileCost, Tag("profile-ref")]],
@@ -299,8 +310,20 @@ class Scenario(Strict):
 
     # Resolved views: the rest of kvsim uses these, not the raw fields.
     @property
+    def engine_name(self) -> str:
+        from kvsim.engines.settings import DEFAULT_ENGINE
+        return self.engine or self.scheduler.engine or DEFAULT_ENGINE
+
+    def engine_settings(self, pool_tokens: int | None = None):
+        """The scheduler block's values, or the engine's defaults (kvsim.engines.settings)."""
+        from kvsim.engines.settings import resolve
+        gpu = self.gpu_spec()
+        return resolve(self.engine_name, self.scheduler, max_model_len=self.max_model_len,
+                       gpu_name=gpu.name, gpu_memory_gib=gpu.memory_gib, pool_tokens=pool_tokens)
+
+    @property
     def batched_token_budget(self) -> int:
-        return self.scheduler.max_num_batched_tokens or max(self.max_model_len, 2048)
+        return self.engine_settings().max_num_batched_tokens
 
     def model_spec(self, base_dir: Path = Path(".")) -> ModelSpec:
         if isinstance(self.model, str):
@@ -361,22 +384,11 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InputError(src, "policies", f"policy names must be unique; repeated: {', '.join(dup)}")
-    width = max(scn.workload.n, scn.workload.beam_width)
-    if width > scn.batched_token_budget:
-        raise InputError(src, "scheduler.max_num_batched_tokens", f"{scn.batched_token_budget} is "
-                         f"below the {width} sequences one request decodes per step")
-    if width > 1 and scn.scheduler.enable_chunked_prefill:
-        raise InputError(src, "scheduler.enable_chunked_prefill", "must be false with workload.n or "
-                         "workload.beam_width above 1: a group forks from a whole prefilled prompt")
-    budget = scn.scheduler.max_num_batched_tokens
-    if budget is not None and budget < scn.max_model_len and not scn.scheduler.enable_chunked_prefill:
-        raise InputError(src, "scheduler.max_num_batched_tokens",
-                         f"{budget} is smaller than max_model_len ({scn.max_model_len}), so a long "
-                         "prompt could never be prefilled; raise it or set enable_chunked_prefill: true")
     if isinstance(scn.model, str) and scn.model not in MODEL_PRESETS:
         raise InputError(src, "model", _unknown(scn.model, MODEL_PRESETS, "preset"))
     if isinstance(scn.gpu, str) and scn.gpu not in GPU_PRESETS:
         raise InputError(src, "gpu", _unknown(scn.gpu, GPU_PRESETS, "preset"))
+    _check_engine(scn, src)
     if isinstance(scn.model, HFModel):
         try:
             scn.model_spec(base)
@@ -394,6 +406,46 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
         if wl.dataset not in DATASETS:
             raise InputError(src, "workload.dataset", _unknown(wl.dataset, DATASETS, "dataset"))
     return scn
+
+
+def _check_engine(scn: Scenario, src: str) -> None:
+    """What the chosen engine cannot run, as input errors naming the field."""
+    if scn.engine and scn.scheduler.engine and scn.engine != scn.scheduler.engine:
+        raise InputError(src, "engine", f"'{scn.engine}' differs from scheduler.engine "
+                         f"'{scn.scheduler.engine}'; give it once")
+    name, s = scn.engine_name, scn.engine_settings()
+    width = max(scn.workload.n, scn.workload.beam_width)
+    if name != "vllm-v0":
+        if scn.workload.beam_width > 1:
+            raise InputError(src, "workload.beam_width", f"{name} has no beam groups in its scheduler "
+                             "(beam search runs above the engine); use engine: vllm-v0")
+        if scn.scheduler.preemption_mode == "swap":
+            raise InputError(src, "scheduler.preemption_mode", f"{name} preempts by recompute only; "
+                             "swap is vllm-v0's")
+        if scn.scheduler.watermark:
+            raise InputError(src, "scheduler.watermark", f"{name} keeps no watermark; it is vllm-v0's")
+    if name != "sglang" and scn.scheduler.schedule_policy:
+        raise InputError(src, "scheduler.schedule_policy", "fcfs or lpm is SGLang's choice; "
+                         "vLLM admits first come first served")
+    if name == "vllm-v0":
+        if width > s.max_num_batched_tokens:
+            raise InputError(src, "scheduler.max_num_batched_tokens", f"{s.max_num_batched_tokens} is "
+                             f"below the {width} sequences one request decodes per step")
+        if width > 1 and s.enable_chunked_prefill:
+            raise InputError(src, "scheduler.enable_chunked_prefill", "must be false with workload.n or "
+                             "workload.beam_width above 1: a group forks from a whole prefilled prompt")
+        if width > s.max_num_seqs:
+            raise InputError(src, "scheduler.max_num_seqs", f"{s.max_num_seqs} is below the {width} "
+                             "sequences of one request (vLLM V0 counts every sample or beam)")
+    if s.max_num_batched_tokens < scn.max_model_len and not s.enable_chunked_prefill:
+        raise InputError(src, "scheduler.max_num_batched_tokens",
+                         f"{s.max_num_batched_tokens} is smaller than max_model_len ({scn.max_model_len}), "
+                         "so a long prompt could never be prefilled; raise it or set "
+                         "enable_chunked_prefill: true")
+    for i, policy in enumerate(scn.policies):
+        if isinstance(policy, Paged) and policy.prefix_cache == "radix" and "block_size" in policy.model_fields_set:
+            raise InputError(src, f"policies[{i}].block_size", "the radix cache is token-granular "
+                             "(SGLang's page size 1); drop block_size or use prefix_cache: hash")
 
 
 def _unknown(value: str, valid, what: str) -> str:

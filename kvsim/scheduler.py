@@ -1,37 +1,31 @@
-"""Continuous batching: which sequences run in the next step, and their memory.
+"""Continuous batching: the queues every engine schedules over, and the moves they share.
 
-Plain synchronous code; the engine owns the clock and passes `now` in.
-
-Each step, in this order:
-1. Running sequences, oldest admission first, get their next tokens: one decode token,
-   or (with chunked prefill) the next chunk of their prompt. If the allocator cannot
-   grow a sequence, the latest-admitted running sequence is preempted, all or nothing,
-   and put back at the front of the waiting queue (vLLM's recompute preemption: its KV
-   is dropped and later rebuilt by one prefill over prompt + generated tokens). This
-   repeats until the growth fits or the sequence itself was preempted.
-   With preemption_mode swap, the victim's KV is copied to CPU memory instead (while
-   swap space lasts; then it falls back to recompute) and copied back on re-admission;
-   both copies add their PCIe time to the step.
-2. Waiting sequences are admitted first-come first-served while memory, max_num_seqs
-   and max_num_batched_tokens allow, keeping `watermark` of the pool free (vLLM V0's
-   guard against preempting right after admitting). The queue head blocks the rest (no
-   skipping). A prefix cache may already hold KV for the start of the prompt: those
-   tokens are not prefilled again (and count as prefix hits).
-
-A request may run as a group of `width` sequences: parallel samples (n) or beams
-(beam_width). They are forked from the prompt at admission, sharing its KV as far as
-the allocator can, decode one token each per step, and are preempted together; a
-preempted group restarts from its prompt (recompute; swap is for single sequences).
-Beam search branches after every decode step: each beam but the first is, with
-probability BEAM_REPLACE, pruned and replaced by a fork of a beam kept this step (a
-uniform choice), so beams share their common history by reference. The draws depend
-only on the seed, the request and its progress, so every policy sees the same tree.
-Groups need whole-prompt prefill (no chunking), so the fork shares all of it.
+Plain synchronous code; the engine process (kvsim.engine) owns the clock and passes
+`now` in. Which requests run in the next step, in what order, and whom to preempt is
+the imitated engine's decision (kvsim.engines: vLLM V0, vLLM V1, SGLang): each is a
+small rules object whose `schedule(scheduler, now)` fills a `Step` with the moves
+below. This module keeps the state, talks to the allocator, and applies a finished step.
 
 A sequence holds KV for every token that exists: its prompt (or the part prefilled so
-far) and each token generated so far. A request whose prompt + output exceeds
-max_model_len, or which could not fit even in an empty pool, is rejected on arrival
+far) and each token generated so far (kvsim counts a sampled token's slot one step
+before vLLM writes it, so a request's peak is prompt + output). A request whose prompt +
+output exceeds max_model_len, or which could not fit even in an empty pool, is rejected
 with that reason: it would otherwise wait or thrash forever.
+
+A request may run as a group of `width` sequences: parallel samples (n) or beams
+(beam_width). vLLM V0 forks them from the prompt at admission, sharing its KV as far as
+the allocator can, decodes one token each per step and preempts them together. vLLM V1
+and SGLang run parallel samples as separate requests whose prompts are the same tokens
+(content), so only a prefix cache shares them (`expand`). Beam search branches after every
+decode step: each beam but the first is, with probability BEAM_REPLACE, pruned and
+replaced by a fork of a beam kept this step (a uniform choice), so beams share their
+common history by reference. The draws depend only on the seed, the request and its
+progress, so every policy sees the same tree.
+
+Every step records what kept the head of the waiting queue out (`Step.limit`, one of
+LIMITS): memory, the watermark, max_num_seqs, the token budget, a preemption in this
+step; with nothing waiting the step is arrival-bound. `Step.head_need` is what that
+head needed this step (its chunk with chunked prefill) for the memory breakdown.
 """
 from __future__ import annotations
 
@@ -41,18 +35,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.allocators import InvariantError, KVAllocator, SeqShape
+from kvsim.allocators import InvariantError, KVAllocator, NextSeq, SeqShape
 from kvsim.cost.model import StepBatch
 from kvsim.workload.requests import RequestSpec
 
-
 MAX_WIDTH = 64        # sequences per request; allocator ids are request id * 64 + k
 BEAM_REPLACE = 0.5    # chance that a beam is replaced by a fork of another each step
+LIMITS = ("memory", "watermark", "max_num_seqs", "token_budget", "preemption", "arrivals")
 
 
 @dataclass(eq=False)
 class Seq:
-    """The mutable life of one request in one policy's run."""
+    """The mutable life of one request (or one sample of it) in one policy's run."""
     spec: RequestSpec
     shape: SeqShape
     target: int = 0          # tokens to prefill on (re)admission: prompt + generated
@@ -80,6 +74,9 @@ class Step:
     cost: StepBatch | None = None
     swap_bytes: float = 0.0
     rejected: list[Seq] = field(default_factory=list)   # found unable to fit even alone
+    preempted: int = 0
+    limit: str = ""                      # what kept the queue's head out (LIMITS)
+    head_need: NextSeq | None = None     # what that head needed this step
 
 
 @dataclass(frozen=True)
@@ -92,33 +89,53 @@ class SwapSpace:
 
 
 class Scheduler:
-    def __init__(self, allocator: KVAllocator, *, max_model_len: int, max_num_seqs: int,
+    def __init__(self, allocator: KVAllocator, rules, *, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, chunked_prefill: bool, watermark: float = 0.0,
-                 swap: SwapSpace | None = None, sliding_window: int | None = None,
-                 width: int = 1, beam: bool = False, seed: int = 0):
-        if width > 1 and chunked_prefill:
-            raise ValueError("parallel sampling and beam search need whole-prompt prefill")
-        self.allocator = allocator
+                 preemption_mode: str | None = "recompute", swap: SwapSpace | None = None,
+                 sliding_window: int | None = None, width: int = 1, beam: bool = False, seed: int = 0,
+                 schedule_policy: str = "fcfs"):
+        if width > 1 and chunked_prefill and not rules.split_samples:
+            raise ValueError("sequence groups need whole-prompt prefill")
+        self.allocator, self.rules = allocator, rules
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.chunked = chunked_prefill
         self.keep_free = int(watermark * allocator.capacity)
+        self.preemption_mode = preemption_mode
+        self.schedule_policy = schedule_policy
         self.swap = swap
         self.swap_used = 0.0               # bytes of swapped-out KV in CPU memory
         self.window = sliding_window
-        self.width, self.beam, self.seed = width, beam, seed
+        self.width = 1 if rules.split_samples else width
+        self.beam, self.seed = beam, seed
         self.running: list[Seq] = []       # admission order: the last is preempted first
         self.waiting: deque[Seq] = deque()
+        self.swapped: deque[Seq] = deque()  # vLLM V0 keeps swapped-out groups apart
         self.preemptions = 0
         self.swaps = 0
         self.prompt_tokens = 0             # tokens to prefill at admissions ...
         self.cached_tokens = 0             # ... and those a prefix cache already held
 
-    # --- arrivals and the waiting queue --------------------------------------------
-    def arrive(self, seq: Seq, now: float) -> None:
+    # --- arrivals ----------------------------------------------------------------------
+    def expand(self, requests: list[RequestSpec], width: int) -> list[Seq]:
+        """One Seq per request, or, where the engine runs samples as requests, one per sample:
+        the same prompt tokens (the prompt's own part becomes a shared segment) and
+        outputs of their own."""
+        if not self.rules.split_samples or width == 1:
+            return [Seq(r, r.shape) for r in requests]
+        seqs = []
+        for r in requests:
+            s = r.shape
+            own = s.prompt_tokens - sum(n for _, n in s.segments)
+            segments = s.segments + (((s.tail_id, own),) if own > 0 else ())
+            seqs += [Seq(r, SeqShape(s.prompt_tokens, s.output_tokens, segments, -1)) for _ in range(width)]
+        return seqs
+
+    def arrive(self, seq: Seq, now: float, index: int) -> None:
+        """Queue `seq` (the index-th of the run) or reject it at once with the reason."""
         seq.target = seq.shape.prompt_tokens
-        seq.ids = tuple(seq.spec.id * MAX_WIDTH + k for k in range(self.width))
+        seq.ids = tuple(index * MAX_WIDTH + k for k in range(self.width))
         reason = ("prompt + output exceeds max_model_len"
                   if seq.shape.final_tokens > self.max_model_len
                   else self.allocator.unfit_reason(seq.shape))
@@ -127,83 +144,138 @@ class Scheduler:
         else:
             self.waiting.append(seq)
 
-    def next_waiting(self) -> tuple[SeqShape, int] | None:
-        """The queue head and the tokens it needs to be admitted whole."""
-        if not self.waiting:
-            return None
-        head = self.waiting[0]
-        return head.shape, (head.held if head.swapped else head.target) + 1
+    # --- what the rules use --------------------------------------------------------------
+    def running_seqs(self) -> int:
+        """Sequences running (max_num_seqs counts these, as vLLM does)."""
+        return len(self.running) * self.width
 
-    # --- one step ------------------------------------------------------------------
-    def schedule(self, now: float) -> Step:
-        step, budget = Step(), self.budget
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
-            if not seq.prefilling and budget < self.width:
-                break
-            if self._grow_or_preempt(seq, self._held_after(seq, n), step, now):
-                step.work.append((seq, n))
-                budget -= n if seq.prefilling else self.width
-                i += 1
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            n = self._admit(self.waiting[0], budget, step)
-            if not n and not self.running:   # an empty pool cannot take it: it never will
-                seq = self.waiting.popleft()
-                seq.outcome, seq.finish_s = "rejected", now
-                seq.reason = "does not fit an empty KV pool" + (
-                    f" with its {self.width} sequences" if self.width > 1 else "")
-                step.rejected.append(seq)
-                continue
-            if not n:
-                break
-            seq = self.waiting.popleft()
-            self.running.append(seq)
-            if math.isnan(seq.admitted_s):
-                seq.admitted_s = now
-            step.work.append((seq, n))
-            budget -= n
-        window = self.window or math.inf
-        step.cost = StepBatch.build(
-            [(n, min(s.prefilled, window)) for s, n in step.work if s.prefilling],
-            [min(s.held + 1, window) for s, n in step.work if not s.prefilling for _ in range(self.width)])
-        for seq, n in step.work:
-            seq.held = self._held_after(seq, n)
-        return step
-
-    def _admit(self, seq: Seq, budget: int, step: Step) -> int:
-        """Give the queue head memory; returns its new tokens this step, 0 if it must wait."""
-        # The watermark guards running requests; with none running it would only block.
-        keep_free = self.keep_free if self.running else 0
-        if seq.swapped:    # copy its KV back and let it decode at once
-            if not self.allocator.allocate(seq.ids[0], seq.shape, seq.held + 1, keep_free):
-                return 0
-            nbytes = seq.held * self.swap.bytes_per_token
-            self.swap_used -= nbytes
-            step.swap_bytes += nbytes
-            seq.swapped = False
-            return 1
-        cached = self.allocator.match_prefix(seq.shape, seq.target + 1)
-        n = max(seq.target - cached, 1)    # a fully cached prompt still computes its last token
+    def prefill_need(self, seq: Seq, budget: float) -> tuple[int, int, int]:
+        """(tokens a prefix cache holds, tokens to compute this step, KV tokens held after)
+        to admit `seq`, its prompt chunked to `budget` where prefill is chunked. The last
+        prompt token is always computed, to produce output."""
+        cached = min(self.allocator.match_prefix(seq.shape, seq.target + 1), seq.target - 1)
+        n = seq.target - cached
         if self.chunked:
             n = min(n, budget)
-        if n > budget:
-            return 0
-        done = min(cached, seq.target - 1)
-        held = done + n + (1 if done + n == seq.target else 0)
+        n = int(n)
+        return cached, n, cached + n + (1 if cached + n == seq.target else 0)
+
+    def fits(self, seq: Seq, tokens: int, keep_free: int) -> bool:
+        """Whether `seq` could be admitted with `tokens` of KV now (nothing changes)."""
+        return not self.allocator.breakdown((seq.shape, tokens, keep_free)).starved
+
+    def blocked_by(self, seq: Seq, tokens: int, keep_free: int) -> str:
+        """Why `seq` cannot be admitted: the watermark, if it would fit without it; else memory."""
+        return "watermark" if keep_free and self.fits(seq, tokens, 0) else "memory"
+
+    def admit(self, seq: Seq, cached: int, n: int, held: int, step: Step, now: float,
+              keep_free: int = 0) -> bool:
+        """Give the waiting head `held` tokens of KV (its cache hits reused) and run its
+        next `n` tokens in this step; False, changing nothing, if memory refuses."""
         first, *others = seq.ids
         if not self.allocator.allocate(first, seq.shape, held, keep_free):
-            return 0
+            return False
         for k, other in enumerate(others):
             if not self.allocator.fork(first, other):    # a copy that does not fit: wait
                 for sid in [first, *others[:k]]:
                     self.allocator.free(sid)
-                return 0
-        seq.prefilled = done
+                return False
+        self.waiting.remove(seq)
+        seq.prefilled = cached
         self.prompt_tokens += seq.target
-        self.cached_tokens += done
-        return n
+        self.cached_tokens += cached
+        self._start(seq, n, step, now)
+        return True
+
+    def swap_in(self, seq: Seq, step: Step, now: float, keep_free: int = 0) -> bool:
+        """Copy a swapped-out request's KV back and let it decode in this step. A group
+        comes back as its prompt shared by every sequence, each with its own generated
+        tokens (parallel samples exactly; beams' shared history beyond the prompt comes
+        back unshared)."""
+        first, *others = seq.ids
+        prompt = seq.shape.prompt_tokens
+        if not self.allocator.allocate(first, seq.shape, prompt if others else seq.held + 1, keep_free):
+            return False
+        done = [first]
+        for other in others:
+            ok = self.allocator.fork(first, other)
+            done += [other] if ok else []
+            if not ok:
+                break
+        if len(done) < len(seq.ids) or not all(self.allocator.grow(k, seq.held + 1) for k in done):
+            for k in done:
+                self.allocator.free(k)
+            return False
+        (self.swapped if seq in self.swapped else self.waiting).remove(seq)
+        nbytes = self._swap_bytes(seq)
+        self.swap_used -= nbytes
+        step.swap_bytes += nbytes
+        seq.swapped = False
+        self._start(seq, 1, step, now)
+        return True
+
+    def _start(self, seq: Seq, n: int, step: Step, now: float) -> None:
+        self.running.append(seq)
+        if math.isnan(seq.admitted_s):
+            seq.admitted_s = now
+        step.work.append((seq, n))
+
+    def run(self, seq: Seq, n: int, step: Step, now: float) -> bool:
+        """Schedule a running sequence's next `n` tokens, preempting from the back of the
+        running list (the rules' choice) until they fit; False if `seq` itself went."""
+        tokens = self._held_after(seq, n)
+        for sid in seq.ids:
+            while not self.allocator.grow(sid, tokens):
+                victim = self.running[-1]
+                if victim is seq and len(self.running) == 1:   # alone and still stuck: it never fits
+                    self.running.pop()
+                    self.reject(seq, now, "cannot grow to its final length even alone in the KV pool", step)
+                    return False
+                self.preempt(victim, step)
+                if victim is seq:
+                    return False
+        step.work.append((seq, n))
+        return True
+
+    def reject(self, seq: Seq, now: float, reason: str, step: Step) -> None:
+        for sid in seq.ids:
+            if self.allocator.tokens_of(sid) is not None:
+                self.allocator.free(sid)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.outcome, seq.finish_s = "rejected", now
+        seq.reason = reason + (f" with its {self.width} sequences" if self.width > 1 else "")
+        step.rejected.append(seq)
+
+    def preempt(self, seq: Seq, step: Step, mode: str | None = None) -> None:
+        """Take `seq` out of the running list: swap its KV to CPU memory (while swap space
+        lasts) or drop it to be recomputed later, by prompt + generated tokens in one
+        prefill (a group by its prompt: its samples or beams are not kept)."""
+        self.running.remove(seq)
+        for sid in seq.ids:
+            self.allocator.free(sid)
+        mode = mode or self.rules.preemption_mode(self, seq)
+        nbytes = self._swap_bytes(seq) if self.swap else math.inf
+        if mode == "swap" and not seq.prefilling and nbytes <= self.swap.capacity_bytes - self.swap_used:
+            self.swap_used += nbytes
+            step.swap_bytes += nbytes
+            seq.swapped = True
+            self.swaps += 1
+            self.rules.requeue(self, seq)
+        else:
+            if self.width > 1:
+                seq.generated = 0
+            seq.target, seq.prefilled, seq.held = seq.shape.prompt_tokens + seq.generated, 0, 0
+            self.rules.requeue(self, seq)
+        seq.preemptions += 1
+        self.preemptions += 1
+        step.preempted += 1
+
+    def _swap_bytes(self, seq: Seq) -> float:
+        """KV copied over PCIe: a group's shared prompt once, each sequence's own tokens."""
+        own = seq.held - seq.shape.prompt_tokens
+        return (seq.shape.prompt_tokens + own * self.width) * self.swap.bytes_per_token if self.width > 1 \
+            else seq.held * self.swap.bytes_per_token
 
     def _held_after(self, seq: Seq, n: int) -> int:
         """KV tokens after computing n more: a finished prefill also yields a token."""
@@ -212,40 +284,48 @@ class Scheduler:
         done = seq.prefilled + n
         return done + 1 if done == seq.target else done
 
-    def _grow_or_preempt(self, seq: Seq, tokens: int, step: Step, now: float) -> bool:
-        for sid in seq.ids:
-            while not self.allocator.grow(sid, tokens):
-                victim = self.running.pop()
-                if victim is seq and not self.running:   # alone and still stuck: it never fits
-                    for k in seq.ids:
-                        self.allocator.free(k)
-                    seq.outcome, seq.finish_s = "rejected", now
-                    seq.reason = "cannot grow to its final length even alone in the KV pool" + (
-                        f" with its {self.width} sequences" if self.width > 1 else "")
-                    step.rejected.append(seq)
-                    return False
-                self._preempt(victim, step)
-                if victim is seq:
-                    return False
-        return True
+    # --- one step ------------------------------------------------------------------------
+    def schedule(self, now: float) -> Step:
+        step = self.rules.schedule(self, now)
+        if not self.waiting and not self.swapped:
+            step.limit, step.head_need = "arrivals", None
+        elif step.preempted or (self.swapped and not step.limit):
+            step.limit = "preemption"
+        if step.head_need is None and self.waiting:
+            head = self.waiting[0]
+            step.head_need = (head.shape, self.prefill_need(head, self.budget)[2], self.keep_free)
+        window = self.window or math.inf
+        width = self.width
+        step.cost = StepBatch.build(
+            [(n, min(s.prefilled, window)) for s, n in step.work if s.prefilling],
+            [min(s.held + 1, window) for s, n in step.work if not s.prefilling for _ in range(width)])
+        for seq, n in step.work:
+            seq.held = self._held_after(seq, n)
+        return step
 
-    def _preempt(self, seq: Seq, step: Step) -> None:
-        for sid in seq.ids:
-            self.allocator.free(sid)
-        nbytes = seq.held * self.swap.bytes_per_token if self.swap else math.inf
-        if self.width > 1:   # a group restarts: its samples or beams are not kept
-            seq.generated = 0
-            nbytes = math.inf
-        if self.swap and not seq.prefilling and nbytes <= self.swap.capacity_bytes - self.swap_used:
-            self.swap_used += nbytes
-            step.swap_bytes += nbytes
-            seq.swapped = True
-            self.swaps += 1
-        else:      # recompute: drop the KV, later prefill prompt + generated tokens again
-            seq.target, seq.prefilled, seq.held = seq.shape.prompt_tokens + seq.generated, 0, 0
-        seq.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(seq)
+    def complete(self, step: Step, now: float) -> list[Seq]:
+        """Apply a finished step at time `now`; returns the sequences that finished."""
+        finished = []
+        for seq, n in step.work:
+            if seq.prefilling:
+                seq.prefilled += n
+                self.rules.prefilled(self, seq)
+                if seq.prefilling:
+                    continue
+            seq.generated += 1
+            if math.isnan(seq.first_token_s):
+                seq.first_token_s = now
+            if seq.generated == seq.shape.output_tokens:
+                seq.outcome, seq.finish_s = "completed", now
+                for sid in seq.ids:
+                    self.allocator.free(sid)
+                finished.append(seq)
+            elif self.beam:
+                self._branch(seq)
+        if finished:
+            done = set(map(id, finished))
+            self.running = [s for s in self.running if id(s) not in done]
+        return finished
 
     def _branch(self, seq: Seq) -> None:
         """Prune beams and fork kept ones in their place (see the module docstring)."""
@@ -264,10 +344,10 @@ class Scheduler:
         self.allocator.check_invariants()
         running = {id(s) for s in self.running}
         swapped = 0.0
-        for seq in self.waiting:
+        for seq in [*self.waiting, *self.swapped]:
             if id(seq) in running:
                 raise InvariantError(f"request {seq.spec.id} is both running and waiting")
-            swapped += seq.held * self.swap.bytes_per_token if seq.swapped else 0
+            swapped += self._swap_bytes(seq) if seq.swapped else 0
             if any(self.allocator.tokens_of(sid) is not None for sid in seq.ids):
                 raise InvariantError(f"waiting request {seq.spec.id} still holds KV")
         for seq in self.running:
@@ -282,7 +362,8 @@ class Scheduler:
         if self.swap and not math.isclose(swapped, self.swap_used, abs_tol=1e-6):
             raise InvariantError(f"swap space counts {self.swap_used} bytes; swapped-out "
                                  f"requests hold {swapped}")
-        b = self.allocator.breakdown(self.next_waiting())
+        head = self.waiting[0] if self.waiting else None
+        b = self.allocator.breakdown(None if head is None else (head.shape, head.target + 1, self.keep_free))
         parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)
         if min(parts) < 0 or b.capacity != self.allocator.capacity:
             raise InvariantError(f"breakdown {parts} does not split the pool of {self.allocator.capacity}")
@@ -291,25 +372,13 @@ class Scheduler:
             raise InvariantError(f"the pool counts {b.token} token slots; running requests hold "
                                  f"only {held}")
 
-    def complete(self, step: Step, now: float) -> list[Seq]:
-        """Apply a finished step at time `now`; returns the sequences that finished."""
-        finished = []
-        for seq, n in step.work:
-            if seq.prefilling:
-                seq.prefilled += n
-                if seq.prefilling:
-                    continue
-            seq.generated += 1
-            if math.isnan(seq.first_token_s):
-                seq.first_token_s = now
-            if seq.generated == seq.shape.output_tokens:
-                seq.outcome, seq.finish_s = "completed", now
-                for sid in seq.ids:
-                    self.allocator.free(sid)
-                finished.append(seq)
-            elif self.beam:
-                self._branch(seq)
-        if finished:
-            done = set(map(id, finished))
-            self.running = [s for s in self.running if id(s) not in done]
-        return finished
+
+def with_limit(step: Step, limit: str, head: Seq | None = None, tokens: int = 0, keep_free: int = 0) -> Step:
+    """Note what stopped the head (the first reason wins) and what it needed."""
+    if not step.limit:
+        step.limit = limit
+        if head is not None:
+            step.head_need = (head.shape, tokens, keep_free)
+    return step
+
+

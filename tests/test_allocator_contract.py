@@ -40,7 +40,7 @@ def empty(alloc) -> Breakdown:
     return Breakdown(0, 0, 0, 0, 0, alloc.capacity)
 
 
-def checked(alloc, next_seq=(SeqShape(16, 16), 16)) -> Breakdown:
+def checked(alloc, next_seq=(SeqShape(16, 16), 16, 0)) -> Breakdown:
     """Check invariants and that both views of the pool account for every slot."""
     alloc.check_invariants()
     for view in (None, next_seq):
@@ -85,9 +85,9 @@ def test_failed_allocate_changes_nothing(alloc):
     s = SeqShape(20, 10)
     admitted = fill(alloc, s)
     assert admitted > 0
-    before = [alloc.breakdown(None), alloc.breakdown((s, 20))]
+    before = [alloc.breakdown(None), alloc.breakdown((s, 20, 0))]
     assert not alloc.allocate(admitted, s, s.prompt_tokens)
-    assert [alloc.breakdown(None), alloc.breakdown((s, 20))] == before
+    assert [alloc.breakdown(None), alloc.breakdown((s, 20, 0))] == before
     checked(alloc)
 
 

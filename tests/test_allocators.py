@@ -56,8 +56,8 @@ def test_paged_breakdown(paged):
     # seq 2: 5 tokens in 8 slots, final 13 -> 3 reserved; seq 3: 9 in 12, final 9.
     assert paged.breakdown(None) == Breakdown(14, 3, 3, 0, 0, 12)
     # 3 free blocks serve a 12-token request but not a 13-token one.
-    assert paged.breakdown((shape(12, 0), 12)) == Breakdown(14, 3, 3, 0, 0, 12)
-    assert paged.breakdown((shape(13, 0), 13)) == Breakdown(14, 3, 3, 0, 12, 0)
+    assert paged.breakdown((shape(12, 0), 12, 0)) == Breakdown(14, 3, 3, 0, 0, 12)
+    assert paged.breakdown((shape(13, 0), 13, 0)) == Breakdown(14, 3, 3, 0, 12, 0, starved=True)
 
 
 def test_paged_failures_change_nothing(paged):
@@ -121,9 +121,9 @@ def test_first_fit_external_fragmentation_from_real_holes():
     assert not admit(alloc, 9, 5, 2)
     assert alloc.holes() == [(4, 6), (14, 2)]
     assert alloc.breakdown(None) == Breakdown(5, 3, 0, 0, 0, 8)
-    assert alloc.breakdown((shape(5, 2), 5)) == Breakdown(5, 3, 0, 0, 8, 0)
+    assert alloc.breakdown((shape(5, 2), 5, 0)) == Breakdown(5, 3, 0, 0, 8, 0, starved=True)
     # A 6-slot request fits the middle hole only: the 2-slot tail is unusable.
-    assert alloc.breakdown((shape(4, 2), 4)) == Breakdown(5, 3, 0, 0, 2, 6)
+    assert alloc.breakdown((shape(4, 2), 4, 0)) == Breakdown(5, 3, 0, 0, 2, 6)
 
 
 # -- reserve rules -----------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_buddy_splits_pads_and_coalesces():
     assert alloc.holes() == [(6, 2)]
     # Round-ups 1 + 3 + 0 are padding; the 2-slot block is too small for 3 tokens.
     assert alloc.breakdown(None) == Breakdown(10, 0, 0, 4, 0, 2)
-    assert alloc.breakdown((shape(3, 0), 3)) == Breakdown(10, 0, 0, 4, 2, 0)
+    assert alloc.breakdown((shape(3, 0), 3, 0)) == Breakdown(10, 0, 0, 4, 2, 0, starved=True)
     alloc.free(1)                                 # buddy [4, 8) is split: no merge
     assert alloc.holes() == [(0, 4), (6, 2)]
     alloc.free(3)                                 # [4,6)+[6,8), then +[0,4)
@@ -213,7 +213,7 @@ def test_buddy_fragmentation_between_non_buddies():
     assert alloc.holes() == [(4, 4), (8, 4)]
     assert not admit(alloc, 9, 8)
     assert alloc.holes() == [(4, 4), (8, 4)]
-    assert alloc.breakdown((shape(8, 0), 8)) == Breakdown(8, 0, 0, 0, 8, 0)
+    assert alloc.breakdown((shape(8, 0), 8, 0)) == Breakdown(8, 0, 0, 0, 8, 0, starved=True)
     assert admit(alloc, 5, 3) and alloc.region(5) == (4, 4)      # lowest address
     assert alloc.holes() == [(8, 4)]
 

@@ -77,8 +77,8 @@ def test_same_seed_same_bytes(rag_all, tmp_path):
 def test_the_run_is_not_trivial(rag_all):
     summary = pd.read_csv(rag_all / "summary.csv")
     assert list(summary.policy) == rag_policies()
-    assert (summary.fraction_basis == "waiting").all()            # memory is contended
-    assert summary.achievable_batch_size.nunique() > 1            # and the policies differ
+    assert (summary.limited_by_memory > 0).any()                  # memory is contended
+    assert summary.mean_batch_size.nunique() > 1                  # and the policies differ
 
 
 @pytest.mark.parametrize("policy", rag_policies())

@@ -110,9 +110,11 @@ def test_summary_definitions_on_a_known_run():
     alloc = ContiguousAllocator(20, 8, "max", "first-fit")
     result = run(make_requests((0, 2, 2), (0, 2, 2), (0, 2, 2)), alloc, max_model_len=8)
     row = summarize(result, request_table(result))
-    # Steps: [0,1] and [1,2] run r0 and r1 while r2 waits; [2,3] and [3,4] run r2 alone.
-    # Waiting basis = the first two steps: token slots 6 then 8 of 20 -> 0.35.
-    assert row["fraction_basis"] == "waiting"
+    # Steps: [0,1] and [1,2] run r0 and r1 while r2 waits for memory (two regions of 8
+    # leave 4 of 20 slots); [2,3] and [3,4] run r2 alone with nothing waiting.
+    # Memory-bound window = the first two steps: token slots 6 then 8 of 20 -> 0.35.
+    assert row["fraction_basis"] == "memory"
+    assert (row["limited_by_memory"], row["limited_by_arrivals"], row["limited_by_token_budget"]) == (0.5, 0.5, 0)
     assert row["token_fraction"] == pytest.approx(0.35)
     assert sum(row[f"{p}_fraction"] for p in ("token", "reservation", "internal", "external", "free")) \
         == pytest.approx(1.0)

@@ -51,7 +51,7 @@ KV_WINDOWED = KVSpec(dataclasses.replace(MODEL_PRESETS["mistral-7b"], sliding_wi
 POOL_SLOTS = 200          # not a power of two: buddy gets arenas 128 + 64 + 8
 MAX_MODEL_LEN = 64
 MAX_SEQS = 12             # live + preempted at once: enough to fill the pool often
-PROBE = (SeqShape(16, 16), 17)   # a waiting request for breakdown(next_seq)
+PROBE = (SeqShape(16, 16), 17, 0)   # a waiting request for breakdown(next_seq)
 
 # Extra values tried for integer options (besides the scenario default).
 INT_OPTION_VALUES = {"block_size": (1, 4)}
@@ -311,7 +311,7 @@ class Model:
         alloc.check_invariants()
         held = sum(self._in_pool(tokens) for _, tokens in self.live.values())
         head = next(iter(self.preempted.items()), None)
-        for view in (None, PROBE, head and head[1]):
+        for view in (None, PROBE, head and (*head[1], 0)):
             b = alloc.breakdown(view)
             parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)
             assert min(parts) >= 0 and b.shared >= 0, f"negative part in {b}"

@@ -14,7 +14,9 @@ from kvsim.engine import simulate
 
 
 def run(requests, allocator, **options):
-    base = dict(max_model_len=64, max_num_seqs=256, max_num_batched_tokens=64, chunked_prefill=False)
+    """Swap, the watermark and sequence groups are vLLM V0's: these cases run under its rules."""
+    base = dict(engine="vllm-v0", max_model_len=64, max_num_seqs=256, max_num_batched_tokens=64,
+                chunked_prefill=False)
     return simulate("p", requests, allocator, OneSecondSteps(), check_invariants=True, **{**base, **options})
 
 
@@ -23,7 +25,8 @@ def test_swap_preemption_keeps_progress_and_pays_pcie_time():
     # (1 byte each, 1 byte/s of PCIe) are copied out during step [1, 6] and back during
     # step [8, 13], after which it decodes its last token without recomputing anything.
     swap = SwapSpace(capacity_bytes=100, bytes_per_token=1.0, bandwidth_bytes_s=1.0)
-    result = run(make_requests((0.0, 4, 4), (0.0, 3, 3)), PagedAllocator(10, 1), swap=swap)
+    result = run(make_requests((0.0, 4, 4), (0.0, 3, 3)), PagedAllocator(10, 1), swap=swap,
+                 preemption_mode="swap")
     assert timeline(result) == [
         (0, 0.0, 1.0, 8.0, 0, "completed"),
         (1, 0.0, 1.0, 14.0, 1, "completed"),
@@ -35,7 +38,8 @@ def test_swap_preemption_keeps_progress_and_pays_pcie_time():
 
 def test_swap_falls_back_to_recompute_when_cpu_space_is_full():
     swap = SwapSpace(capacity_bytes=3, bytes_per_token=1.0, bandwidth_bytes_s=1.0)
-    result = run(make_requests((0.0, 4, 4), (0.0, 3, 3)), PagedAllocator(10, 1), swap=swap)
+    result = run(make_requests((0.0, 4, 4), (0.0, 3, 3)), PagedAllocator(10, 1), swap=swap,
+                 preemption_mode="swap")
     assert (result.preemptions, result.swaps) == (1, 0)
     assert timeline(result)[1] == (1, 0.0, 1.0, 6.0, 1, "completed")
 
@@ -47,8 +51,13 @@ def test_watermark_keeps_blocks_free_while_others_run():
     assert [s.admitted_s for s in result.seqs] == [0.0, 1.0]
 
 
-def test_watermark_never_blocks_an_empty_pool():
+def test_v0_rejects_a_prompt_larger_than_the_pool_minus_the_watermark():
+    # can_allocate's NEVER: 10 slots less a watermark of 5 cannot take an 8-token prompt,
+    # even with the pool empty; without a watermark (vLLM V1 keeps none) it runs.
     result = run(make_requests((0.0, 8, 1)), PagedAllocator(10, 1), watermark=0.5)
+    assert [(s.outcome, s.reason) for s in result.seqs] == [
+        ("rejected", "prompt exceeds the KV pool minus the watermark")]
+    result = run(make_requests((0.0, 8, 1)), PagedAllocator(10, 1), engine="vllm-v1")
     assert timeline(result) == [(0, 0.0, 1.0, 1.0, 0, "completed")]
 
 
@@ -216,7 +225,7 @@ def test_a_group_that_cannot_grow_even_alone_is_rejected_not_retried_forever():
 
 def test_token_budget_below_the_group_width_is_an_input_error():
     from kvsim.errors import InputError
-    bad = {**BASE, "max_model_len": 32, "scheduler": {"max_num_batched_tokens": 32},
+    bad = {**BASE, "engine": "vllm-v0", "max_model_len": 32, "scheduler": {"max_num_batched_tokens": 32},
            "workload": {**BASE["workload"], "n": 40, "prompt_tokens": {"dist": "fixed", "value": 8},
                         "output_tokens": {"dist": "fixed", "value": 8}}}
     with pytest.raises(InputError, match="max_num_batched_tokens: 32 is below the 40 sequences"):

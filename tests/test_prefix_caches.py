@@ -119,10 +119,10 @@ def test_next_request_counts_its_hits_before_calling_free_space_unusable():
     assert alloc.allocate(2, shaped(20, segments=()), 20)
     assert alloc.free_blocks == [2, 1, 0]          # all three cached
     # 17 tokens: hits 0, 1, 2 leave the queue; 2 more blocks needed, none left.
-    assert alloc.breakdown((shaped(17, segments=((7, 12),)), 17)) == Breakdown(20, 0, 0, 0, 12, 0)
+    assert alloc.breakdown((shaped(17, segments=((7, 12),)), 17, 0)) == Breakdown(20, 0, 0, 0, 12, 0, starved=True)
     assert not alloc.allocate(3, shaped(17, segments=((7, 12),)), 17)
     # 12 tokens: hits 0, 1 (the last token is computed); block 2 is evicted and refilled.
-    assert alloc.breakdown((prompt, 12)) == Breakdown(20, 0, 0, 0, 0, 12)
+    assert alloc.breakdown((prompt, 12, 0)) == Breakdown(20, 0, 0, 0, 0, 12)
     assert alloc.allocate(3, prompt, 12)
     assert alloc.block_table(3) == [0, 1, 2]
     assert alloc.cached_blocks == [0, 1, 2]
@@ -269,7 +269,7 @@ def test_radix_evicts_least_recently_used_leaves(radix):
 
 def test_radix_never_evicts_what_a_running_sequence_uses(radix):
     before = (radix.nodes(), radix.breakdown(None))
-    assert radix.breakdown((shaped(21, segments=()), 21)) == Breakdown(12, 0, 0, 0, 20, 0)
+    assert radix.breakdown((shaped(21, segments=()), 21, 0)) == Breakdown(12, 0, 0, 0, 20, 0, starved=True)
     assert not radix.allocate(3, shaped(21, segments=()), 21)   # 16 free + 4 evictable
     assert (radix.nodes(), radix.breakdown(None)) == before
     assert not radix.grow(2, 33)
@@ -286,7 +286,7 @@ def test_radix_match_ending_mid_edge_is_kept_whole():
     # A 33-token request matching 6 of the 10 cached tokens needs 27 slots: 22 free and
     # 4 evictable, as the 6 it reuses cannot be evicted.
     b = shaped(33, segments=((1, 6), (3, 4)))
-    assert alloc.breakdown((b, 33)) == Breakdown(0, 0, 0, 0, 32, 0)
+    assert alloc.breakdown((b, 33, 0)) == Breakdown(0, 0, 0, 0, 32, 0, starved=True)
     assert not alloc.allocate(2, b, 33)
     assert alloc.nodes() == tree
     assert alloc.allocate(2, shaped(32, segments=((1, 6), (3, 4))), 32)
@@ -412,7 +412,7 @@ def run_ops(alloc, ops, cached_model=None):
         assert b.token <= sum(n for _, n in held.values()) <= b.token + b.shared
         if isinstance(alloc, RadixCacheAllocator):     # token granular: all shared are tokens
             assert b.token + b.shared == sum(n for _, n in held.values())
-        assert alloc.breakdown((SeqShape(16, 0, POOLS[2]), 17)).capacity == alloc.capacity
+        assert alloc.breakdown((SeqShape(16, 0, POOLS[2]), 17, 0)).capacity == alloc.capacity
     for seq_id in list(held):
         alloc.free(seq_id)
         alloc.check_invariants()

@@ -96,8 +96,12 @@ def test_at_least_the_documented_scenarios_ship():
 def test_base_scenario_loads_with_defaults(tmp_path):
     scn, base_dir = load_scenario(write_scenario(tmp_path))
     assert base_dir == tmp_path
-    assert (scn.tensor_parallel_size, scn.gpu_memory_utilization, scn.scheduler.max_num_seqs) == (1, 0.9, 256)
-    assert scn.batched_token_budget == 4096          # max(max_model_len, 2048)
+    assert (scn.tensor_parallel_size, scn.gpu_memory_utilization) == (1, 0.9)
+    # unset engine settings take vLLM V1's defaults for an H100 (80 GiB, not an A100)
+    s = scn.engine_settings()
+    assert (s.engine, s.max_num_seqs, s.max_num_batched_tokens, s.enable_chunked_prefill) == (
+        "vllm-v1", 1024, 8192, True)
+    assert (s.preemption_mode, s.watermark) == ("recompute", 0.0)
     assert [p.name for p in scn.policies] == ["contiguous", "paged-16"]
     assert scn.model_spec(base_dir) is MODEL_PRESETS["llama-3-8b"]
     assert scn.gpu_spec() is GPU_PRESETS["h100-80gb"]
@@ -216,7 +220,8 @@ def test_duplicate_policy_names(tmp_path):
 
 
 def test_batched_tokens_below_max_model_len_needs_chunked_prefill(tmp_path):
-    text = load_error(write_scenario(tmp_path, scheduler={"max_num_batched_tokens": 2048}))
+    text = load_error(write_scenario(tmp_path, scheduler={"max_num_batched_tokens": 2048,
+                                                          "enable_chunked_prefill": False}))
     assert ": scheduler.max_num_batched_tokens: 2048 is smaller than max_model_len (4096)" in text
     assert "enable_chunked_prefill" in text
     scn, _ = load_scenario(write_scenario(tmp_path, scheduler={"max_num_batched_tokens": 2048,

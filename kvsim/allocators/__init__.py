@@ -11,7 +11,7 @@ here turn bytes into slots with the frozen KVSpec, so allocators only count slot
 """
 from __future__ import annotations
 
-from kvsim.allocators.base import Breakdown, InvariantError, KVAllocator, SeqShape
+from kvsim.allocators.base import Breakdown, InvariantError, KVAllocator, NextSeq, SeqShape
 from kvsim.allocators.contiguous import ContiguousAllocator
 from kvsim.allocators.paged import PagedAllocator
 from kvsim.allocators.prefix import PrefixCachingPagedAllocator
@@ -55,6 +55,6 @@ def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
 
 __all__ = [
     "ALLOCATORS", "Breakdown", "ContiguousAllocator", "InvariantError", "KVAllocator",
-    "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
+    "NextSeq", "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
     "make_allocator",
 ]

@@ -72,6 +72,7 @@ class Breakdown:
     unusable: int
     free: int
     shared: int = 0    # not a part: slots saved by sharing (logical - physical slots in use)
+    starved: bool = False   # not a part: the next sequence could not be admitted now
 
     @property
     def external(self) -> int:
@@ -94,6 +95,9 @@ def split_used(tokens: int, allocated: int, final: int) -> tuple[int, int, int]:
     return tokens, reservation, allocated - tokens - reservation
 
 
+NextSeq = tuple[SeqShape, int, int]   # (shape, tokens it needs, slots to keep free)
+
+
 class KVAllocator(Protocol):
     """What every registered allocator provides.
 
@@ -103,6 +107,10 @@ class KVAllocator(Protocol):
 
     def unfit_reason(self, shape: SeqShape) -> str | None:
         """Why this sequence could never run even in an empty pool, or None if it can."""
+
+    def footprint(self, shape: SeqShape) -> int:
+        """Slots one sequence of this shape holds at its final length, alone in the pool
+        (what a full pool divides by to give the concurrency it holds)."""
 
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         """How many leading tokens of the sequence's first `num_tokens` already have KV in
@@ -120,16 +128,20 @@ class KVAllocator(Protocol):
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         """Let a sequence hold `num_tokens` tokens in all (never fewer than it holds)."""
 
+    def slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        """Free slots `grow(seq_id, num_tokens)` would take (0 inside a reservation)."""
+
     def free(self, seq_id: int) -> None:
         """Release everything the sequence holds."""
 
     def tokens_of(self, seq_id: int) -> int | None:
         """Tokens of KV the sequence holds, or None if it holds nothing."""
 
-    def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
+    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
         """The pool split into the five parts; `next_seq` (the head of the waiting
-        queue and the tokens it would be admitted with) decides which free space is
-        usable: free space it could not use is external fragmentation."""
+        queue, the tokens it needs this step and the slots admission keeps free, the
+        watermark) decides which free space is usable: free space it could not use is
+        external fragmentation, and `starved` says it could not be admitted."""
 
     def check_invariants(self) -> None:
         """Raise InvariantError if the internal structures disagree."""

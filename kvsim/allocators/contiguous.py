@@ -25,7 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth, split_used
+from kvsim.allocators.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
 
 
 def next_power_of_two(n: int) -> int:
@@ -224,6 +224,9 @@ class ContiguousAllocator:
             return "reservation exceeds KV pool"
         return None
 
+    def footprint(self, shape: SeqShape) -> int:
+        return self._placement.placed_size(self._request(shape, shape.final_tokens))
+
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         return 0   # no cache: nothing is shared
 
@@ -260,22 +263,32 @@ class ContiguousAllocator:
         r.tokens = num_tokens
         return True
 
+    def slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        return 0    # within its region; past it, grow fails whatever is free
+
     def free(self, seq_id: int) -> None:
         r = self._regions.pop(seq_id)
         self._placement.release(r.start, r.placed)
 
-    def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
+    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
+        """Holes too small for the next sequence's region are unusable; all of them are
+        when the region would eat into the watermark."""
         token = reservation = internal = padding = 0
         for r in self._regions.values():
             t, res, i = split_used(r.tokens, r.requested, r.shape.final_tokens)
             token, reservation, internal = token + t, reservation + res, internal + i
             padding += r.placed - r.requested
-        need = 0 if next_seq is None else self._placement.placed_size(
-            self._request(*next_seq))
         sizes = [size for _, size in self.holes()]
+        if next_seq is None:
+            return Breakdown(token, reservation, internal, padding, 0, sum(sizes))
+        shape, tokens, keep_free = next_seq
+        need = self._placement.placed_size(self._request(shape, tokens))
         unusable = sum(size for size in sizes if size < need)
-        free = sum(sizes) - unusable
-        return Breakdown(token, reservation, internal, padding, unusable, free)
+        starved = unusable == sum(sizes) or sum(sizes) - need < keep_free
+        if starved:
+            unusable = sum(sizes)
+        return Breakdown(token, reservation, internal, padding, unusable, sum(sizes) - unusable,
+                         starved=starved)
 
     def check_invariants(self) -> None:
         pieces = [(r.start, r.placed, f"seq {s}") for s, r in self._regions.items()]

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth, split_used
+from kvsim.allocators.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -129,6 +129,9 @@ class PagedAllocator:
             return "final length exceeds KV pool"
         return None
 
+    def footprint(self, shape: SeqShape) -> int:
+        return blocks_for(shape.final_tokens, self.block_size) * self.block_size
+
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         return 0   # no cache: nothing is shared between requests
 
@@ -169,6 +172,13 @@ class PagedAllocator:
         self._grown(seq)
         return True
 
+    def slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        seq = self._seqs[seq_id]
+        extra = blocks_for(num_tokens, self.block_size) - seq.logical_blocks()
+        cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0
+               and self._ref[seq.table[-1]] > 1)
+        return (extra + cow) * self.block_size
+
     def _slide(self, seq: _Seq) -> None:
         """Release leading blocks whose tokens are all outside the attention window."""
         if self.window is None:
@@ -187,13 +197,14 @@ class PagedAllocator:
         """Blocks a sequence admitted with `num_tokens` tokens needs beyond the free queue."""
         return blocks_for(num_tokens, self.block_size) - len(self._free)
 
-    def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
+    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
         """Physical blocks counted once, in O(sequences): a table's unfilled slots all
         sit in its last block, which only its forks may share, so reservation and
         internal come from split_used once per distinct last block, and every other
         used slot holds a token. shared = logical - physical slots in use. Queued
         blocks (cached or not) are free, or unusable when the next sequence needs more
-        blocks than the queue keeps (after its cache hits, with a prefix cache)."""
+        blocks than the queue keeps beyond the watermark (after its cache hits, with a
+        prefix cache)."""
         bs = self.block_size
         reservation = internal = logical = 0
         last_blocks: set[int] = set()
@@ -207,10 +218,13 @@ class PagedAllocator:
                 reservation, internal = reservation + r, internal + i
         used = (self.num_blocks - len(self._free)) * bs
         free_slots = len(self._free) * bs
-        starved = next_seq is not None and self._blocks_short(*next_seq) > 0
+        starved = False
+        if next_seq is not None:
+            shape, tokens, keep_free = next_seq
+            starved = self._blocks_short(shape, tokens) + blocks_for(keep_free, bs) > 0
         return Breakdown(used - reservation - internal, reservation, internal, padding=0,
                          unusable=free_slots if starved else 0,
-                         free=0 if starved else free_slots, shared=logical - used)
+                         free=0 if starved else free_slots, shared=logical - used, starved=starved)
 
     def check_invariants(self) -> None:
         """Checks per table and over the pool at C speed (check mode runs this after

@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from kvsim.allocators.base import Breakdown, InvariantError, SeqShape, check_growth
+from kvsim.allocators.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth
 from kvsim.allocators.runs import Runs, cacheable_runs, common_length, runs_length, split_runs
 
 
@@ -199,6 +199,9 @@ class RadixCacheAllocator:
             return "final length exceeds KV pool"
         return None
 
+    def footprint(self, shape: SeqShape) -> int:
+        return shape.final_tokens
+
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         return self._match(shape, num_tokens)[2]
 
@@ -225,6 +228,9 @@ class RadixCacheAllocator:
         self._reserve(need)
         seq.tokens = num_tokens
         return True
+
+    def slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        return num_tokens - self._seqs[seq_id].tokens
 
     def fork(self, parent_id: int, child_id: int) -> bool:
         """The parent's cacheable tokens go into the tree (as SGLang caches a prompt
@@ -274,7 +280,7 @@ class RadixCacheAllocator:
         self._free += known - seq.matched
         return node
 
-    def breakdown(self, next_seq: tuple[SeqShape, int] | None) -> Breakdown:
+    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
         """Token granular: a running sequence holds exactly its tokens, so there is no
         reservation or internal fragmentation. token = referenced tree slots + private
         slots; unreferenced tree slots are evictable and count as free (or unusable, with
@@ -284,10 +290,11 @@ class RadixCacheAllocator:
         available = self._free + self._evictable
         starved = False
         if next_seq is not None:
-            _, _, matched, locked = self._match(*next_seq)
-            starved = next_seq[1] - matched > available - locked
+            shape, tokens, keep_free = next_seq
+            _, _, matched, locked = self._match(shape, tokens)
+            starved = tokens - matched + keep_free > available - locked
         return Breakdown(token, 0, 0, padding=0, unusable=available if starved else 0,
-                         free=0 if starved else available, shared=logical - token)
+                         free=0 if starved else available, shared=logical - token, starved=starved)
 
     def check_invariants(self) -> None:
         refs: dict[int, int] = {}

@@ -150,18 +150,19 @@ def _scenario_yaml(scn) -> str:
 SHOWN = [("policy", "{}"), ("kv_utilization", "{:.1%}"), ("internal_fraction", "{:.1%}"),
          ("external_fraction", "{:.1%}"), ("achievable_batch_size", "{:.1f}"),
          ("throughput_tok_s", "{:.0f}"), ("ttft_p50_s", "{:.2f}"), ("preemptions", "{}"),
-         ("requests_rejected", "{}"), ("fraction_basis", "{}")]
+         ("requests_rejected", "{}"), ("limited_by_memory", "{:.0%}")]
 
 
 def _print_table(summary) -> None:
     heads = ["policy", "kv util", "internal", "external", "achv batch", "tok/s",
-             "ttft p50 s", "preempt", "rejected", "basis"]
+             "ttft p50 s", "preempt", "rejected", "mem-bound"]
     rows = [[fmt.format(r[c]) for c, fmt in SHOWN] for r in summary.to_dict(orient="records")]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
     for line in [heads] + rows:
         click.echo("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths))))
-    click.echo("fractions time-weighted while requests wait (basis 'waiting') or, where none "
-               f"ever waits, over the busy time ('busy'); step costs: {summary.cost_model.iloc[0]}")
+    click.echo("kv util, internal, external, achv batch: time-weighted over the steps in which "
+               "memory kept a request waiting (nan: never); mem-bound: their share of the busy "
+               f"time; engine: {summary.engine.iloc[0]}; step costs: {summary.cost_model.iloc[0]}")
 
 
 class Progress:

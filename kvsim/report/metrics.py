@@ -1,11 +1,15 @@
 """From one policy's records to tables: a summary row, a step series, a request table.
 
 Definitions (also in the README):
+- Each step records what kept the head of the waiting queue out (kvsim.scheduler.LIMITS):
+  `limited_by_<limit>` is the share of the busy time (time-weighted by step duration)
+  spent in steps of each kind; `limited_by_arrivals` is the share with nothing waiting.
 - The KV pool at each step splits into token / reservation / internal / external / free
-  (see kvsim.allocators.base). The summary's fractions are time-weighted (by step
-  duration) over the steps during which at least one request waits, when memory is
-  the bottleneck; if nothing ever waits, over all busy steps. `fraction_basis` says
-  which ("waiting" or "busy"); `achievable_batch_size` uses the same basis.
+  (see kvsim.allocators.base). The summary's fractions and `achievable_batch_size` are
+  time-weighted over the memory-bound steps (limited_by == memory), where memory decided
+  the batch; every policy is measured on the same kind of window. A policy that is never
+  memory-bound has no such window: its fractions are empty (NaN) and `fraction_basis`
+  says "none" instead of "memory".
 - kv_utilization = token_fraction.
 - allocation_waste = slots allocated but not holding tokens / slots allocated,
   time-weighted over the busy time.
@@ -24,10 +28,11 @@ import numpy as np
 import pandas as pd
 
 from kvsim.engine import STEP_FIELDS, PolicyRun
+from kvsim.scheduler import LIMITS
 
 PARTS = ("token", "reservation", "internal", "external", "free")
 REQUEST_COLUMNS = ("request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s",
-                   "prompt_tokens", "output_tokens", "preemptions", "outcome", "reason")
+                   "prompt_tokens", "output_tokens", "sequences", "preemptions", "outcome", "reason")
 
 
 def tidy(x: float) -> float:
@@ -40,16 +45,30 @@ def step_table(run: PolicyRun) -> pd.DataFrame:
     cap = float(run.capacity_slots)
     for part in PARTS:
         df[part] = df[part] / cap
+    df["limited_by"] = pd.Categorical.from_codes(df["limit"].astype(int), LIMITS)
     df.insert(0, "step", np.arange(len(df), dtype=np.int64))
     df.insert(0, "policy", run.name)
-    return df.drop(columns=["allocated", "shared"])
+    return df.drop(columns=["allocated", "shared", "limit"])
 
 
 def request_table(run: PolicyRun) -> pd.DataFrame:
+    """One row per request. Where an engine ran a request's samples as requests of their
+    own (vLLM V1, SGLang), they are one row again: admitted and first token at the
+    first sample's, finished at the last one's, completed when all are."""
     rows = [(s.spec.id, s.spec.arrival_s, s.admitted_s, s.first_token_s, s.finish_s,
-             s.spec.prompt_tokens, s.spec.output_tokens, s.preemptions, s.outcome or "unfinished",
-             s.reason) for s in run.seqs]
+             s.spec.prompt_tokens, s.spec.output_tokens, run.width, s.preemptions,
+             s.outcome or "unfinished", s.reason) for s in run.seqs]
     df = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
+    if df.request_id.duplicated().any():
+        rank = df.outcome.map({"rejected": 2, "unfinished": 1, "completed": 0})
+        df = (df.assign(rank=rank).groupby("request_id", sort=True)
+              .agg(arrival_s=("arrival_s", "first"), admitted_s=("admitted_s", "min"),
+                   first_token_s=("first_token_s", "min"), finish_s=("finish_s", "max"),
+                   prompt_tokens=("prompt_tokens", "first"), output_tokens=("output_tokens", "first"),
+                   sequences=("sequences", "size"), preemptions=("preemptions", "sum"),
+                   rank=("rank", "max"), reason=("reason", "max"))
+              .reset_index())
+        df.insert(len(REQUEST_COLUMNS) - 2, "outcome", df.pop("rank").map({2: "rejected", 1: "unfinished", 0: "completed"}))
     df.insert(0, "policy", run.name)
     return df
 
@@ -65,10 +84,12 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
     steps = np.asarray(run.steps, dtype=float).reshape(-1, len(STEP_FIELDS))
     col = {name: steps[:, i] for i, name in enumerate(STEP_FIELDS)}
     dt = col["step_s"]
-    waiting = col["waiting"] > 0
-    basis = "waiting" if dt[waiting].sum() > 0 else "busy"
-    mask = waiting if basis == "waiting" else np.ones_like(waiting)
-    w = dt * mask
+    busy = dt.sum()
+    limits = {f"limited_by_{name}": float(dt[col["limit"] == i].sum() / busy) if busy > 0 else math.nan
+              for i, name in enumerate(LIMITS)}
+    memory_bound = col["limit"] == LIMITS.index("memory")
+    basis = "memory" if dt[memory_bound].sum() > 0 else "none"
+    w = dt * memory_bound
 
     def weighted(x, weights=w):
         total = weights.sum()
@@ -93,6 +114,7 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
         "requests_completed": int(len(done)),
         "requests_rejected": int((requests.outcome == "rejected").sum()),
         "requests_unfinished": int((requests.outcome == "unfinished").sum()),
+        **limits,
         **fractions,
         "fraction_basis": basis,
         "kv_utilization": fractions["token_fraction"],
@@ -100,7 +122,7 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
         "mean_batch_size": weighted(col["running"], dt),
         "max_batch_size": int(col["running"].max()) if len(dt) else 0,
         "achievable_batch_size": weighted(col["running"]),
-        "throughput_tok_s": float(done.output_tokens.sum() * run.width / makespan) if makespan > 0 else 0.0,
+        "throughput_tok_s": float((done.output_tokens * done.sequences).sum() / makespan) if makespan > 0 else 0.0,
         "request_throughput": float(len(done) / makespan) if makespan > 0 else 0.0,
         "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "ttft_p99_s": pct(ttft, 99),
         "tpot_p50_s": pct(tpot, 50), "tpot_p90_s": pct(tpot, 90), "tpot_p99_s": pct(tpot, 99),

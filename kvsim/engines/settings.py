@@ -1,0 +1,72 @@
+"""Each engine's defaults for the settings a scenario leaves unset, and what each allows.
+
+A scenario's `scheduler:` block and its policies use vLLM's names; whatever they leave
+unset takes the chosen engine's default, read from that engine's source:
+
+| setting | vllm-v0 (0.6.3.post1) | vllm-v1 (0.10.1.1) | sglang (0.4.10) |
+| --- | --- | --- | --- |
+| max_num_seqs | 256 | 1024 on a GPU of 70 GiB or more other than A100, else 256 | min(pool tokens / 2, clamp(pool tokens / max_model_len x 512, 2048, 4096)) |
+| max_num_batched_tokens | max(max_model_len, 2048); 512 with chunking | 8192 on such a GPU, else 2048 | chunked_prefill_size: 2048 under 35 GiB, 8192 under 160 GiB, else 16384 |
+| enable_chunked_prefill | false | true | true |
+| preemption_mode | recompute for one sequence, swap for a group | recompute | recompute (retraction) |
+| watermark | 0.01 | none | none (it reserves for running requests' outputs instead) |
+| enable_prefix_caching | false | true (hash) | true (radix) |
+
+Sources: vllm/config.py SchedulerConfig (V0 max_num_batched_tokens), vllm/core/block_manager.py
+(watermark), vllm/core/scheduler.py `_preempt` (V0); vllm/engine/arg_utils.py
+`_set_default_args_v1` (V1's per-GPU defaults for the OpenAI server); sglang/srt/server_args.py
+(chunked_prefill_size by GPU memory, max_prefill_tokens 16384, schedule_policy fcfs),
+sglang/srt/managers/tp_worker.py and model_executor/model_runner.py (max_running_requests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_ENGINE = "vllm-v1"
+GIB = 2 ** 30
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What one run's scheduler works with: the scenario's values, or its engine's defaults."""
+    engine: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    preemption_mode: str | None     # None: the engine chooses per request (V0: groups swap)
+    watermark: float
+    schedule_policy: str = "fcfs"   # SGLang: fcfs or lpm (longest prefix match first)
+
+
+def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib: float,
+            pool_tokens: int | None = None) -> EngineSettings:
+    """Effective settings of scheduler block `s` (kvsim.scenario.Scheduler) under `engine`.
+    pool_tokens (the KV pool in token slots) sizes SGLang's max_running_requests."""
+    big = gpu_memory_gib >= 70 and "a100" not in gpu_name.lower()
+    if engine == "vllm-v0":
+        chunked = bool(s.enable_chunked_prefill)
+        return EngineSettings(engine, s.max_num_seqs or 256,
+                              s.max_num_batched_tokens or (512 if chunked else max(max_model_len, 2048)),
+                              chunked, s.preemption_mode,
+                              0.01 if s.watermark is None else s.watermark)
+    if engine == "vllm-v1":
+        return EngineSettings(engine, s.max_num_seqs or (1024 if big else 256),
+                              s.max_num_batched_tokens or (8192 if big else 2048),
+                              True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
+                              s.preemption_mode or "recompute", s.watermark or 0.0)
+    chunk = 2048 if gpu_memory_gib < 35 else 8192 if gpu_memory_gib < 160 else 16384
+    seqs = s.max_num_seqs
+    if seqs is None:
+        if pool_tokens is None:      # before the pool is sized (activation estimate)
+            seqs = 2048
+        else:
+            seqs = max(1, min(pool_tokens // 2, min(max(int(pool_tokens / max_model_len * 512), 2048), 4096)))
+    return EngineSettings(engine, seqs, s.max_num_batched_tokens or chunk,
+                          True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
+                          s.preemption_mode or "recompute", s.watermark or 0.0,
+                          s.schedule_policy or "fcfs")
+
+
+def prefix_defaults(engine: str) -> tuple[bool, str]:
+    """(enable_prefix_caching, prefix_cache) for a paged policy that leaves them unset."""
+    return {"vllm-v0": (False, "hash"), "vllm-v1": (True, "hash"), "sglang": (True, "radix")}[engine]

@@ -1,0 +1,116 @@
+"""vLLM V0 (the system of the vLLM paper and of the seeds' claims), as in vLLM 0.6.3.post1.
+
+Without chunked prefill (`Scheduler._schedule_default`, vllm/core/scheduler.py) a step
+either prefills or decodes:
+- While nothing is swapped out, waiting requests are prefilled first come first served
+  (`_schedule_prefills`): the head is admitted whole if the block manager can allocate
+  its prompt keeping the watermark free (`can_allocate`, vllm/core/block_manager.py:
+  LATER stops the queue; NEVER, a prompt larger than the pool minus the watermark, is
+  rejected), then if the token budget holds its prompt tokens and max_num_seqs its
+  sequences (`SchedulingBudget.can_schedule`; running groups count all their sequences).
+- A step that prefilled nothing decodes every running group (`_schedule_running`): one
+  token each, no token budget; when a group cannot grow, the latest-admitted running
+  group is preempted, until it fits or the group itself went. Then, if nothing was
+  preempted, swapped-out groups come back first come first served while memory
+  (watermark kept) and max_num_seqs allow (`_schedule_swapped`), and decode at once.
+- Preemption (`_preempt`): with preemption_mode unset, a single sequence is recomputed
+  and a group (samples, beams) swapped; "swap" or "recompute" force one. A recomputed
+  request goes to the front of the waiting queue, a swapped one to the back of the
+  swapped queue. Where vLLM aborts because CPU swap space is full, kvsim recomputes.
+With chunked prefill (`_schedule_chunked_prefill`) one token budget is shared: running
+requests first (decodes, then their next chunk), then swapped ones, then waiting prompts
+in chunks.
+"""
+from __future__ import annotations
+
+from kvsim.allocators import SeqShape
+from kvsim.scheduler import Scheduler, Seq, Step, with_limit
+
+
+class VllmV0:
+    name = "vllm-v0"
+    split_samples = False
+
+    def preemption_mode(self, s: Scheduler, seq: Seq) -> str:
+        if s.preemption_mode is None:
+            return "recompute" if s.width == 1 else "swap"
+        return s.preemption_mode
+
+    def requeue(self, s: Scheduler, seq: Seq) -> None:
+        (s.swapped.append if seq.swapped else s.waiting.appendleft)(seq)
+
+    def prefilled(self, s: Scheduler, seq: Seq) -> None:
+        pass
+
+    def schedule(self, s: Scheduler, now: float) -> Step:
+        step = Step()
+        if s.chunked:
+            budget = self._running(s, step, now, s.budget)
+            if not step.preempted:
+                budget = self._swapped(s, step, now, budget)
+            if not s.swapped:
+                self._prefills(s, step, now, budget)
+            return step
+        if not s.swapped:
+            self._prefills(s, step, now, s.budget)
+        if step.work:
+            return step
+        self._running(s, step, now, None)
+        if not step.preempted:
+            self._swapped(s, step, now, None)
+        return step
+
+    def _prefills(self, s: Scheduler, step: Step, now: float, budget: float) -> float:
+        seqs = s.running_seqs()
+        while s.waiting:
+            head = s.waiting[0]
+            cached, n, held = s.prefill_need(head, budget)
+            prompt = SeqShape(head.target, 0, head.shape.segments, head.shape.tail_id)
+            if s.allocator.footprint(prompt) + s.keep_free > s.allocator.capacity:   # NEVER
+                s.reject(head, now, "prompt exceeds the KV pool minus the watermark", step)
+                continue
+            # can_allocate first, then the budget, as _schedule_prefills asks them
+            why = (s.blocked_by(head, held, s.keep_free) if not s.fits(head, held, s.keep_free)
+                   else "token_budget" if n > budget or n == 0
+                   else "max_num_seqs" if seqs + s.width > s.max_num_seqs else "")
+            if not why:
+                if s.admit(head, cached, n, held, step, now, s.keep_free):
+                    budget -= n
+                    seqs += s.width
+                    continue
+                if not s.running and not s.swapped:    # nothing will ever free memory for it
+                    s.reject(head, now, "does not fit an empty KV pool", step)
+                    continue
+                why = "memory"         # a copy for a sample or beam did not fit
+            with_limit(step, why, head, held, s.keep_free)
+            break
+        return budget
+
+    def _running(self, s: Scheduler, step: Step, now: float, budget: float | None) -> float | None:
+        i = 0
+        while i < len(s.running):
+            seq = s.running[i]
+            n = 1
+            if budget is not None:      # chunked: the budget is shared
+                n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
+                if n <= 0 or (not seq.prefilling and budget < s.width):
+                    break
+            if not s.run(seq, n, step, now):
+                break
+            if budget is not None:
+                budget -= n if seq.prefilling else s.width
+            i += 1
+        return budget
+
+    def _swapped(self, s: Scheduler, step: Step, now: float, budget: float | None) -> float | None:
+        seqs = s.running_seqs()
+        while s.swapped:
+            seq = s.swapped[0]
+            if seqs + s.width > s.max_num_seqs or (budget is not None and budget < s.width):
+                break
+            if not s.swap_in(seq, step, now, s.keep_free):
+                break
+            seqs += s.width
+            budget = None if budget is None else budget - s.width
+        return budget
+
