@@ -1,7 +1,12 @@
 """Small helpers shared by several test modules (tests/ is on sys.path under pytest)."""
 import contextlib
+import copy
+import io
+import shutil
 import signal
+import sys
 
+from kvsim.cli.app import main
 from kvsim.cost.model import StepBatch
 
 
@@ -33,3 +38,44 @@ class OneSecondSteps:
 
     def step_time(self, batch: StepBatch) -> float:
         return self.price(batch)[0]
+
+
+def kvsim(*args) -> tuple[int, str, str]:
+    """In-process `kvsim ARGS`: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def kvsim_command() -> list[str]:
+    """The installed `kvsim` executable, or this interpreter running the CLI module."""
+    exe = shutil.which("kvsim")
+    return [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
+
+
+def one_error_line(code: int, out: str, err: str) -> str:
+    """Bad input fails as the project promises: exit 2, nothing on stdout, one
+    `kvsim: error: ...` line on stderr and no traceback. Returns that line."""
+    assert code == 2, (code, err)
+    assert out == "", out
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("kvsim: error: "), err
+    return lines[0]
+
+
+def with_changes(base: dict, **changes) -> dict:
+    """A deep copy of `base` with changes: a key a__b sets [a][b], a value None drops it."""
+    doc = copy.deepcopy(base)
+    for key, value in changes.items():
+        *path, last = key.split("__")
+        node = doc
+        for part in path:
+            node = node[part]
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return doc

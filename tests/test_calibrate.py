@@ -2,24 +2,15 @@
 loads, reports its held-out error and drives a run."""
 from __future__ import annotations
 
-import io
 import json
-from contextlib import redirect_stderr, redirect_stdout
 
 import pandas as pd
 import pytest
 
-from kvsim.cli.app import main
+from helpers import kvsim
 from kvsim.cost.profiles import load_profile
 
 torch = pytest.importorskip("torch")
-
-
-def kvsim(*args) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +22,7 @@ def quick_profile(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_quick_cpu_profile_has_the_documented_format(quick_profile):
     prof = load_profile(quick_profile)
     meta = prof.meta
@@ -46,6 +38,7 @@ def test_quick_cpu_profile_has_the_documented_format(quick_profile):
     assert "per_block_s" in meta["attention"]["decode"]
 
 
+@pytest.mark.slow
 def test_quick_profile_reports_and_drives_a_run(quick_profile, tmp_path):
     code, out, _ = kvsim("calibrate", "--report", quick_profile, "--json")
     res = json.loads(out)
@@ -73,6 +66,7 @@ def test_cuda_without_a_gpu_is_an_input_error(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_quick_profile_times_whole_steps_against_its_prediction(quick_profile):
     """The stored end-to-end check covers prompts, decode batches and a mixed step, and the
     sum of parts lands within 50% of every measured step (forgetting to multiply the
@@ -111,6 +105,7 @@ def test_forward_decode_attends_each_sequence_through_its_block_table():
     assert net(s).shape == (4, 50)               # logits for the prompt's last token and 3 decodes
 
 
+@pytest.mark.slow
 def test_all_reduce_is_measured_across_cpu_processes_and_charged_per_layer(quick_profile):
     """Two gloo workers time the all-reduce; the cost model charges exactly the fit."""
     from kvsim.calibrate.allreduce import fit

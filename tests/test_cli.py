@@ -7,20 +7,17 @@ two go through the installed executable for real exit codes and stderr.
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import shutil
 import subprocess
-import sys
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from kvsim.cli.app import main
+from helpers import kvsim, kvsim_command, one_error_line
 from kvsim.errors import InputError
 from kvsim.scenario import load_scenario
 
@@ -66,27 +63,8 @@ def write_scenario(folder: Path, filename: str = "small.yaml", **overrides) -> P
     return path
 
 
-def kvsim(*args) -> tuple[int, str, str]:
-    """In-process `kvsim ARGS`: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
-
-
 def kvsim_executable(*args, cwd: Path) -> subprocess.CompletedProcess:
-    exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
-    return subprocess.run([*cmd, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
-def assert_one_error_line(code: int, out: str, err: str) -> str:
-    assert code == 2
-    assert "Traceback" not in err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("kvsim: error: ")
-    return lines[0]
+    return subprocess.run([*kvsim_command(), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -228,7 +206,7 @@ def test_quiet_prints_nothing(in_scenario_folder):
 
 # --- bad input: one line, exit 2, nothing written --------------------------------------
 def test_unknown_policy(in_scenario_folder):
-    line = assert_one_error_line(*kvsim("run", "small.yaml", "--policy", "paged16"))
+    line = one_error_line(*kvsim("run", "small.yaml", "--policy", "paged16"))
     assert line == ("kvsim: error: small.yaml: --policy: no policy 'paged16'; "
                     "the scenario has: contiguous, pow2, paged-16")
     assert not (in_scenario_folder / "results").exists()
@@ -240,7 +218,7 @@ def test_unknown_policy(in_scenario_folder):
     (["--bogus"], "--bogus"),
 ])
 def test_bad_run_flags(in_scenario_folder, args, needle):
-    line = assert_one_error_line(*kvsim("run", "small.yaml", *args))
+    line = one_error_line(*kvsim("run", "small.yaml", *args))
     assert needle in line
     assert not (in_scenario_folder / "results").exists()
 
@@ -262,14 +240,14 @@ def test_invalid_scenario_through_the_executable(tmp_path):
 def test_unreadable_scenarios_write_nothing(tmp_path, monkeypatch, content):
     (tmp_path / "bad.yaml").write_bytes(content)
     monkeypatch.chdir(tmp_path)
-    line = assert_one_error_line(*kvsim("run", "bad.yaml"))
+    line = one_error_line(*kvsim("run", "bad.yaml"))
     assert line.startswith("kvsim: error: bad.yaml: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
 
 
 def test_missing_scenario_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    line = assert_one_error_line(*kvsim("run", "nope.yaml"))
+    line = one_error_line(*kvsim("run", "nope.yaml"))
     assert line == "kvsim: error: nope.yaml: file: not found"
     assert list(tmp_path.iterdir()) == []
 
@@ -280,9 +258,9 @@ def test_failing_run_leaves_an_existing_output_untouched(in_scenario_folder):
     # valid file, failing run: Llama-3-70B's 141 GB of weights leave an A100-40GB no KV pool
     write_scenario(in_scenario_folder, "broken.yaml", model="llama-3-70b", gpu="a100-40gb",
                    kv_cache_memory_gib=None)
-    line = assert_one_error_line(*kvsim("run", "broken.yaml", "--out", "out"))
+    line = one_error_line(*kvsim("run", "broken.yaml", "--out", "out"))
     assert line.startswith("kvsim: error: broken.yaml: gpu_memory_utilization: no memory left for the KV cache")
-    line = assert_one_error_line(*kvsim("run", "small.yaml", "--out", "out", "--policy", "nope"))
+    line = one_error_line(*kvsim("run", "small.yaml", "--out", "out", "--policy", "nope"))
     assert snapshot(in_scenario_folder / "out") == before
     assert hidden_entries(in_scenario_folder) == []
 
@@ -333,7 +311,7 @@ def test_a_foreign_output_folder_is_refused_unless_forced(in_scenario_folder):
     out = in_scenario_folder / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("not kvsim's")
-    line = assert_one_error_line(*kvsim("run", "small.yaml", "--out", "mine"))
+    line = one_error_line(*kvsim("run", "small.yaml", "--out", "mine"))
     assert line == ("kvsim: error: command line: --out: mine holds files that are not kvsim results; "
                     "pass --force to replace it")
     assert snapshot(out) == {"notes.txt": b"not kvsim's"}
@@ -356,7 +334,7 @@ def test_default_output_never_lands_on_the_results_folder_itself(tmp_path, monke
     (other / "keep.txt").write_text("keep")
     write_scenario(tmp_path, name=".")          # results/. is results/
     monkeypatch.chdir(tmp_path)
-    assert_one_error_line(*kvsim("run", "small.yaml", "--quiet", "--num-requests", "3"))
+    one_error_line(*kvsim("run", "small.yaml", "--quiet", "--num-requests", "3"))
     assert (other / "keep.txt").read_text() == "keep"
 
 

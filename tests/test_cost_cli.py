@@ -1,28 +1,14 @@
 """`kvsim cost`, `kvsim calibrate --report` and `kvsim run --profile` end to end."""
 from __future__ import annotations
 
-import io
 import json
-from contextlib import redirect_stderr, redirect_stdout
 
 import pandas as pd
 import pytest
 import yaml
 
-from kvsim.cli.app import main
+from helpers import kvsim, one_error_line
 from kvsim.cost.profiles import SHIPPED
-
-
-def kvsim(*args) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
-
-
-def one_error_line(code: int, err: str) -> str:
-    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("kvsim: error: "), err
-    return err.strip()
 
 
 def test_cost_json_has_step_time_and_parts_that_sum_to_it():
@@ -67,8 +53,8 @@ def test_cost_bad_input_is_one_line_and_exit_2(args, field):
     base = {"--model": "llama-3-8b", "--gpu": "a100-80gb"}
     for i in range(0, len(args), 2):
         base[args[i]] = args[i + 1]
-    code, _, err = kvsim("cost", *[x for kv in base.items() for x in kv])
-    assert field in one_error_line(code, err)
+    code, out, err = kvsim("cost", *[x for kv in base.items() for x in kv])
+    assert field in one_error_line(code, out, err)
 
 
 def test_calibrate_report_prints_held_out_mape():
@@ -83,8 +69,8 @@ def test_calibrate_report_prints_held_out_mape():
 
 
 def test_calibrate_needs_model_and_out():
-    code, _, err = kvsim("calibrate", "--device", "cpu")
-    assert "--model" in one_error_line(code, err)
+    code, out, err = kvsim("calibrate", "--device", "cpu")
+    assert "--model" in one_error_line(code, out, err)
 
 
 SCENARIO = {
@@ -125,11 +111,11 @@ def test_run_profile_option_overrides_the_scenario(tmp_path):
 def test_run_bad_profile_is_one_line_and_writes_nothing(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({**SCENARIO, "cost_model": {"profile": "missing-profile"}}))
-    code, _, err = kvsim("run", path, "--out", tmp_path / "out", "--quiet")
-    assert "cost_model.profile: no profile 'missing-profile'" in one_error_line(code, err)
+    code, out, err = kvsim("run", path, "--out", tmp_path / "out", "--quiet")
+    assert "cost_model.profile: no profile 'missing-profile'" in one_error_line(code, out, err)
     assert not (tmp_path / "out").exists()
-    code, _, err = kvsim("run", path, "--out", tmp_path / "out", "--profile", "h100-llama-2-7b")
-    assert "--profile" in one_error_line(code, err)
+    code, out, err = kvsim("run", path, "--out", tmp_path / "out", "--profile", "h100-llama-2-7b")
+    assert "--profile" in one_error_line(code, out, err)
 
 
 def test_a_broken_profile_is_an_error_not_a_silent_fallback(tmp_path):
@@ -139,7 +125,7 @@ def test_a_broken_profile_is_an_error_not_a_silent_fallback(tmp_path):
     meta = json.loads((broken / "meta.json").read_text())
     del meta["allreduce"]["latency_s"]
     (broken / "meta.json").write_text(json.dumps(meta))
-    code, _, err = kvsim("cost", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--tp", "2",
-                         "--prefill-tokens", "100", "--profile", broken)
-    assert one_error_line(code, err) == (f"kvsim: error: {broken}: meta.json: has no 'latency_s': "
-                                         "not a complete kvsim profile (see kvsim/cost/profiles.py)")
+    code, out, err = kvsim("cost", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--tp", "2",
+                           "--prefill-tokens", "100", "--profile", broken)
+    assert one_error_line(code, out, err) == (f"kvsim: error: {broken}: meta.json: has no 'latency_s': "
+                                              "not a complete kvsim profile (see kvsim/cost/profiles.py)")

@@ -14,19 +14,17 @@ without the per-step checks (the test above shows they change nothing), to stay 
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from kvsim.cli.app import main
+import helpers
+from helpers import kvsim_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -42,10 +40,9 @@ def fast(monkeypatch):
 
 
 def kvsim(*args) -> None:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    assert (code, err.getvalue()) == (0, ""), err.getvalue()
+    """In-process `kvsim ARGS`, which must succeed with nothing on stderr."""
+    code, _, err = helpers.kvsim(*args)
+    assert (code, err) == (0, ""), err
 
 
 def read(folder: Path, *names: str) -> dict[str, bytes]:
@@ -120,10 +117,8 @@ def test_check_mode_changes_nothing(tmp_path):
 def _fresh_interpreter(scenario: Path, out: Path, cwd: Path, **env_changes: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KVSIM_CHECK_INVARIANTS"}
     env.update(env_changes)
-    exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
-    proc = subprocess.run([*cmd, "run", str(scenario), "--out", str(out), "--quiet"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*kvsim_command(), "run", str(scenario), "--out", str(out), "--quiet"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
 
 

@@ -21,13 +21,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import io
 import math
 import os
 import resource
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -37,8 +34,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import wall_limit
-from kvsim.cli.app import main
+from helpers import kvsim, kvsim_command, wall_limit, with_changes
 from kvsim.workload.datasets import read_trace
 from kvsim.errors import InputError
 
@@ -95,10 +91,8 @@ def inside(folder: Path):
 
 def kvsim_in(folder: Path, *args) -> tuple[int, str, str]:
     """In-process `kvsim ARGS` run from `folder`: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with inside(folder), wall_limit(60), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
+    with inside(folder), wall_limit(60):
+        return kvsim(*args)
 
 
 def assert_clean(code: int, out: str, err: str, folder: Path, sources: tuple[str, ...]) -> str:
@@ -241,12 +235,14 @@ def test_base_scenario_runs():
     assert _run_scenario_bytes(dump(BASE), None, 5)[0] == "ran"
 
 
+@pytest.mark.slow
 @fuzz(300)
 @given(doc=mutated_scenarios())
 def test_mutated_scenarios(doc):
     run_scenario_bytes("mutated scenario dicts", dump(doc))
 
 
+@pytest.mark.slow
 @fuzz(150)
 @given(doc=plausible_scenarios())
 def test_plausible_scenarios(doc):
@@ -267,18 +263,21 @@ def edited_text(draw):
     return text
 
 
+@pytest.mark.slow
 @fuzz(200)
 @given(content=edited_text())
 def test_edited_yaml_text(content):
     run_scenario_bytes("edited YAML texts", content)
 
 
+@pytest.mark.slow
 @fuzz(100)
 @given(content=st.binary(max_size=256))
 def test_binary_garbage(content):
     assert run_scenario_bytes("binary scenario files", content)[0] == "refused"
 
 
+@pytest.mark.slow
 def test_truncated_shipped_scenario_at_every_byte(monkeypatch):
     """rag_8k.yaml cut after every byte. The runs that load are simulated without the
     per-step checks (six policies on an H100-sized pool), to keep this to seconds."""
@@ -328,6 +327,7 @@ def trace_csvs(draw) -> bytes:
     return data
 
 
+@pytest.mark.slow
 @fuzz(500)
 @given(data=trace_csvs())
 def test_read_trace_returns_clean_columns_or_one_input_error(data):
@@ -350,6 +350,7 @@ def test_read_trace_returns_clean_columns_or_one_input_error(data):
         assert str(df[col].dtype) == "int64" and df[col].between(1, 2**31 - 1).all()
 
 
+@pytest.mark.slow
 @fuzz(120)
 @given(data=trace_csvs())
 def test_trace_scenarios(data):
@@ -363,10 +364,8 @@ def kvsim_subprocess(folder: Path, *args, timeout: float = 60) -> subprocess.Com
     `timeout` seconds."""
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
-    exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*cmd, *map(str, args)], cwd=folder, capture_output=True, text=True,
+    return subprocess.run([*kvsim_command(), *map(str, args)], cwd=folder, capture_output=True, text=True,
                           timeout=timeout, preexec_fn=limit_memory, env=env)
 
 
@@ -380,6 +379,7 @@ SUBPROCESS_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SUBPROCESS_CASES))
 def test_through_the_executable(tmp_path, case):
     (tmp_path / "scenario.yaml").write_bytes(dump(SUBPROCESS_CASES[case]))
@@ -391,17 +391,7 @@ def test_through_the_executable(tmp_path, case):
 
 # --- numbers that make no physical sense ---------------------------------------------------
 def _with(**changes):
-    doc = copy.deepcopy(BASE)
-    for dotted, value in changes.items():
-        *path, last = dotted.split("__")
-        node = doc
-        for key in path:
-            node = node[key]
-        if value is None:
-            node.pop(last, None)
-        else:
-            node[last] = value
-    return doc
+    return with_changes(BASE, **changes)
 
 
 INLINE_MODEL = {"num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "head_dim": 64, "hidden_size": 128,
@@ -432,6 +422,7 @@ ONCE_CRASHED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(NONSENSE))
 def test_physical_nonsense(tmp_path, case):
     doc, expected, reason = NONSENSE[case]
@@ -448,6 +439,7 @@ def test_physical_nonsense(tmp_path, case):
     FUZZED["physically impossible scenarios"] += 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(ONCE_CRASHED))
 def test_physical_nonsense_once_crashed(tmp_path, case):
     (tmp_path / "scenario.yaml").write_bytes(dump(ONCE_CRASHED[case]))
@@ -483,12 +475,14 @@ def test_uniform_max_beyond_int64(tmp_path, key):
     assert assert_clean(code, out, err, tmp_path, ("scenario.yaml",)) == "refused"
 
 
+@pytest.mark.slow
 def test_enormous_num_requests(tmp_path):
     (tmp_path / "scenario.yaml").write_bytes(dump(_with(workload__num_requests=10**12)))
     proc = kvsim_subprocess(tmp_path, "run", "scenario.yaml", "--out", "out", "--quiet", timeout=60)
     assert assert_clean(proc.returncode, proc.stdout, proc.stderr, tmp_path, ("scenario.yaml",)) == "refused"
 
 
+@pytest.mark.slow
 def test_fuzz_counts():
     """How many inputs each fuzz test tried in this session (pytest -rP shows it)."""
     print("inputs fuzzed (of which ran): "

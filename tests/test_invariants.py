@@ -3,10 +3,11 @@ the runtime check mode catching corruption.
 
 1. Every registered allocator, in every option variant a scenario can ask for, is
    driven through long random sequences of allocate / grow / fork / free / preempt
-   (free, then re-admit holding one token more: the scheduler's recompute, and its swap,
-   which keeps the KV in CPU memory and re-allocates it on return). Caches evict inside
-   allocate and grow; an allocator that grows public swap_out / swap_in / evict methods
-   gets rules for them too. After every operation: the
+   (free, then re-admit holding one token more). Preempt-then-re-admit is all an
+   allocator sees of either preemption mode: the scheduler's recompute frees the KV,
+   and its swap keeps the KV in CPU memory (the scheduler's own accounting) and
+   allocates it again on return. The prefix caches evict inside allocate and grow, so
+   eviction runs whenever a cache fills. After every operation: the
    allocator's own check_invariants, the breakdown's parts are non-negative and sum to
    the capacity (with and without a waiting request), tokens_of agrees with a model of
    what each sequence holds, a failed operation changed nothing, and a sequence alone
@@ -23,7 +24,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import inspect
 import io
 import itertools
 import os
@@ -35,11 +35,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from pydantic import ValidationError
 
 from kvsim.allocators import ALLOCATORS, Breakdown, InvariantError, SeqShape, make_allocator
 from kvsim.allocators import contiguous
 from kvsim.allocators.paged import PagedAllocator
 from kvsim.cli.app import main
+from kvsim import scenario
 from kvsim.engine import STEP_FIELDS, simulate
 from helpers import OneSecondSteps
 from kvsim.specs import MODEL_PRESETS, KVSpec
@@ -63,13 +65,11 @@ OPS: collections.Counter = collections.Counter()
 
 # --- the variants: every registry entry, with the options a scenario can give it -------
 def _policy_models() -> list:
-    """The scenario's policy types (one per allocator key), or [] if the layout changed."""
-    try:
-        from kvsim import scenario
-        union = typing.get_args(scenario.Policy)[0]
-        return [m for m in typing.get_args(union) if "allocator" in m.model_fields]
-    except Exception:
-        return []
+    """The scenario's policy types (one per allocator key)."""
+    union = typing.get_args(scenario.Policy)[0]
+    models = [m for m in typing.get_args(union) if "allocator" in m.model_fields]
+    assert models, f"no policy models in {scenario.Policy}"
+    return models
 
 
 def _option_values(name: str, field) -> tuple:
@@ -83,43 +83,46 @@ def _option_values(name: str, field) -> tuple:
     return ()   # anything else: leave it at its default
 
 
-def _as_allocator(policy) -> tuple[str, dict]:
-    """The registry key and options a policy builds (whichever hook the model offers)."""
-    if hasattr(policy, "allocator_kind"):
-        return policy.allocator_kind()
-    return policy.allocator, (policy.options() if hasattr(policy, "options") else {})
-
-
 def _variant_id(kind: str, options: dict) -> str:
     words = [k if v is True else str(v) for k, v in options.items() if v is not False]
     return "-".join([kind, *words])
 
 
-def allocator_variants() -> list[tuple[str, str, dict, int | None]]:
-    """(id, registry key, options, sliding window) for every entry of ALLOCATORS, read at
-    test time.
-
-    Options come from the scenario's policy models (every Literal and bool field, a few
-    values of integer fields), turned into a registry key and options by the model's
-    own hook, so the variants are exactly those a scenario can produce. A key no policy
-    produces is built with its builder's defaults. Each variant that honours a model's
-    sliding window (the model, not the policy, sets it) also runs with a short one.
-    """
-    out: dict[str, tuple] = {}
+def _policy_combinations():
+    """(allocator tag, options, the validated policy or the ValidationError refusing it)
+    for every combination of option values of every policy model (every Literal and bool
+    field, a few values of integer fields)."""
     for model in _policy_models():
         tag = typing.get_args(model.model_fields["allocator"].annotation)[0]
         choices = {n: v for n, f in model.model_fields.items()
                    if n not in ("name", "allocator") and not n.startswith("kv_")
                    and (v := _option_values(n, f))}
         for combo in itertools.product(*choices.values()):
+            options = dict(zip(choices, combo))
             try:
-                policy = model.model_validate({"name": "p", "allocator": tag, **dict(zip(choices, combo))})
-            except Exception:        # a combination the scenario itself refuses
-                continue
-            kind, options = _as_allocator(policy)
-            if kind in ALLOCATORS:
-                vid = _variant_id(kind, options)
-                out.setdefault(vid, (vid, kind, dict(options), None))
+                policy = model.model_validate({"name": "p", "allocator": tag, **options})
+            except ValidationError as e:   # test_only_documented_combinations_are_refused
+                policy = e
+            yield tag, options, policy
+
+
+def allocator_variants() -> list[tuple[str, str, dict, int | None]]:
+    """(id, registry key, options, sliding window) for every entry of ALLOCATORS, read at
+    test time.
+
+    Every combination a policy model accepts is turned into a registry key and options
+    by the model's own allocator_kind hook, so the variants are exactly those a scenario
+    can produce. A key no policy produces is built with its builder's defaults. Each
+    variant that honours a model's sliding window (the model, not the policy, sets it)
+    also runs with a short one.
+    """
+    out: dict[str, tuple] = {}
+    for _, _, policy in _policy_combinations():
+        if isinstance(policy, ValidationError):
+            continue
+        kind, options = policy.allocator_kind()
+        vid = _variant_id(kind, options)
+        out.setdefault(vid, (vid, kind, dict(options), None))
     for kind in ALLOCATORS:
         if not any(v[1] == kind for v in out.values()):
             out[kind] = (kind, kind, {}, None)
@@ -155,6 +158,20 @@ def test_every_scenario_variant_builds():
     assert [v[0] for v in allocator_variants() if not _buildable(v)] == []
 
 
+def test_only_documented_combinations_are_refused():
+    """The variants skip what a scenario refuses: that must be only contiguous with
+    enable_prefix_caching (each request owns one region, so nothing is shared), for every
+    reserve and placement, and refused with that reason, so a validator bug cannot
+    silently drop a variant."""
+    refused = [(tag, options, str(p)) for tag, options, p in _policy_combinations()
+               if isinstance(p, ValidationError)]
+    assert sorted((o["reserve"], o["placement"]) for tag, o, _ in refused) == sorted(
+        itertools.product(("max", "pow2", "oracle"), ("first-fit", "buddy")))
+    for tag, options, message in refused:
+        assert tag == "contiguous" and options["enable_prefix_caching"] is True, (tag, options)
+        assert "contiguous allocation cannot share KV between requests" in message, message
+
+
 def test_every_registry_entry_and_option_is_covered():
     assert {v[1] for v in VARIANTS} == set(ALLOCATORS)
     assert {"paged-1", "paged-16"} <= set(VARIANT_IDS)
@@ -163,25 +180,11 @@ def test_every_registry_entry_and_option_is_covered():
 
 
 # --- the model both drivers use ---------------------------------------------------------
-def _optional(alloc, name: str, arity: int):
-    """alloc.name if it exists and takes `arity` positional arguments, else None."""
-    method = getattr(alloc, name, None)
-    if method is None:
-        return None
-    try:
-        params = [p for p in inspect.signature(method).parameters.values()
-                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        return None
-    return method if len(params) == arity else None
-
-
 class Model:
     """An allocator beside a record of what each sequence should hold.
 
     live:      seq id -> [shape, tokens held]
     preempted: seq id -> (shape, tokens to re-admit with), in preemption order
-    swapped:   seq id -> [shape, tokens], held off the GPU pool (swap allocators only)
     """
 
     def __init__(self, vid: str, kind: str, options: dict, window: int | None = None):
@@ -190,14 +193,8 @@ class Model:
         self.alloc = build(kind, options, window)
         self.live: dict[int, list] = {}
         self.preempted: dict[int, tuple[SeqShape, int]] = {}
-        self.swapped: dict[int, list] = {}
         self.gone: collections.deque[int] = collections.deque(maxlen=8)   # freed ids
         self.next_id = 0
-        self.fork = _optional(self.alloc, "fork", 2)
-        self.swap_out = _optional(self.alloc, "swap_out", 1)
-        self.swap_in = _optional(self.alloc, "swap_in", 1)
-        self.evict = _optional(self.alloc, "evict", 1)
-        self.keep_free = "keep_free" in inspect.signature(self.alloc.allocate).parameters
         self.check()
 
     # -- operations (each counts once) ------------------------------------------------
@@ -224,18 +221,17 @@ class Model:
 
     def _admit(self, seq_id: int, shape: SeqShape, tokens: int, keep_free: int = 0) -> bool:
         OPS[self.vid] += 1
-        alone = not self.live and not self.swapped
+        alone = not self.live
         matched = self.alloc.match_prefix(shape, tokens)
         assert 0 <= matched <= max(tokens - 1, 0)
         before = self.alloc.breakdown(None)
-        watermark = {"keep_free": keep_free} if keep_free and self.keep_free else {}
-        if self.alloc.allocate(seq_id, shape, tokens, **watermark):
+        if self.alloc.allocate(seq_id, shape, tokens, keep_free=keep_free):
             self.live[seq_id] = [shape, tokens]
-            if watermark:
+            if keep_free:
                 after = self.alloc.breakdown(None)
                 assert after.free >= keep_free, f"admitting {seq_id} left {after.free} < {keep_free} free"
             return True
-        assert watermark or not alone, f"{seq_id} ({shape}, {tokens} tokens) fits no empty pool"
+        assert keep_free or not alone, f"{seq_id} ({shape}, {tokens} tokens) fits no empty pool"
         assert self.alloc.tokens_of(seq_id) is None
         self._unchanged(before, f"failed allocate of seq {seq_id}")
         return False
@@ -245,7 +241,7 @@ class Model:
         shape, tokens = self.live[seq_id]
         target = min(tokens + extra, shape.final_tokens)
         OPS[self.vid] += 1
-        alone = len(self.live) == 1 and not self.swapped
+        alone = len(self.live) == 1
         before = self.alloc.breakdown(None)
         if self.alloc.grow(seq_id, target):
             self.live[seq_id][1] = target
@@ -261,42 +257,27 @@ class Model:
         self.gone.append(seq_id)
 
     def preempt(self, index: int) -> None:
-        """Recompute preemption: drop the KV; re-admission prefills prompt + generated
-        and yields the next token, so it comes back holding one token more (at most
-        its final length)."""
+        """Preemption as the allocator sees it: the KV is freed (recompute drops it, swap
+        copies it to CPU memory first), and re-admission allocates it again. Recompute's
+        re-admission prefills prompt + generated and yields the next token, so it comes
+        back holding one token more (at most its final length)."""
         seq_id = self._pick(self.live, index)
         shape, tokens = self.live.pop(seq_id)
         OPS[self.vid] += 1
         self.alloc.free(seq_id)
         self.preempted[seq_id] = (shape, min(tokens + 1, shape.final_tokens))
 
-    def do_fork(self, index: int) -> None:
+    def fork(self, index: int) -> None:
         """A parallel sample or beam: the child starts as a copy of the parent."""
         parent = self._pick(self.live, index)
         child, self.next_id = self.next_id, self.next_id + 1
         OPS[self.vid] += 1
         before = self.alloc.breakdown(None)
-        if self.fork(parent, child) is not False:
+        if self.alloc.fork(parent, child):
             self.live[child] = list(self.live[parent])
         else:
             assert self.alloc.tokens_of(child) is None
             self._unchanged(before, f"failed fork of seq {parent}")
-
-    def do_swap_out(self, index: int) -> None:
-        seq_id = self._pick(self.live, index)
-        OPS[self.vid] += 1
-        if self.swap_out(seq_id) is not False:
-            self.swapped[seq_id] = self.live.pop(seq_id)
-
-    def do_swap_in(self, index: int) -> None:
-        seq_id = self._pick(self.swapped, index)
-        OPS[self.vid] += 1
-        if self.swap_in(seq_id) is not False:
-            self.live[seq_id] = self.swapped.pop(seq_id)
-
-    def do_evict(self, amount: int) -> None:
-        OPS[self.vid] += 1
-        self.evict(amount)
 
     @staticmethod
     def _pick(seqs: dict, index: int) -> int:
@@ -336,14 +317,10 @@ class Model:
 
     def drain(self) -> None:
         """Free everything: the pool must be empty (cached-but-free blocks count as free)."""
-        for seq_id in list(self.swapped):
-            if self.swap_in(seq_id) is not False:
-                self.live[seq_id] = self.swapped.pop(seq_id)
         for seq_id in list(self.live):
             self.alloc.free(seq_id)
             del self.live[seq_id]
             self.check()
-        assert not self.swapped, "swapped sequences could not come back into an empty pool"
         self.preempted.clear()
         self.check()
         b = self.alloc.breakdown(None)
@@ -361,7 +338,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def start(self):
         self.m = Model(*self.variant)
 
-    @precondition(lambda self: len(self.m.live) + len(self.m.preempted) + len(self.m.swapped) < MAX_SEQS)
+    @precondition(lambda self: len(self.m.live) + len(self.m.preempted) < MAX_SEQS)
     @rule(prompt=st.integers(1, 60), output=st.integers(1, 40), first=st.integers(1, 64),
           group=st.integers(0, 3), tail=st.sampled_from(["own", "own", "shared", "never"]),
           keep_free=st.sampled_from([0, 0, 0, 1, 2, 16, 100]))
@@ -388,25 +365,10 @@ class AllocatorMachine(RuleBasedStateMachine):
     def readmit(self, index):
         self.m.readmit(index)
 
-    @precondition(lambda self: self.m.fork and self.m.live and len(self.m.live) < MAX_SEQS)
+    @precondition(lambda self: self.m.live and len(self.m.live) < MAX_SEQS)
     @rule(index=INDEX)
     def fork(self, index):
-        self.m.do_fork(index)
-
-    @precondition(lambda self: self.m.swap_out and self.m.live)
-    @rule(index=INDEX)
-    def swap_out(self, index):
-        self.m.do_swap_out(index)
-
-    @precondition(lambda self: self.m.swap_in and self.m.swapped)
-    @rule(index=INDEX)
-    def swap_in(self, index):
-        self.m.do_swap_in(index)
-
-    @precondition(lambda self: self.m.evict)
-    @rule(amount=st.integers(1, POOL_SLOTS))
-    def evict(self, amount):
-        self.m.do_evict(amount)
+        self.m.fork(index)
 
     @invariant()
     def consistent(self):
@@ -422,6 +384,7 @@ MACHINE_SETTINGS = settings(max_examples=40, stateful_step_count=60, deadline=No
                             suppress_health_check=list(HealthCheck))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_state_machine(variant):
     machine = type(f"Machine_{variant[0]}", (AllocatorMachine,), {"variant": variant})
@@ -438,11 +401,10 @@ WALK_EXAMPLES = 6
 def random_walk(m: Model, rng: random.Random, steps: int) -> None:
     """A scheduler-like mix: mostly growth, with admissions, completions, preemptions."""
     for _ in range(steps):
-        n = len(m.live) + len(m.preempted) + len(m.swapped)
+        n = len(m.live) + len(m.preempted)
         ops = [("allocate", 3 if n < MAX_SEQS else 0), ("grow", 8 * bool(m.live)),
                ("free", bool(m.live)), ("preempt", bool(m.live)), ("readmit", 2 * bool(m.preempted)),
-               ("fork", 2 * bool(m.fork and m.live and n < MAX_SEQS)), ("swap_out", bool(m.swap_out and m.live)),
-               ("swap_in", bool(m.swap_in and m.swapped)), ("evict", bool(m.evict))]
+               ("fork", 2 * bool(m.live and n < MAX_SEQS))]
         op = rng.choices([o for o, _ in ops], [w for _, w in ops])[0]
         i = rng.randrange(1 << 16)
         if op == "allocate":
@@ -450,14 +412,13 @@ def random_walk(m: Model, rng: random.Random, steps: int) -> None:
                        rng.choice(("own", "own", "own", "shared", "never")), rng.choice((0, 0, 0, 0, 1, 2, 16, 100)))
         elif op == "grow":
             m.grow(i, rng.choice((1, 1, 1, 1, 2, 7, 16, 64)))
-        elif op == "evict":
-            m.do_evict(rng.randint(1, POOL_SLOTS))
         else:
-            getattr(m, {"fork": "do_fork", "swap_out": "do_swap_out", "swap_in": "do_swap_in"}.get(op, op))(i)
+            getattr(m, op)(i)
         m.check()
     m.drain()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @settings(max_examples=WALK_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           database=None)
@@ -466,6 +427,7 @@ def test_random_walk(variant, seed):
     random_walk(Model(*variant), random.Random(seed), WALK_STEPS)
 
 
+@pytest.mark.slow
 def test_enough_operations_per_allocator(request):
     """Tens of thousands of operations per variant, when the whole module ran."""
     ran = {v for v in VARIANT_IDS if OPS[v]}

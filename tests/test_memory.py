@@ -6,13 +6,12 @@ bytes per token = 2 (K and V) x layers x KV heads x head_dim x dtype bytes; MLA 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
+from helpers import kvsim_command, one_error_line
 from kvsim.cli.app import main
 from kvsim.memory import kv_footprint
 from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS
@@ -30,14 +29,7 @@ def memory_json(capsys, *args: str) -> dict:
 
 
 def assert_one_error_line(capsys, code: int) -> str:
-    out, err = capsys.readouterr()
-    assert code == 2
-    assert out == ""
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("kvsim: error:")
-    assert "Traceback" not in err
-    return lines[0]
+    return one_error_line(code, *capsys.readouterr())
 
 
 def write_config(tmp_path, name="config.json", **fields) -> str:
@@ -169,9 +161,7 @@ def test_cli_text_output_names_the_numbers(capsys):
 
 
 def test_cli_executable_end_to_end():
-    exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
-    proc = subprocess.run([*cmd, "memory", "--model", "llama-3-70b", "--context", "8192",
+    proc = subprocess.run([*kvsim_command(), "memory", "--model", "llama-3-70b", "--context", "8192",
                            "--batch", "32", "--json"], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr) == (0, "")
     got = json.loads(proc.stdout)
@@ -257,11 +247,7 @@ def test_config_with_negative_layers_exits_2(tmp_path, capsys):
 
 
 def test_bad_flag_through_the_executable_is_one_line_exit_2():
-    exe = shutil.which("kvsim")
-    cmd = [exe] if exe else [sys.executable, "-m", "kvsim.cli.app"]
-    proc = subprocess.run([*cmd, "memory", "--model", "nope", "--context", "1"],
+    proc = subprocess.run([*kvsim_command(), "memory", "--model", "nope", "--context", "1"],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    assert len(proc.stderr.splitlines()) == 1
-    assert proc.stderr.startswith("kvsim: error: command line: --model: unknown model 'nope'")
+    line = one_error_line(proc.returncode, proc.stdout, proc.stderr)
+    assert line.startswith("kvsim: error: command line: --model: unknown model 'nope'")

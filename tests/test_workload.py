@@ -6,7 +6,6 @@ sampler fails such a check with probability below 1e-6 for a fresh seed.
 """
 from __future__ import annotations
 
-import copy
 import math
 import shutil
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from helpers import with_changes
 from kvsim.errors import InputError
 from kvsim.scenario import load_scenario
 from kvsim.workload.requests import RequestSpec, generate_requests
@@ -43,13 +43,8 @@ BASE = {
 def make_requests(tmp_path: Path, *, seed: int = 0, max_model_len: int = 4096, **workload):
     """Write a scenario whose workload keys are replaced by `workload` (None drops a key),
     load it, and return (requests, scenario path)."""
-    raw = copy.deepcopy(BASE)
-    raw.update(seed=seed, max_model_len=max_model_len)
-    for key, value in workload.items():
-        if value is None:
-            raw["workload"].pop(key, None)
-        else:
-            raw["workload"][key] = value
+    raw = with_changes(BASE, seed=seed, max_model_len=max_model_len,
+                       **{f"workload__{key}": value for key, value in workload.items()})
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(raw))
     scn, base_dir = load_scenario(path)
