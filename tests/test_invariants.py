@@ -29,6 +29,7 @@ import itertools
 import os
 import random
 import re
+import types
 import typing
 
 import pytest
@@ -74,6 +75,9 @@ def _policy_models() -> list:
 
 def _option_values(name: str, field) -> tuple:
     ann = field.annotation
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(args) == 1:
+        ann = args[0]        # an optional setting (unset: the engine's default): its values
     if typing.get_origin(ann) is typing.Literal:
         return typing.get_args(ann)
     if ann is bool:
