@@ -289,8 +289,11 @@ class Scheduler:
         step = self.rules.schedule(self, now)
         if not self.waiting and not self.swapped:
             step.limit, step.head_need = "arrivals", None
-        elif step.preempted or (self.swapped and not step.limit):
+        elif step.preempted:
             step.limit = "preemption"
+        elif not step.limit:
+            raise RuntimeError(f"{self.rules.name} left requests waiting without saying why "
+                               f"at t={now:.6f}s; this is a kvsim bug")
         if step.head_need is None and self.waiting:
             head = self.waiting[0]
             step.head_need = (head.shape, self.prefill_need(head, self.budget)[2], self.keep_free)

@@ -48,10 +48,14 @@ class VllmV0:
             budget = self._running(s, step, now, s.budget)
             if not step.preempted:
                 budget = self._swapped(s, step, now, budget)
-            if not s.swapped:
+            if s.swapped:
+                with_limit(step, "preemption")
+            else:
                 self._prefills(s, step, now, budget)
             return step
-        if not s.swapped:
+        if s.swapped:        # swapped-out groups come back before any prompt is prefilled
+            with_limit(step, "preemption")
+        else:
             self._prefills(s, step, now, s.budget)
         if step.work:
             return step
@@ -69,8 +73,12 @@ class VllmV0:
             if s.allocator.footprint(prompt) + s.keep_free > s.allocator.capacity:   # NEVER
                 s.reject(head, now, "prompt exceeds the KV pool minus the watermark", step)
                 continue
+            fits = s.fits(head, held, s.keep_free)
+            if not fits and not s.running and not s.swapped:     # a reservation never fits
+                s.reject(head, now, "does not fit an empty KV pool minus the watermark", step)
+                continue
             # can_allocate first, then the budget, as _schedule_prefills asks them
-            why = (s.blocked_by(head, held, s.keep_free) if not s.fits(head, held, s.keep_free)
+            why = (s.blocked_by(head, held, s.keep_free) if not fits
                    else "token_budget" if n > budget or n == 0
                    else "max_num_seqs" if seqs + s.width > s.max_num_seqs else "")
             if not why:
