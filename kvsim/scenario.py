@@ -216,13 +216,15 @@ class Paged(PolicyBase):
     allocator: Literal["paged"]
     block_size: int = Field(16, ge=1, le=4096)
     enable_prefix_caching: bool = False
-    prefix_cache: Literal["hash", "radix"] = "hash"   # radix: SGLang-style, token granularity
+    prefix_cache: Literal["hash", "radix"] = "hash"   # radix: SGLang-style radix tree
 
     def allocator_kind(self) -> tuple[str, dict]:
         if not self.enable_prefix_caching:
             return "paged", {"block_size": self.block_size}
         if self.prefix_cache == "radix":
-            return "radix", {}
+            # block_size is SGLang's page_size; SGLang's default is 1, not vLLM's 16.
+            given = "block_size" in self.model_fields_set
+            return "radix", {"page_size": self.block_size} if given else {}
         return "paged", {"block_size": self.block_size, "prefix_caching": True}
 
 
