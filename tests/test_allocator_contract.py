@@ -113,6 +113,7 @@ OPS = st.lists(st.one_of(
               st.sampled_from(SEGMENTS), st.sampled_from([-1, 7])),
     st.tuples(st.just("grow"), st.integers(0, 5), st.integers(0, 24)),
     st.tuples(st.just("free"), st.integers(0, 5)),
+    st.tuples(st.just("prefilled"), st.integers(0, 5), st.integers(0, 40)),
 ), max_size=30)
 
 
@@ -142,6 +143,9 @@ def test_random_operations_keep_invariants(config, ops):
         elif op == "free" and seq_id in held:
             alloc.free(seq_id)
             del held[seq_id]
+        elif op == "prefilled" and seq_id in held:
+            alloc.cache_prefilled(seq_id, args[0])     # the step that computed them ran
+            assert alloc.tokens_of(seq_id) == held[seq_id]
         b = checked(alloc)          # sharing: logical tokens = physical + shared
         assert b.token + b.shared == sum(held.values())
     for seq_id in list(held):

@@ -342,6 +342,30 @@ def test_radix_shares_a_prompt_once_its_prefill_ran():
     alloc.check_invariants()
 
 
+def test_radix_cache_prefilled_shares_before_the_request_grows_again():
+    """An engine whose steps are prefill-only (SGLang's, when a new prefill batch can be
+    formed) calls cache_prefilled after the step, as SGLang runs cache_unfinished_req
+    after the forward: the next prefill batch shares the prompt though the first request
+    has not decoded yet. After a recompute the re-prefilled output tokens go in too."""
+    alloc = RadixCacheAllocator(64)
+    a, b = SeqShape(10, 4, ((7, 8),)), SeqShape(10, 4, ((7, 8),))
+    assert alloc.allocate(1, a, 11)
+    alloc.cache_prefilled(1, 10)           # the prompt's 10 tokens are computed
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1)]
+    assert alloc.free_slots == 53          # nothing duplicated, nothing freed
+    assert alloc.match_prefix(b, 11) == 8
+    assert alloc.grow(1, 12)               # nothing left to insert
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1)] and alloc.free_slots == 52
+    turn = SeqShape(6, 4, (), tail_id=9)   # recomputed with 2 generated tokens: 8 + 1
+    assert alloc.allocate(2, turn, 9)
+    alloc.cache_prefilled(2, 8)
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1), (0, ((9, 0, 8),), 1)]
+    alloc.cache_prefilled(2, 20)           # at most what it holds: 9; a leaf for the 9th
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1), (0, ((9, 0, 8),), 1), (8, ((9, 8, 1),), 1)]
+    assert alloc.free_slots == 64 - 12 - 9
+    alloc.check_invariants()
+
+
 def test_radix_inserts_each_prefill_chunk_at_the_next_one():
     alloc = RadixCacheAllocator(64)
     a = SeqShape(10, 4, ((7, 8),))

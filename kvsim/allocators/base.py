@@ -122,6 +122,11 @@ class KVAllocator(Protocol):
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         """Let a sequence hold `num_tokens` tokens in all (never fewer than it holds)."""
 
+    def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
+        """The step computing the sequence's prefill (or a chunk of it) has run: its
+        first `num_tokens` tokens have KV. A cache that shares a prompt once it is
+        computed (the radix cache, as SGLang) makes them matchable; others ignore it."""
+
     def free(self, seq_id: int) -> None:
         """Release everything the sequence holds."""
 

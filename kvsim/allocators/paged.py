@@ -210,6 +210,9 @@ class PagedAllocator:
         self._grown(seq)
         return True
 
+    def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
+        """Nothing to do: vLLM caches a full block when it allocates it (prefix.py)."""
+
     def _slide(self, seq: _Seq) -> None:
         """Release leading blocks whose tokens are all outside the attention window."""
         if self.window is None:

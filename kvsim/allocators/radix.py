@@ -13,11 +13,12 @@ its other tokens in its private part. Its tokens enter the tree, so that others 
 match them, at two moments, as in radix_cache.py:
 - after its prefill (cache_unfinished_req, called after each prefill chunk and after
   the last one: managers/scheduler.py get_next_batch_to_run and
-  scheduler_output_processor_mixin.py process_batch_result_prefill): the prompt
-  tokens computed so far. kvsim calls allocate/grow before the step that computes the
-  tokens, so what a sequence held at its previous call has been computed by its next:
-  `grow` first inserts the prompt tokens (whole pages) it held before, then grows it.
-  A request admitted in the step that prefills the same prompt does not share it.
+  scheduler_output_processor_mixin.py process_batch_result_prefill): the tokens
+  computed so far. An engine says so with `cache_prefilled` once the step has run.
+  Without that call, `grow` does it for the prompt tokens the sequence held before:
+  allocate and grow come before the step that computes the tokens, so what a sequence
+  held at its previous call has been computed by its next. Either way a request
+  admitted in the step that prefills the same prompt does not share it.
 - when it is freed (cache_finished_req): every token it holds (kvsim holds a slot for
   the last sampled token, whose KV SGLang never computes and leaves out).
 Inserting moves the sequence's tokens the tree lacks into it, frees its private copies
@@ -41,7 +42,7 @@ samples share them. The eviction priority is LRU (SGLang also offers LFU).
 Invariants: tree + private + free slots == capacity; a node's lock count equals the
 number of running sequences whose path passes through it; only unlocked leaves are
 evicted; each sequence's path spells its own first `matched` tokens, whole pages that
-cover the prompt tokens it had computed by its last grow; no edge holds content -1.
+cover the tokens it offered once computed; no edge holds content -1.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class _Seq:
     tokens: int
     node: Node         # where its part in the tree ends (the root if none)
     matched: int       # its leading tokens in the tree, whole pages, locked through node
-    offered: int = 0   # prompt tokens it has offered the tree after prefilling them
+    offered: int = 0   # its first tokens offered to the tree once computed
 
 
 class RadixCacheAllocator:
@@ -115,13 +116,13 @@ class RadixCacheAllocator:
         self._free += known - seq.matched
         seq.node, seq.matched = node, inserted
 
-    def _prefilled(self, seq: _Seq) -> tuple[int, Runs]:
-        """(prompt tokens computed by now, the whole pages of them to insert or ())."""
-        done = min(seq.tokens, seq.shape.prompt_tokens)
+    def _to_insert(self, seq: _Seq, done: int) -> Runs:
+        """The whole pages of the sequence's first `done` (computed) tokens, if the tree
+        lacks some for it and they were not offered before; else ()."""
         if done <= seq.offered:
-            return done, ()
+            return ()
         runs = self._tree.whole_pages(cacheable_runs(seq.shape, done))
-        return done, runs if runs_length(runs) > seq.matched else ()
+        return runs if runs_length(runs) > seq.matched else ()
 
     def _gain(self, seq: _Seq, runs: Runs) -> int:
         """Slots that inserting `runs` for `seq` makes available: its copies of what the
@@ -141,6 +142,18 @@ class RadixCacheAllocator:
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         return self._tree.lookup(cacheable_runs(shape, max(num_tokens - 1, 0))).matched
 
+    def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
+        """The step computing the sequence's prefill (chunk) has run: its first
+        `num_tokens` tokens (at most what it holds) enter the tree, as SGLang's
+        cache_unfinished_req does after every prefill chunk. Never fails: inserting
+        takes no slots."""
+        seq = self._seqs[seq_id]
+        done = min(num_tokens, seq.tokens)
+        runs = self._to_insert(seq, done)
+        if runs:
+            self._cache(seq, runs)
+        seq.offered = max(seq.offered, done)
+
     def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already allocated")
@@ -158,7 +171,8 @@ class RadixCacheAllocator:
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         seq = self._seqs[seq_id]
         check_growth(seq_id, seq.tokens, num_tokens)
-        done, runs = self._prefilled(seq)
+        done = min(seq.tokens, seq.shape.prompt_tokens)    # computed by now
+        runs = self._to_insert(seq, done)
         need = self._pages(num_tokens) - self._pages(seq.tokens)
         if need > self._free + self._tree.evictable + self._gain(seq, runs):
             return False
@@ -235,8 +249,8 @@ class RadixCacheAllocator:
                                      f"{seq.tokens}, but its path spells {depth} of its own")
             offered = self._tree.whole_pages(cacheable_runs(seq.shape, seq.offered))
             if runs_length(offered) > seq.matched or seq.offered > seq.tokens:
-                raise InvariantError(f"seq {seq_id} offered {seq.offered} prompt tokens to the "
-                                     f"tree but is matched on {seq.matched}")
+                raise InvariantError(f"seq {seq_id} offered {seq.offered} tokens to the tree "
+                                     f"but is matched on {seq.matched}")
             private += self._pages(seq.tokens) - seq.matched
         self._tree.check(refs)
         if private != self._private:
