@@ -223,7 +223,7 @@ class Paged(PolicyBase):
     allocator: Literal["paged"]
     block_size: int = Field(16, ge=1, le=4096)
     enable_prefix_caching: bool | None = None          # default: the engine's
-    prefix_cache: Literal["hash", "radix"] | None = None   # radix: SGLang-style, token granularity
+    prefix_cache: Literal["hash", "radix"] | None = None   # radix: SGLang-style radix tree
 
     def allocator_kind(self, engine: str = "vllm-v1") -> tuple[str, dict]:
         from kvsim.engines.settings import prefix_defaults
@@ -232,7 +232,9 @@ class Paged(PolicyBase):
         if not on:
             return "paged", {"block_size": self.block_size}
         if (self.prefix_cache or default_cache) == "radix":
-            return "radix", {}
+            # block_size is SGLang's page_size; SGLang's default is 1, not vLLM's 16.
+            given = "block_size" in self.model_fields_set
+            return "radix", {"page_size": self.block_size} if given else {}
         return "paged", {"block_size": self.block_size, "prefix_caching": True}
 
 
@@ -442,10 +444,6 @@ def _check_engine(scn: Scenario, src: str) -> None:
                          f"{s.max_num_batched_tokens} is smaller than max_model_len ({scn.max_model_len}), "
                          "so a long prompt could never be prefilled; raise it or set "
                          "enable_chunked_prefill: true")
-    for i, policy in enumerate(scn.policies):
-        if isinstance(policy, Paged) and policy.prefix_cache == "radix" and "block_size" in policy.model_fields_set:
-            raise InputError(src, f"policies[{i}].block_size", "the radix cache is token-granular "
-                             "(SGLang's page size 1); drop block_size or use prefix_cache: hash")
 
 
 def _unknown(value: str, valid, what: str) -> str:

@@ -312,7 +312,8 @@ class Scheduler:
         for seq, n in step.work:
             if seq.prefilling:
                 seq.prefilled += n
-                self.rules.prefilled(self, seq)
+                for sid in seq.ids:      # a cache that shares computed prompts may take them now
+                    self.allocator.cache_prefilled(sid, seq.prefilled)
                 if seq.prefilling:
                     continue
             seq.generated += 1

@@ -18,8 +18,9 @@ MAX_MODEL_LEN = 64
 
 CONFIGS = (
     [("paged", {"block_size": b}) for b in (1, 16, 32)]
+    + [("paged", {"block_size": 16, "free_order": "v0"})]
     + [("paged", {"block_size": b, "prefix_caching": True}) for b in (1, 16)]
-    + [("radix", {})]
+    + [("radix", {}), ("radix", {"page_size": 16})]
     + [("contiguous", {"reserve": r, "placement": p}) for r in RESERVES for p in PLACEMENTS]
 )
 IDS = ["-".join([kind, *(k if v is True else str(v) for k, v in opts.items())])
@@ -112,6 +113,7 @@ OPS = st.lists(st.one_of(
               st.sampled_from(SEGMENTS), st.sampled_from([-1, 7])),
     st.tuples(st.just("grow"), st.integers(0, 5), st.integers(0, 24)),
     st.tuples(st.just("free"), st.integers(0, 5)),
+    st.tuples(st.just("prefilled"), st.integers(0, 5), st.integers(0, 40)),
 ), max_size=30)
 
 
@@ -141,6 +143,9 @@ def test_random_operations_keep_invariants(config, ops):
         elif op == "free" and seq_id in held:
             alloc.free(seq_id)
             del held[seq_id]
+        elif op == "prefilled" and seq_id in held:
+            alloc.cache_prefilled(seq_id, args[0])     # the step that computed them ran
+            assert alloc.tokens_of(seq_id) == held[seq_id]
         b = checked(alloc)          # sharing: logical tokens = physical + shared
         assert b.token + b.shared == sum(held.values())
     for seq_id in list(held):

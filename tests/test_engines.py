@@ -228,8 +228,6 @@ def test_sglang_max_running_requests_follows_the_pool():
     ({"engine": "vllm-v1", "scheduler": {"watermark": 0.1}}, "scheduler.watermark", "no watermark"),
     ({"engine": "vllm-v1", "scheduler": {"schedule_policy": "lpm"}}, "scheduler.schedule_policy", "SGLang"),
     ({"engine": "vllm-v0", "scheduler": {"engine": "sglang"}}, "engine", "give it once"),
-    ({"policies": [dict(name="r", allocator="paged", block_size=32, enable_prefix_caching=True,
-                        prefix_cache="radix")]}, "policies[0].block_size", "token-granular"),
     ({"engine": "vllm-v0", "workload": {"n": 4}, "scheduler": {"max_num_seqs": 2}},
      "scheduler.max_num_seqs", "counts every sample or beam"),
 ])
@@ -245,7 +243,9 @@ def test_prefix_caching_defaults_follow_the_engine():
     p = Paged(name="p", allocator="paged")
     assert p.allocator_kind("vllm-v0") == ("paged", {"block_size": 16})
     assert p.allocator_kind("vllm-v1") == ("paged", {"block_size": 16, "prefix_caching": True})
-    assert p.allocator_kind("sglang") == ("radix", {})
+    assert p.allocator_kind("sglang") == ("radix", {})        # SGLang's page size 1
+    paged = Paged(name="p", allocator="paged", block_size=32)
+    assert paged.allocator_kind("sglang") == ("radix", {"page_size": 32})   # a block_size given is its page
     off = Paged(name="p", allocator="paged", enable_prefix_caching=False)
     assert all(off.allocator_kind(e) == ("paged", {"block_size": 16}) for e in ENGINES)
 

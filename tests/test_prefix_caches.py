@@ -102,12 +102,38 @@ def test_match_is_whole_blocks_and_leaves_the_last_token():
         0, 0, 0, 4, 4, 8, 12, 16]
     assert alloc.allocate(2, s, 16)                # reuses 3 blocks, recomputes the 4th
     assert alloc.block_table(2) == [0, 1, 2, 4]
-    assert alloc.cached_blocks == [0, 1, 2, 3]     # block 4 duplicates 3: stays uncached
+    # vLLM does not de-duplicate: block 4 is cached as a second copy of block 3's key.
+    assert alloc.cached_blocks == [0, 1, 2, 3, 4]
+    assert alloc.copies(3) == alloc.copies(4) == [3, 4]
     assert [alloc.ref_count(b) for b in range(5)] == [2, 2, 2, 1, 1]
     alloc.free(1)
     assert alloc.free_blocks == [5, 6, 7, 3]
     alloc.free(2)
     assert alloc.free_blocks == [5, 6, 7, 3, 4, 2, 1, 0]
+    alloc.check_invariants()
+
+
+def test_a_recomputed_copy_still_hits_after_the_first_copy_is_evicted():
+    """vLLM 0.10.1.1 BlockPool: cached_block_hash_to_block maps a hash to every block
+    cached under it; evicting one copy (_maybe_evict_cached_block) leaves the others,
+    and get_cached_block returns the first one left."""
+    alloc = hashed()
+    s = shaped(16, segments=((7, 16),))
+    assert alloc.allocate(1, s, 16) and alloc.allocate(2, s, 16)
+    assert alloc.block_table(2) == [0, 1, 2, 4]
+    alloc.free(1)
+    alloc.free(2)
+    assert alloc.free_blocks == [5, 6, 7, 3, 4, 2, 1, 0]
+    assert alloc.allocate(3, shaped(16, segments=()), 16)   # takes 5, 6, 7 and evicts 3
+    assert alloc.block_table(3) == [5, 6, 7, 3]
+    assert alloc.cached_blocks == [0, 1, 2, 4] and alloc.copies(4) == [4]
+    alloc.free(3)
+    assert alloc.free_blocks == [4, 2, 1, 0, 3, 7, 6, 5]
+    longer = shaped(17, segments=((7, 16),))
+    assert alloc.match_prefix(longer, 17) == 16     # the fourth block hits its copy
+    assert alloc.allocate(4, longer, 17)
+    assert alloc.block_table(4) == [0, 1, 2, 4, 3]
+    assert alloc.free_blocks == [7, 6, 5]
     alloc.check_invariants()
 
 
@@ -223,8 +249,8 @@ def radix():
     assert alloc.nodes() == [(0, ((1, 0, 6), (2, 0, 4)), 0)]
     assert alloc.free_slots == 22
     b = shaped(12, segments=((1, 6), (3, 4)))
-    assert alloc.match_prefix(b, 12) == 6
-    assert alloc.nodes() == [(0, ((1, 0, 6), (2, 0, 4)), 0)]    # a query splits nothing
+    assert alloc.match_prefix(b, 12) == 6           # a lookup splits, as SGLang's does
+    assert alloc.nodes() == [(0, ((1, 0, 6),), 0), (6, ((2, 0, 4),), 0)]
     assert alloc.allocate(2, b, 12)
     assert alloc.nodes() == [(0, ((1, 0, 6),), 1), (6, ((2, 0, 4),), 0)]
     alloc.check_invariants()
@@ -252,19 +278,150 @@ def test_radix_shared_match_and_refcounts(radix):
     radix.check_invariants()
 
 
-def test_radix_evicts_least_recently_used_leaves(radix):
-    radix.free(2)                                  # touches the content-3 leaf
-    assert radix.allocate(3, shaped(12, segments=((1, 6), (2, 4))), 12)
-    radix.free(3)                                  # touches the content-2 leaf: newer
-    assert radix.free_slots == 18
-    unique = shaped(22, 10, segments=())
-    assert radix.allocate(4, unique, 22)           # needs 4 more: the older leaf goes
-    assert radix.nodes() == [(0, ((1, 0, 6),), 0), (6, ((2, 0, 4),), 0)]
-    assert radix.grow(4, 26)
-    assert radix.nodes() == [(0, ((1, 0, 6),), 0)]  # the parent is a leaf now
-    assert radix.grow(4, 32)
-    assert radix.nodes() == []
-    radix.check_invariants()
+def two_leaves(lookup: bool) -> RadixCacheAllocator:
+    """14 slots; X = (1: 4 tokens, 2: 4 tokens) then Y = (1: 4, 3: 4) were freed, each
+    with one unique token: the tree is (1) -> (2), (3), 2 slots free. Y's leaf (3) was
+    made last, so it is the more recent unless `lookup` then looks X up."""
+    alloc = RadixCacheAllocator(14)
+    x, y = shaped(9, segments=((1, 4), (2, 4))), shaped(9, segments=((1, 4), (3, 4)))
+    assert alloc.allocate(1, x, 9)
+    alloc.free(1)
+    assert alloc.allocate(2, y, 9)
+    alloc.free(2)
+    assert alloc.nodes() == [(0, ((1, 0, 4),), 0), (4, ((2, 0, 4),), 0), (4, ((3, 0, 4),), 0)]
+    assert alloc.free_slots == 2
+    if lookup:
+        assert alloc.match_prefix(x, 9) == 8
+    return alloc
+
+
+@pytest.mark.parametrize("lookup, left", [(False, 3), (True, 2)])
+def test_radix_lookup_refreshes_the_path_it_matches(lookup, left):
+    """SGLang 0.4.10 _match_prefix_helper stamps every node it visits: looking X up
+    makes leaf (2) newer than leaf (3), so the least recently used leaf is (3)."""
+    alloc = two_leaves(lookup)
+    assert alloc.allocate(3, shaped(3, segments=()), 3)   # 3 > 2 free: evict 3 slots
+    assert alloc.nodes() == [(0, ((1, 0, 4),), 0), (4, ((left, 0, 4),), 0)]
+    assert alloc.free_slots == 2 + 4 - 3
+    alloc.check_invariants()
+
+
+def test_radix_evicts_the_whole_allocation_when_short():
+    """SGLang 0.4.10 _evict_tree_cache_if_needed: with 2 slots free, a 6-token
+    allocation evicts 6 slots' worth (two 4-token leaves), not only the 4 missing."""
+    alloc = two_leaves(lookup=False)
+    assert alloc.allocate(3, shaped(6, segments=()), 6)
+    assert alloc.nodes() == [(0, ((1, 0, 4),), 0)]
+    assert alloc.free_slots == 2 + 8 - 6
+    assert alloc.breakdown(None) == Breakdown(6, 0, 0, 0, 0, 8)
+    assert alloc.allocate(4, shaped(5, segments=()), 5)  # 4 free, 4 evictable: all go
+    assert alloc.nodes() == [] and alloc.free_slots == 3
+    alloc.check_invariants()
+
+
+def test_radix_shares_a_prompt_once_its_prefill_ran():
+    """SGLang 0.4.10 inserts a prompt after its prefill (cache_unfinished_req), so a
+    request admitted after that step shares it; one admitted in the same step does not.
+    kvsim's scheduler allocates before the step that computes the tokens."""
+    alloc = RadixCacheAllocator(64)
+    a, b, c = (SeqShape(10, 4, ((7, 8),)) for _ in range(3))   # 8 shared, 2 unique each
+    assert alloc.allocate(1, a, 11)        # the prefill step: 10 prompt tokens + 1
+    assert alloc.match_prefix(b, 11) == 0  # nothing computed yet
+    assert alloc.allocate(2, b, 11)        # admitted in the same step: computes it too
+    assert alloc.nodes() == [] and alloc.free_slots == 42
+    assert alloc.grow(1, 12)               # next step: a's prompt went in, then it grows
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1)]
+    assert alloc.free_slots == 41
+    assert alloc.grow(2, 12)               # b's copy of the 8 shared tokens is freed
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 2)]
+    assert alloc.free_slots == 48
+    assert alloc.breakdown(None) == Breakdown(16, 0, 0, 0, 0, 48, shared=8)
+    assert alloc.match_prefix(c, 11) == 8
+    assert alloc.allocate(3, c, 11)
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 3)] and alloc.free_slots == 45
+    alloc.check_invariants()
+
+
+def test_radix_cache_prefilled_shares_before_the_request_grows_again():
+    """An engine whose steps are prefill-only (SGLang's, when a new prefill batch can be
+    formed) calls cache_prefilled after the step, as SGLang runs cache_unfinished_req
+    after the forward: the next prefill batch shares the prompt though the first request
+    has not decoded yet. After a recompute the re-prefilled output tokens go in too."""
+    alloc = RadixCacheAllocator(64)
+    a, b = SeqShape(10, 4, ((7, 8),)), SeqShape(10, 4, ((7, 8),))
+    assert alloc.allocate(1, a, 11)
+    alloc.cache_prefilled(1, 10)           # the prompt's 10 tokens are computed
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1)]
+    assert alloc.free_slots == 53          # nothing duplicated, nothing freed
+    assert alloc.match_prefix(b, 11) == 8
+    assert alloc.grow(1, 12)               # nothing left to insert
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1)] and alloc.free_slots == 52
+    turn = SeqShape(6, 4, (), tail_id=9)   # recomputed with 2 generated tokens: 8 + 1
+    assert alloc.allocate(2, turn, 9)
+    alloc.cache_prefilled(2, 8)
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1), (0, ((9, 0, 8),), 1)]
+    alloc.cache_prefilled(2, 20)           # at most what it holds: 9; a leaf for the 9th
+    assert alloc.nodes() == [(0, ((7, 0, 8),), 1), (0, ((9, 0, 8),), 1), (8, ((9, 8, 1),), 1)]
+    assert alloc.free_slots == 64 - 12 - 9
+    alloc.check_invariants()
+
+
+def test_radix_inserts_each_prefill_chunk_at_the_next_one():
+    alloc = RadixCacheAllocator(64)
+    a = SeqShape(10, 4, ((7, 8),))
+    assert alloc.allocate(1, a, 4)         # chunk 1: tokens 0-3
+    assert alloc.nodes() == []
+    assert alloc.grow(1, 8)                # chunk 2; chunk 1 went in
+    assert alloc.nodes() == [(0, ((7, 0, 4),), 1)]
+    assert alloc.grow(1, 11)               # last chunk + first token; chunk 2 went in
+    assert alloc.nodes() == [(0, ((7, 0, 4),), 1), (4, ((7, 4, 4),), 1)]
+    assert alloc.grow(1, 12)               # the prompt's last 2 tokens are unique
+    assert alloc.nodes() == [(0, ((7, 0, 4),), 1), (4, ((7, 4, 4),), 1)]
+    assert alloc.free_slots == 64 - 12
+    alloc.check_invariants()
+
+
+def paged_radix(page: int) -> RadixCacheAllocator:
+    """A (6 tokens of content 1, then its own content 5) prefilled 11 prompt tokens and
+    decoded to 13, then was freed."""
+    alloc = RadixCacheAllocator(32, page_size=page)
+    a = SeqShape(11, 2, ((1, 6),), tail_id=5)
+    assert alloc.allocate(1, a, 12) and alloc.grow(1, 13)
+    alloc.free(1)
+    return alloc
+
+
+def test_radix_pages_match_and_insert_whole_pages():
+    """SGLang 0.4.10 RadixCache with page_size 4: inserts cut to whole pages, children
+    keyed by their first page, matches compared page by page."""
+    alloc = RadixCacheAllocator(32, page_size=4)
+    a = SeqShape(11, 2, ((1, 6),), tail_id=5)
+    assert alloc.allocate(1, a, 12)                       # 3 pages
+    assert alloc.breakdown(None) == Breakdown(12, 0, 0, 0, 0, 20)
+    assert alloc.grow(1, 13)         # 8 of the 11 prompt tokens go in; a 4th page
+    assert alloc.nodes() == [(0, ((1, 0, 6), (5, 0, 2)), 1)]
+    # 5 private tokens in 8 slots, final 13: 3 slots will never be used.
+    assert alloc.breakdown(None) == Breakdown(13, 0, 3, 0, 0, 16)
+    alloc.free(1)                    # 12 of its 13 tokens go in; the partial page is freed
+    assert alloc.nodes() == [(0, ((1, 0, 6), (5, 0, 2)), 0), (8, ((5, 2, 4),), 0)]
+    assert alloc.free_slots == 20
+    c = SeqShape(14, 2, ((1, 6), (5, 4)), tail_id=9)     # agrees on 10 tokens
+    assert alloc.match_prefix(c, 14) == 8
+    assert paged_radix(1).match_prefix(c, 14) == 10
+    assert alloc.unfit_reason(SeqShape(30, 3)) == "final length exceeds KV pool"
+    assert alloc.unfit_reason(SeqShape(29, 3)) is None
+    alloc.check_invariants()
+
+
+def test_radix_page_size_from_the_scenario():
+    from kvsim.scenario import Paged
+    radix = {"name": "r", "allocator": "paged", "enable_prefix_caching": True, "prefix_cache": "radix"}
+    assert Paged.model_validate(radix).allocator_kind() == ("radix", {})
+    assert Paged.model_validate({**radix, "block_size": 16}).allocator_kind() == (
+        "radix", {"page_size": 16})
+    kv = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
+    paged = make_allocator("radix", 1000 * kv.bytes_per_token, kv, 64, page_size=16)
+    assert (paged.capacity, paged.page_size) == (992, 16)
 
 
 def test_radix_never_evicts_what_a_running_sequence_uses(radix):
@@ -299,16 +456,18 @@ def test_radix_next_turn_matches_the_generated_tokens():
     alloc = RadixCacheAllocator(64)
     turn1 = SeqShape(6, 4, (), tail_id=9)           # a conversation's own content
     assert alloc.allocate(1, turn1, 6)
-    assert alloc.grow(1, 10)
-    alloc.free(1)
-    assert alloc.nodes() == [(0, ((9, 0, 10),), 0)]
+    assert alloc.grow(1, 10)                        # the prompt went in first
+    assert alloc.nodes() == [(0, ((9, 0, 6),), 1)]
+    alloc.free(1)                                   # then the answer
+    assert alloc.nodes() == [(0, ((9, 0, 6),), 0), (6, ((9, 6, 4),), 0)]
     turn2 = shaped(14, segments=((9, 10),))
     assert alloc.match_prefix(turn2, 14) == 10
     assert alloc.match_prefix(turn2, 10) == 9      # the last token is always computed
+    assert alloc.nodes() == [(0, ((9, 0, 6),), 0), (6, ((9, 6, 3),), 0), (9, ((9, 9, 1),), 0)]
     assert alloc.allocate(2, turn2, 10)
-    assert alloc.nodes() == [(0, ((9, 0, 9),), 1), (9, ((9, 9, 1),), 0)]
+    assert alloc.nodes() == [(0, ((9, 0, 6),), 1), (6, ((9, 6, 3),), 1), (9, ((9, 9, 1),), 0)]
     alloc.free(2)                                  # its private token duplicates the tree's
-    assert alloc.nodes() == [(0, ((9, 0, 9),), 0), (9, ((9, 9, 1),), 0)]
+    assert [ref for _, _, ref in alloc.nodes()] == [0, 0, 0]
     assert alloc.free_slots == 54
     alloc.check_invariants()
 
@@ -340,7 +499,7 @@ def test_radix_fork_fails_cleanly_when_the_copy_does_not_fit():
 
 
 def test_radix_invariants_name_the_fault(radix):
-    radix._root.children[(1, 0)].ref = 0
+    radix._tree.root.children[((1, 0, 1),)].ref = 0
     with pytest.raises(InvariantError, match="refcount 0; 1 running paths"):
         radix.check_invariants()
 
@@ -392,6 +551,8 @@ def run_ops(alloc, ops, cached_model=None):
             if alloc.grow(seq_id, n + args[0]):
                 held[seq_id] = (s, n + args[0])
                 history["filled"].append(tokens(s, n + args[0]))
+                # The prompt tokens held before: computed by now (a radix insertion).
+                history["inserted"].append(tokens(s, min(n, s.prompt_tokens)))
         elif op == "free" and seq_id in held:
             s, n = held.pop(seq_id)
             alloc.free(seq_id)
@@ -429,10 +590,11 @@ def test_hash_cache_random_operations(num_blocks, block_size, ops):
     assert all(alloc.ref_count(b) == 0 for b in range(num_blocks))
 
 
+@pytest.mark.parametrize("page", [1, 4])
 @settings(max_examples=150, deadline=None)
-@given(capacity=st.integers(20, 60), ops=OPS)
-def test_radix_random_operations(capacity, ops):
-    alloc = RadixCacheAllocator(capacity)
+@given(pages=st.integers(20, 60), ops=OPS)
+def test_radix_random_operations(page, pages, ops):
+    alloc = RadixCacheAllocator(pages // page * page, page)
     run_ops(alloc, ops)
     assert all(ref == 0 for _, _, ref in alloc.nodes())
 
@@ -445,10 +607,17 @@ def hash_model(block_size: int):
     return expected
 
 
-def radix_model(s: SeqShape, n: int, history) -> int:
-    # The tree holds exactly what freed (or forked) sequences held, up to their first
-    # unique token.
-    return max((common(tokens(s, n - 1), seen) for seen in history["inserted"]), default=0)
+def radix_model(page: int):
+    def expected(s: SeqShape, n: int, history) -> int:
+        # The tree holds exactly the whole pages of what was inserted (freed or forked
+        # sequences' tokens, running ones' prefilled prompts) up to the first unique
+        # token; a lookup matches whole pages of the first n - 1 tokens.
+        query = tokens(s, n - 1)
+        query = query[:len(query) // page * page]
+        best = max((common(query, seen[:len(seen) // page * page])
+                    for seen in history["inserted"]), default=0)
+        return best // page * page
+    return expected
 
 
 @pytest.mark.parametrize("block_size", [1, 4])
@@ -458,7 +627,8 @@ def test_hash_cache_matches_every_filled_block(block_size, ops):
     run_ops(PrefixCachingPagedAllocator(5000, block_size), ops, hash_model(block_size))
 
 
+@pytest.mark.parametrize("page", [1, 4])
 @settings(max_examples=100, deadline=None)
 @given(ops=OPS)
-def test_radix_matches_every_freed_prefix(ops):
-    run_ops(RadixCacheAllocator(5000), ops, radix_model)
+def test_radix_matches_every_inserted_prefix(page, ops):
+    run_ops(RadixCacheAllocator(5000 // page * page, page), ops, radix_model(page))

@@ -4,8 +4,10 @@ A scenario names an allocator by its YAML key and gives a byte budget; the build
 here turn bytes into slots with the frozen KVSpec, so allocators only count slots.
 
   paged       vLLM-style fixed blocks (options: block_size, prefix_caching = false |
-              true: vLLM's automatic prefix caching of full blocks)
-  radix       token-granularity prefix cache on a radix tree (SGLang's RadixAttention)
+              true: vLLM's automatic prefix caching of full blocks, free_order = v1 |
+              v0: which vLLM's free-queue order, plain blocks only)
+  radix       prefix cache on a radix tree (SGLang's RadixAttention; option: page_size,
+              SGLang's default 1)
   contiguous  one region per sequence (options: reserve = max | pow2 | oracle,
               placement = first-fit | buddy)
 """
@@ -20,16 +22,24 @@ from kvsim.specs import KVSpec
 
 
 def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 16,
-           prefix_caching: bool = False) -> PagedAllocator | PrefixCachingPagedAllocator:
+           prefix_caching: bool = False, free_order: str = "v1",
+           ) -> PagedAllocator | PrefixCachingPagedAllocator:
     # Whole blocks only: the remainder of the pool is never handed out.
     num_blocks = int(pool_bytes // (block_size * kv.bytes_per_token))
     if prefix_caching:    # cached blocks stay whole: no sliding-window release here
+        if free_order != "v1":
+            raise ValueError("free_order v0 is modelled without prefix caching only: vLLM V0's "
+                             "prefix cache keeps freed cached blocks in a separate LRU evictor")
         return PrefixCachingPagedAllocator(num_blocks, block_size)
-    return PagedAllocator(num_blocks, block_size, window=kv.model.sliding_window)
+    return PagedAllocator(num_blocks, block_size, window=kv.model.sliding_window,
+                          free_order=free_order)
 
 
-def _radix(pool_bytes: float, kv: KVSpec, max_model_len: int) -> RadixCacheAllocator:
-    return RadixCacheAllocator(int(pool_bytes // kv.bytes_per_token))
+def _radix(pool_bytes: float, kv: KVSpec, max_model_len: int,
+           page_size: int = 1) -> RadixCacheAllocator:
+    # Whole pages only, as SGLang rounds its token pool down to pages (model_runner.py).
+    pages = int(pool_bytes // (page_size * kv.bytes_per_token))
+    return RadixCacheAllocator(pages * page_size, page_size)
 
 
 def _contiguous(pool_bytes: float, kv: KVSpec, max_model_len: int,

@@ -115,7 +115,9 @@ class KVAllocator(Protocol):
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         """How many leading tokens of the sequence's first `num_tokens` already have KV in
         the cache, reusable by `allocate` right now (0 for allocators without a cache).
-        At most num_tokens - 1: the last token is always computed, to produce output."""
+        At most num_tokens - 1: the last token is always computed, to produce output.
+        A lookup may count as a use of what it matches (the radix cache refreshes its
+        recency, as SGLang's does); `breakdown` looks without using."""
 
     def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
         """Admit a sequence holding `num_tokens` tokens of KV (its matched prefix reused),
@@ -130,6 +132,11 @@ class KVAllocator(Protocol):
 
     def slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
         """Free slots `grow(seq_id, num_tokens)` would take (0 inside a reservation)."""
+
+    def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
+        """The step computing the sequence's prefill (or a chunk of it) has run: its
+        first `num_tokens` tokens have KV. A cache that shares a prompt once it is
+        computed (the radix cache, as SGLang) makes them matchable; others ignore it."""
 
     def free(self, seq_id: int) -> None:
         """Release everything the sequence holds."""

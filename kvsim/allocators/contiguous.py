@@ -230,6 +230,9 @@ class ContiguousAllocator:
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
         return 0   # no cache: nothing is shared
 
+    def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
+        """Nothing to do: no cache."""
+
     def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
         if seq_id in self._regions:
             raise ValueError(f"sequence {seq_id} is already allocated")

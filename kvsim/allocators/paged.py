@@ -7,10 +7,10 @@ sequence is partly empty (internal fragmentation under one block), and any free 
 serves any sequence: there are no holes, and free slots are unusable only when the
 next waiting request needs more blocks than are free.
 
-Free blocks wait in a FIFO queue. It starts as 0..N-1; allocation takes from the left.
-`free` appends a sequence's blocks to the right tail-first (reverse table order), as
-vLLM's block pool does, so the blocks at the end of a finished sequence, which hold the
-least shareable prefix, are handed out again first among them.
+Free blocks wait in a queue that starts as 0..N-1; allocation takes from its head.
+Where released blocks go is the engine's `free_order` (FREE_ORDERS below): vLLM V1
+(the default) appends them to the tail, a finished sequence's deepest block first;
+vLLM V0 puts each back at the head, so the blocks just released are reused first.
 
 Sequences of one request (parallel samples, beams) share blocks through `fork`: the
 child's table is a copy of the parent's and every block's reference count goes up. A
@@ -21,7 +21,12 @@ its count drops to zero.
 
 With sliding-window attention (`window`, e.g. Mistral-7B's 4096) a token attends only
 to the last `window` tokens, so a block whose tokens all lie before them is released as
-the sequence grows: a sequence then holds at most about window / block_size blocks.
+the sequence grows (in the same order as `free`): a sequence then holds at most about
+window / block_size blocks.
+
+Not modelled: vLLM V1 keeps block 0 out of the pool as its "null block" (the
+placeholder for skipped sliding-window blocks; block_pool.py BlockPool.__init__), so
+its pool has one usable block fewer than kvsim's.
 
 Invariants: each block id is either in the free queue (count 0) or in as many block
 tables as its reference count says; a table (with its released leading blocks) covers
@@ -40,6 +45,30 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+@dataclass(frozen=True)
+class FreeOrder:
+    """How an engine releases a sequence's blocks: in which order (deepest first, or in
+    table order), and to which end of the free queue (allocation takes the head)."""
+    deepest_first: bool
+    to_head: bool
+
+
+FREE_ORDERS = {
+    # vLLM 0.10.1.1 (vllm/v1/core/): SingleTypeKVCacheManager.free passes a request's
+    # blocks reversed and SlidingWindowManager.remove_skipped_blocks from the deepest
+    # skipped block down (single_type_kv_cache_manager.py); BlockPool.free_blocks
+    # appends those whose ref_cnt reaches 0 to the tail of FreeKVCacheBlockQueue
+    # (block_pool.py, kv_cache_utils.py append_n), cached or not and with prefix
+    # caching on or off: one block pool serves both.
+    "v1": FreeOrder(deepest_first=True, to_head=False),
+    # vLLM 0.6.3.post1 (vllm/core/block/): BlockTable.free, and the sliding window in
+    # BlockTable.append_token_ids, release blocks in table order; NaiveBlockAllocator.
+    # _free_block_id puts each at the head (deque.appendleft, naive_block.py), so the
+    # deepest released block is the next one handed out.
+    "v0": FreeOrder(deepest_first=False, to_head=True),
+}
+
+
 @dataclass
 class _Seq:
     shape: SeqShape
@@ -56,15 +85,20 @@ class _Seq:
 
 
 class PagedAllocator:
-    """Fixed-size blocks handed out one at a time from a FIFO free queue."""
+    """Fixed-size blocks handed out from the head of a free queue."""
 
-    def __init__(self, num_blocks: int, block_size: int, window: int | None = None):
+    def __init__(self, num_blocks: int, block_size: int, window: int | None = None,
+                 free_order: str = "v1"):
         if num_blocks < 0 or block_size < 1:
             raise ValueError(f"need num_blocks >= 0 and block_size >= 1, "
                              f"got {num_blocks} and {block_size}")
+        if free_order not in FREE_ORDERS:
+            raise ValueError(f"unknown free_order {free_order!r}; valid: {', '.join(FREE_ORDERS)}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.window = window
+        self.free_order = free_order
+        self._order = FREE_ORDERS[free_order]
         self.capacity = num_blocks * block_size
         # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables. An
         # OrderedDict rather than a deque, so that a prefix cache can take a block back
@@ -108,12 +142,19 @@ class PagedAllocator:
         self._shared += self._ref[block] == 2
 
     def _drop(self, blocks) -> None:
-        """One reference fewer on each block; blocks nobody holds rejoin the queue."""
+        """One reference fewer on each block, in the order given; blocks nobody holds
+        rejoin the queue at the end FREE_ORDERS says, one after the other."""
         for b in blocks:
             self._ref[b] -= 1
             self._shared -= self._ref[b] == 1
             if self._ref[b] == 0:
                 self._free[b] = None
+                if self._order.to_head:
+                    self._free.move_to_end(b, last=False)
+
+    def _release(self, blocks: list[int]) -> None:
+        """Drop a run of a table's blocks in the engine's order."""
+        self._drop(reversed(blocks) if self._order.deepest_first else blocks)
 
     def _grown(self, seq: _Seq) -> None:
         """After a sequence gained tokens: release blocks that left the window."""
@@ -179,19 +220,22 @@ class PagedAllocator:
                and self._ref[seq.table[-1]] > 1)
         return (extra + cow) * self.block_size
 
+    def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
+        """Nothing to do: vLLM caches a full block when it allocates it (prefix.py)."""
+
     def _slide(self, seq: _Seq) -> None:
         """Release leading blocks whose tokens are all outside the attention window."""
         if self.window is None:
             return
         out = max(0, (seq.tokens - self.window) // self.block_size - seq.dropped)
         if out:
-            self._drop(seq.table[:out])
+            self._release(seq.table[:out])
             del seq.table[:out]
             seq.dropped += out
 
     def free(self, seq_id: int) -> None:
         seq = self._seqs.pop(seq_id)
-        self._drop(reversed(seq.table))
+        self._release(seq.table)
 
     def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
         """Blocks a sequence admitted with `num_tokens` tokens needs beyond the free queue."""

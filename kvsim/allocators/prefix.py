@@ -1,36 +1,50 @@
-"""Paged KV cache with automatic prefix caching, as in vLLM (FACTS.md, "Prefix caching").
+"""Paged KV cache with automatic prefix caching, as in vLLM V1 (0.10.1.1,
+vllm/v1/core/block_pool.py, kv_cache_manager.py, single_type_kv_cache_manager.py;
+FACTS.md, "Prefix caching").
 
 The pool is the paged allocator's (this class extends it: the free queue, reference
 counts, fork and copy-on-write growth are its): `num_blocks` blocks of `block_size`
-token slots and a block table per sequence. On top of it, a FULL block whose tokens are all identified is
-cached under a chained key: (key of the previous block in the table, the block's token
-runs). Equal keys mean equal whole prefixes, so a new request reuses every cached block
-of its longest cached prefix instead of recomputing it. Keys are interned to ints in a
-dict, so lookups are exact (no hash collisions) and deterministic; a block containing
-content -1 ("unique, never shared") gets no key, nor does any block after it.
+token slots and a block table per sequence. On top of it, a FULL block whose tokens are
+all identified is cached under a chained key: (key of the previous block in the table,
+the block's token runs). Equal keys mean equal whole prefixes, so a new request reuses
+every cached block of its longest cached prefix instead of recomputing it. Keys are
+interned to ints in a dict, so lookups are exact (no hash collisions) and
+deterministic; a block containing content -1 ("unique, never shared") gets no key, nor
+does any block after it.
 
-Blocks are reference-counted: one reference per block table that holds the block, so
-two running sequences may share physical blocks. A block no table holds waits in the
-free queue, an LRU: `free` appends a sequence's blocks deepest first (reverse table
-order), so its deepest block, the least likely to be asked for again, is evicted first;
-a new block is taken from the head, and if it was cached its key is dropped (evicted);
-a cache hit on a queued block takes it out of the queue and bumps its count.
-A block becomes cached when its sequence fills it (at allocate or grow); only full
-blocks are cached, so a partial last block is never shared between requests. Where the
-same content fills two blocks (a match limited to num_tokens - 1 leaves the last full
-block to be recomputed), the block cached first keeps the key; the other stays a plain
-block. Sequences of one request (parallel samples, beams) share every block through
-`fork`, as in the plain paged allocator: a partly filled block they share is copied on
-write by the first of them to add a token.
+The rules, each from vLLM 0.10.1.1:
+- A block is cached when its sequence fills it, at the allocate or grow that covers it
+  (KVCacheManager.allocate_slots calls cache_blocks for the tokens it makes room for),
+  so a request admitted later in the same step already hits it. Only full blocks are
+  cached; a partial last block is never shared between requests.
+- A key may map to several blocks (BlockPool.cached_block_hash_to_block is
+  {hash: {block id: block}}, "we don't de-duplicate"): where a match leaves a cached
+  block to be recomputed (it stops at num_tokens - 1), the copy is cached under the same
+  key. A lookup takes the first copy still cached (get_cached_block); evicting one copy
+  leaves the others, so the key still hits.
+- Blocks no table holds wait in the free queue, which doubles as the LRU: a request's
+  blocks are freed deepest first to the tail (paged.FREE_ORDERS "v1"), cached or not;
+  a new block comes off the head and, if cached, loses its key (evicted:
+  _maybe_evict_cached_block); a hit on a queued block takes it out of the middle of the
+  queue and bumps its count (touch). Hits on queued blocks count against the free
+  blocks when admitting (get_num_blocks_to_allocate).
+Sequences of one request (parallel samples, beams) share every block through `fork`,
+as in the plain paged allocator: a partly filled block they share is copied on write by
+the first of them to add a token.
 
 What differs from vLLM: no "extra keys" (LoRA ids, multimodal hashes) and no per-block
-hash of token ids: the workload's content runs stand in for the tokens.
+hash of token ids: the workload's content runs stand in for the tokens. No null block
+(vLLM's block 0). Only the V1 free order: vLLM V0 (0.6.3.post1, vllm/core/block/
+prefix_caching_block.py) keeps freed cached blocks in a separate LRU evictor ordered by
+the scheduler's access times, hands out uncached free blocks first and de-duplicates a
+block when it fills; that is a different structure, not a free order.
 
 Invariants: each block is either queued (refcount 0) or used (refcount = the number of
-tables holding it, counted with multiplicity); cached keys and blocks map one-to-one; a
-cached block in a table sits where that table's own key chain says it should; a block
-partly filled in one table is the last block of every table holding it; a table covers
-its tokens and holds no block beyond the last one it needs.
+tables holding it, counted with multiplicity); a cached block holds exactly one key and
+sits in that key's list of copies; a table's blocks hold exactly its own key chain's
+keys up to the first block not cached (full blocks it filled or hit), and no key after;
+a block partly filled in one table is the last block of every table holding it; a
+table covers its tokens and holds no block beyond the last one it needs.
 """
 from __future__ import annotations
 
@@ -60,7 +74,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # The free queue doubles as the LRU of cached blocks: a hit takes its block
         # back out of the middle (PagedAllocator._share), a new block comes off the head.
         self._key_of: list[int | None] = [None] * num_blocks   # cached block -> key
-        self._cached: dict[int, int] = {}                       # key -> cached block
+        # key -> its cached copies, first cached first (a dict as an ordered set).
+        self._cached: dict[int, dict[int, None]] = {}
         # (parent key, runs) -> key. Never pruned, so content always gets the same key
         # and chains below an evicted block stay valid; it grows with the distinct
         # shareable blocks ever seen, not with traffic.
@@ -69,7 +84,12 @@ class PrefixCachingPagedAllocator(PagedAllocator):
     @property
     def cached_blocks(self) -> list[int]:
         """Block ids that hold a cached key, ascending."""
-        return sorted(self._cached.values())
+        return [b for b, key in enumerate(self._key_of) if key is not None]
+
+    def copies(self, block: int) -> list[int]:
+        """The cached blocks holding `block`'s key, first cached first ([] if uncached)."""
+        key = self._key_of[block]
+        return [] if key is None else list(self._cached[key])
 
     # -- keys -----------------------------------------------------------------------
 
@@ -86,7 +106,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             key = None if ident is None else self._keys.get(ident)
             if key is None or key not in self._cached:
                 break
-            hits.append(self._cached[key])
+            hits.append(next(iter(self._cached[key])))   # the first copy still cached
             parent = key
         return hits
 
@@ -101,8 +121,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             key = self._keys.setdefault(ident, len(self._keys))
             seq.keys.append(key)
             block = seq.table[seq.hashed - 1]
-            if key not in self._cached and self._key_of[block] is None:
-                self._cached[key] = block
+            if self._key_of[block] is None:     # a hit keeps the key it has: this one
+                self._cached.setdefault(key, {})[block] = None
                 self._key_of[block] = key
         seq.hashed = max(seq.hashed, full)
 
@@ -112,7 +132,10 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         for block in taken:
             key = self._key_of[block]
             if key is not None:
-                del self._cached[key]
+                copies = self._cached[key]
+                del copies[block]
+                if not copies:
+                    del self._cached[key]
                 self._key_of[block] = None
         return taken
 
@@ -150,15 +173,19 @@ class PrefixCachingPagedAllocator(PagedAllocator):
     def _check_table(self, seq_id: int, seq: _CachedSeq) -> None:
         keys = list(map(self._key_of.__getitem__, seq.table))
         n = len(seq.keys)
-        if (keys[:n] != seq.keys and any(k is not None and k != own for k, own in zip(keys, seq.keys))
-                or keys[n:].count(None) != len(keys[n:])):
-            raise InvariantError(f"seq {seq_id} holds a cached block whose prefix differs "
-                                 f"from its own: keys {keys}, its chain {seq.keys}")
+        if keys[:n] != seq.keys or keys[n:].count(None) != len(keys[n:]):
+            raise InvariantError(f"seq {seq_id}'s blocks hold keys {keys}, "
+                                 f"but its own chain is {seq.keys}")
 
     def _check_cache(self) -> None:
-        for key, block in self._cached.items():
-            if self._key_of[block] != key:
-                raise InvariantError(f"key {key} maps to block {block}, "
-                                     f"whose key is {self._key_of[block]}")
-        if self.num_blocks - self._key_of.count(None) != len(self._cached):
+        copies = 0
+        for key, blocks in self._cached.items():
+            if not blocks:
+                raise InvariantError(f"key {key} is cached with no block")
+            for block in blocks:
+                if self._key_of[block] != key:
+                    raise InvariantError(f"key {key} maps to block {block}, "
+                                         f"whose key is {self._key_of[block]}")
+            copies += len(blocks)
+        if self.num_blocks - self._key_of.count(None) != copies:
             raise InvariantError("a block holds a key the cache does not map to it")

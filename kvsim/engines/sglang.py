@@ -51,9 +51,6 @@ class SGLang:
     def requeue(self, s: Scheduler, seq: Seq) -> None:
         s.waiting.append(seq)
 
-    def prefilled(self, s: Scheduler, seq: Seq) -> None:
-        pass
-
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         self._prefill(s, step, now)

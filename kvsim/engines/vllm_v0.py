@@ -39,9 +39,6 @@ class VllmV0:
     def requeue(self, s: Scheduler, seq: Seq) -> None:
         (s.swapped.append if seq.swapped else s.waiting.appendleft)(seq)
 
-    def prefilled(self, s: Scheduler, seq: Seq) -> None:
-        pass
-
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         if s.chunked:

@@ -31,9 +31,6 @@ class VllmV1:
     def requeue(self, s: Scheduler, seq: Seq) -> None:
         s.waiting.appendleft(seq)
 
-    def prefilled(self, s: Scheduler, seq: Seq) -> None:
-        pass
-
     def schedule(self, s: Scheduler, now: float) -> Step:
         step, budget = Step(), s.budget
         i = 0
