@@ -256,3 +256,17 @@ def test_contiguous_runs_under_every_engine_and_never_preempts():
                      ContiguousAllocator(40, 16, "max", "first-fit"))
         assert all(s.outcome == "completed" for s in result.seqs) and result.preemptions == 0
         assert not math.isnan(result.seqs[-1].finish_s)
+
+
+@pytest.mark.parametrize("policy, admitted", [("fcfs", [0.0, 1.0, 5.0]), ("lpm", [0.0, 5.0, 1.0])])
+def test_sglang_lpm_admits_the_longest_cached_prefix_first(policy, admitted):
+    # r0 leaves its 20 prompt tokens (16 of them shared content 100) and its token in a
+    # 30-slot radix tree at t=1. Then r1 (a prompt of its own) and r2 (the same 16 shared
+    # tokens first) wait. fcfs takes r1: 20 + 4 < 30, and its allocation evicts r0's
+    # leaf, so r2 (24 >= 30 - 24 reserved) waits for r1 to finish at t=5. lpm takes r2 (16
+    # tokens cached: 4 + 4 < 30); r1 (24) no longer fits beside it and waits until t=5.
+    from kvsim.allocators import RadixCacheAllocator
+    shared = ((100, 16),)
+    reqs = [RequestSpec(0, 0.0, 20, 1, shared), RequestSpec(1, 0.5, 20, 4), RequestSpec(2, 0.5, 20, 4, shared)]
+    result = run("sglang", reqs, RadixCacheAllocator(30), schedule_policy=policy)
+    assert [s.admitted_s for s in result.seqs] == admitted
