@@ -184,6 +184,7 @@ def test_one_scenario_reached_twice_is_one_id(tmp_path):
     ({"grid": {"workload.num_requests": []}}, "grid.workload.num_requests", "at least one value"),
     ({"grid": {"x": [1]}, "points": [{"x": 2}]}, "points[0].x", "is also in grid"),
     ({"seeds": ["a"]}, "seeds.0", "integer"),
+    ({"scenario": "nope.yaml"}, "scenario", "nope.yaml not found"),
 ])
 def test_bad_sweeps_are_one_input_error_naming_the_sweep_file(tmp_path, sweep, field, message):
     path = write_sweep(tmp_path, {"scenario": "base.yaml", **sweep})

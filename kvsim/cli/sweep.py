@@ -20,11 +20,8 @@ WORKERS_HELP = "Processes (or, with --ray local, CPUs) [default: this machine's 
 
 
 def _backend(workers, ray_address):
-    from kvsim.sweep.backends import LocalPool, RayCluster, default_workers
-    if ray_address:
-        return RayCluster(ray_address, workers), workers or default_workers()
-    pool = LocalPool(workers)
-    return pool, pool.workers
+    from kvsim.sweep.backends import LocalPool, RayCluster
+    return RayCluster(ray_address, workers) if ray_address else LocalPool(workers)
 
 
 class Bar:
@@ -83,7 +80,7 @@ def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
     store = Store(out)
     _check_out(out, "sweep.json", resume, force,
                "pass --resume to keep its finished points or --force to start over")
-    backend, _ = _backend(workers, ray_address)
+    backend = _backend(workers, ray_address)
     if force and out.exists() and not resume:
         shutil.rmtree(out)
     todo = {p.id for p in plan.points} - (store.finished() if resume else set())
@@ -170,7 +167,7 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
     cap.arrival_rate(scn, src)
     out = out or Path("results") / f"{scn.name}-capacity"
     _check_out(out, "capacity.json", True, force, "")
-    backend, slots = _backend(workers, ray_address)
+    backend = _backend(workers, ray_address)
     bar = Bar(None, "probes", not quiet)
 
     def seen(probe) -> None:
@@ -179,7 +176,7 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
     try:
         with backend:
             if rate is None:
-                table, probes = cap.max_rates(scn, base_dir, src, targets, backend, slots, tolerance, seen)
+                table, probes = cap.max_rates(scn, base_dir, src, targets, backend, tolerance, seen)
             else:
                 table, probes = cap.fewest_gpus(scn, base_dir, src, targets, backend, rate, seen)
     finally:

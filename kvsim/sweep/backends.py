@@ -78,10 +78,12 @@ OnOutcome = Callable[[Outcome], None]
 
 
 class LocalPool:
-    """A pool of worker processes on this machine. `fn` must be importable by name."""
+    """A pool of worker processes on this machine. `fn` must pickle: a module-level
+    function, or an instance of a module-level class."""
 
     def __init__(self, workers: int | None = None, fn: Callable[[Task], Outcome] = run_point):
         self.workers = workers or default_workers()
+        self.slots = self.workers           # points that run at once
         self.fn = fn
         self.label = f"local pool of {self.workers} workers"
         self._pool: ProcessPoolExecutor | None = None
@@ -159,6 +161,7 @@ class RayCluster:
                                  f"'{self.address}': {str(e).splitlines()[0]}") from None
             self._started = True
         self._ray = ray
+        self.slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._remote = ray.remote(num_cpus=1, max_retries=MAX_ATTEMPTS - 1)(_call)
         return self
 

@@ -15,7 +15,9 @@ lowest; once a met rate lies below a missed one, split the bracket geometrically
 (bisection with one worker per policy, k-section with k). Stop when
 lowest missed / highest met <= 1 + tolerance, and report the highest met rate. The
 bracket is widened at most 2^EXPAND times either way; beyond that the answer is
-reported as unbracketed.
+reported as unbracketed. The rates tried depend on how many run at once (the backend's
+slots), so answers found with different worker counts agree within the tolerance, not
+to the digit; the same count gives the same answer on any backend.
 
 Saturation: above the rate the engine can serve (mu), the queue grows with every
 arrival, and request i waits about i x (1/mu - 1/rate). With N requests a percentile q
@@ -147,9 +149,10 @@ def _run(backend, jobs: dict[str, tuple], scn, base_dir, src, targets, on_probe,
     return probes
 
 
-def max_rates(scn: Scenario, base_dir, src: str, targets: dict, backend, workers: int,
-              tolerance: float, on_probe=lambda p: None) -> tuple[pd.DataFrame, list[Probe]]:
-    """The highest rate each policy sustains within `targets` (see the module docstring)."""
+def max_rates(scn: Scenario, base_dir, src: str, targets: dict, backend, tolerance: float,
+              on_probe=lambda p: None) -> tuple[pd.DataFrame, list[Probe]]:
+    """The highest rate each policy sustains within `targets` (see the module docstring);
+    `backend` is open, and its `slots` (points at once) decide how many rates a round tries."""
     start = arrival_rate(scn, src)
     searches = {p.name: Search(p.name, start) for p in scn.policies}
     policies = {p.name: p for p in scn.policies}
@@ -157,7 +160,7 @@ def max_rates(scn: Scenario, base_dir, src: str, targets: dict, backend, workers
         active = [s for s in searches.values() if not s.done(tolerance)]
         if not active:
             break
-        k = max(1, workers // len(active))
+        k = max(1, backend.slots // len(active))
         jobs = {}
         for s in active:
             for rate in s.next_rates(k):

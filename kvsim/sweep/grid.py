@@ -93,6 +93,8 @@ def load_sweep(path: str | Path, quick: bool = False) -> Sweep:
                              "to use instead)")
         spec = spec.quickened()
     scenario_path = path.parent / spec.scenario
+    if not scenario_path.is_file():
+        raise InputError(src, "scenario", f"file {scenario_path} not found")
     base = read_yaml(scenario_path, "scenario keys (name, model, ...)")
     base_scn = validate_scenario(copy.deepcopy(base), str(scenario_path))
     _check_keys(spec, src)

@@ -45,9 +45,6 @@ class Store:
         self.out = Path(out)
         self.points = self.out / "points"
 
-    def has_points(self) -> bool:
-        return self.points.is_dir() and any(self.points.iterdir())
-
     def finished(self) -> set[str]:
         return {p.name.removesuffix(".parquet") for p in self.points.glob("*.parquet")}
 
