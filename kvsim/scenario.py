@@ -356,6 +356,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_scenario(path: str | Path) -> tuple[Scenario, Path]:
     """Read and validate a scenario; returns it and the folder relative paths start from."""
     path = Path(path)
+    return validate_scenario(read_yaml(path, "scenario keys (name, model, ...)"), str(path)), path.parent
+
+
+def read_yaml(path: Path, keys: str) -> dict:
+    """A YAML file that must hold a mapping (of `keys`, for the error); any problem is an InputError."""
     src = str(path)
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
@@ -372,8 +377,8 @@ def load_scenario(path: str | Path) -> tuple[Scenario, Path]:
         problem = " ".join(str(getattr(e, "problem", None) or e).split())   # one line
         raise InputError(src, where, f"invalid YAML: {problem}") from None
     if not isinstance(raw, dict):
-        raise InputError(src, "top level", "must be a mapping of scenario keys (name, model, ...)")
-    return validate_scenario(raw, src), path.parent
+        raise InputError(src, "top level", f"must be a mapping of {keys}")
+    return raw
 
 
 def validate_scenario(raw: dict, src: str) -> Scenario:

@@ -21,6 +21,7 @@ from kvsim import __version__
 from kvsim.allocators import InvariantError
 from kvsim.cli.args import model_arg
 from kvsim.cli.cost import calibrate, cost
+from kvsim.cli.sweep import capacity, sweep
 from kvsim.errors import InputError
 from kvsim.memory import kv_footprint
 from kvsim.specs import DTYPE_BITS, MODEL_PRESETS, with_kv_heads
@@ -223,6 +224,8 @@ def _bytes(n: int) -> str:
 
 cli.add_command(cost)
 cli.add_command(calibrate)
+cli.add_command(sweep)
+cli.add_command(capacity)
 
 
 # --- entry point -----------------------------------------------------------------
