@@ -166,8 +166,8 @@ def test_without_seeds_a_point_runs_once_with_the_scenarios_seed(tmp_path):
 
 
 def test_one_scenario_reached_twice_is_one_id(tmp_path):
-    # max_num_seqs defaults to 256: setting it to 256 runs the same scenario.
-    sweep = {"scenario": "base.yaml", "points": [{"scheduler.max_num_seqs": 256}, {"scheduler.max_num_seqs": 4}, {}]}
+    # gpu_memory_utilization defaults to 0.9: setting it to 0.9 runs the same scenario.
+    sweep = {"scenario": "base.yaml", "points": [{"gpu_memory_utilization": 0.9}, {"gpu_memory_utilization": 0.5}, {}]}
     ids = [p.id for p in load_sweep(write_sweep(tmp_path, sweep)).points]
     assert ids[0] == ids[2] != ids[1]
 

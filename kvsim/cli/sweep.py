@@ -108,7 +108,7 @@ def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
     rows, summary, errors = store.write_tables(plan)
     write_sweep_plots(summary, plan.params, out)
     click.echo(f"{len(rows)} rows from {rows['point'].nunique() if len(rows) else 0} finished runs; "
-               f"{len(errors)} failed" + (f" (errors.csv; --resume retries them)" if len(errors) else "")
+               f"{len(errors)} failed" + (" (errors.csv; --resume retries them)" if len(errors) else "")
                + f"; wrote {out}/")
     return 1 if len(errors) else 0
 
