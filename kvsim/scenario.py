@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from kvsim.errors import InputError
-from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
+from kvsim.specs import DTYPE_BITS, GIB, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
 
 KVDtype = Literal["auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"]
 assert set(typing.get_args(KVDtype)) - {"auto"} == set(DTYPE_BITS)
@@ -244,6 +244,7 @@ class InlineModel(Strict):
     kv_lora_rank: int = Field(0, ge=0)
     qk_rope_head_dim: int = Field(0, ge=0)
     sliding_window: int | None = Field(None, ge=1)
+    max_position_embeddings: int | None = Field(None, ge=1)
 
 
 class HFModel(Strict):
@@ -287,7 +288,7 @@ class Scenario(Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_memory_gib: float | None = Field(None, gt=0)
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
-    max_model_len: int = Field(ge=1)
+    max_model_len: int | None = Field(None, ge=1)   # default: the model's context length (filled at load)
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
     cost_model: Annotated[Union[Annotated[Literal["roofline", "calibrated"], Tag("preset")],
                                 Annotated[ProfileCost, Tag("profile-ref")]],
@@ -357,6 +358,9 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
     except ValidationError as e:
         raise _input_error(e, src) from None
     base = Path(src).parent
+    if isinstance(scn.model, str) and scn.model not in MODEL_PRESETS:
+        raise InputError(src, "model", _unknown_model(scn.model))
+    scn = _with_defaults(scn, base, src)
     names = [p.name for p in scn.policies]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -373,15 +377,20 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
         raise InputError(src, "scheduler.max_num_batched_tokens",
                          f"{budget} is smaller than max_model_len ({scn.max_model_len}), so a long "
                          "prompt could never be prefilled; raise it or set enable_chunked_prefill: true")
-    if isinstance(scn.model, str) and scn.model not in MODEL_PRESETS:
-        raise InputError(src, "model", _unknown(scn.model, MODEL_PRESETS, "preset"))
     if isinstance(scn.gpu, str) and scn.gpu not in GPU_PRESETS:
         raise InputError(src, "gpu", _unknown(scn.gpu, GPU_PRESETS, "preset"))
-    if isinstance(scn.model, HFModel):
-        try:
-            scn.model_spec(base)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise InputError(src, "model.hf_config", f"not a usable config.json: {e!r}") from None
+    if scn.kv_cache_memory_gib is None:
+        from kvsim.memory import activation_estimate, no_room
+        model = scn.model_spec(base)
+
+        def activations(tp: int) -> float:
+            if scn.activation_memory_gib is not None:
+                return scn.activation_memory_gib * GIB
+            return activation_estimate(model, scn.batched_token_budget, scn.scheduler.max_num_seqs, tp)
+        problem = no_room(model, scn.gpu_spec(), tp=scn.tensor_parallel_size,
+                          gpu_memory_utilization=scn.gpu_memory_utilization, activation_bytes=activations)
+        if problem:
+            raise InputError(src, "tensor_parallel_size", problem)
     wl = scn.workload
     if wl.trace is not None and not (base / wl.trace).is_file():
         raise InputError(src, "workload.trace", f"file {base / wl.trace} not found")
@@ -394,6 +403,49 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
         if wl.dataset not in DATASETS:
             raise InputError(src, "workload.dataset", _unknown(wl.dataset, DATASETS, "dataset"))
     return scn
+
+
+def _with_defaults(scn: Scenario, base: Path, src: str) -> Scenario:
+    """Read the model once (a bad hf_config is an input error) and fill max_model_len from
+    its context length, as vLLM does, when the scenario leaves it out."""
+    try:
+        model = scn.model_spec(base)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(src, "model.hf_config", f"not a usable config.json: {e!r}") from None
+    if scn.max_model_len is not None:
+        return scn
+    if model.max_position_embeddings is None:
+        raise InputError(src, "max_model_len", "required: the model does not give its context length "
+                         "(max_position_embeddings)")
+    return scn.model_copy(update={"max_model_len": model.max_position_embeddings})
+
+
+def _unknown_model(name: str) -> str:
+    """A Hugging Face id (org/name) is not fetched: say how to give its config instead."""
+    if "/" not in name:
+        return _unknown(name, MODEL_PRESETS, "preset")
+    close = difflib.get_close_matches(name.split("/")[-1].lower(), list(MODEL_PRESETS), n=1, cutoff=0.5)
+    hint = f"use the preset '{close[0]}', or " if close else "use a preset, or "
+    return (f"'{name}' looks like a Hugging Face model id, which kvsim does not download; {hint}"
+            "give its config.json as {hf_config: path/to/config.json}")
+
+
+# Keys users of vLLM put at the top level, and where kvsim wants them.
+MISPLACED = {**{k: "scheduler" for k in Scheduler.model_fields},
+             "swap_space": "scheduler", "max_num_batched_tokens": "scheduler",
+             **{k: "policy" for k in ("block_size", "kv_cache_dtype", "enable_prefix_caching",
+                                       "prefix_cache", "kv_scale", "kv_scale_group_size", "allocator")}}
+
+
+def _misplaced(key: str) -> str | None:
+    where = MISPLACED.get(key)
+    if where == "scheduler":
+        name = "swap_space_gib" if key == "swap_space" else key
+        return f"'{key}' belongs under scheduler: (scheduler: {{{name}: ...}})"
+    if where == "policy":
+        return (f"'{key}' is set per policy: put it in each entry of policies: "
+                f"(- {{name: paged-16, allocator: paged, {key}: ...}})")
+    return None
 
 
 def _unknown(value: str, valid, what: str) -> str:
@@ -410,6 +462,8 @@ def _input_error(exc: ValidationError, src: str) -> InputError:
     loc = err["loc"]
     field = _dotted(loc) or "top level"
     if err["type"] == "extra_forbidden":
+        if len(loc) == 1 and _misplaced(str(loc[0])):
+            return InputError(src, field, _misplaced(str(loc[0])))
         allowed = _fields_at(loc[:-1])
         return InputError(src, field, _unknown(str(loc[-1]), allowed, "key"))
     msg = err["msg"].removeprefix("Value error, ")

@@ -361,7 +361,7 @@ def test_hf_config_relative_to_the_scenario_file(tmp_path, monkeypatch):
         intermediate_size=28672, vocab_size=128256, torch_dtype="bfloat16")))
     sub = tmp_path / "scenarios"
     sub.mkdir()
-    path = write_scenario(sub, model={"hf_config": "../models/llama70/config.json"})
+    path = write_scenario(sub, model={"hf_config": "../models/llama70/config.json"}, tensor_parallel_size=4)
     monkeypatch.chdir(models)            # not the folder the path is relative to
     scn, base_dir = load_scenario(path)
     assert isinstance(scn.model, HFModel)
