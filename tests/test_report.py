@@ -3,9 +3,7 @@ engines' limited_by_* columns) and one small run compared end to end."""
 from __future__ import annotations
 
 import math
-import re
 
-import numpy as np
 import pandas as pd
 import pytest
 

@@ -7,10 +7,6 @@ line), the field and what is allowed, with exit status 2 and nothing written.
 from __future__ import annotations
 
 import json
-import math
-import os
-import platform
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -72,7 +68,6 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, fo
     With --rates, run it once per arrival rate and add the sweep's curves and the highest
     rate each policy sustains."""
     from kvsim.report.rates import parse_rates
-    from kvsim.runner import run_scenario
     from kvsim.scenario import load_scenario
 
     started = time.monotonic()
@@ -135,6 +130,7 @@ def _refuse_foreign(out: Path, name: str) -> None:
 
 
 def _write_results(results, scn, out: Path, meta: dict) -> None:
+    """The run's folder, written beside `out` and swapped in whole."""
     swap_in(out, lambda tmp: write_run(results, scn, tmp, meta))
 
 

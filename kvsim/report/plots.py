@@ -35,7 +35,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from kvsim.report.style import bar_figure_width, policy_colours, policy_styles, same_as, wrap_label
+from kvsim.report.style import (bar_figure_width, policy_colours, policy_styles,  # noqa: F401 (re-exported)
+                                same_as, wrap_label)
 from kvsim.report.verdict import arrival_limited
 
 DPI = 110
