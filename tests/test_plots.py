@@ -181,3 +181,28 @@ def test_every_figure_carries_its_context():
     from kvsim.report.plots import figures
     figs = figures(make_summary(["a"]), make_timeseries(["a"]), make_requests(["a"]), context="rag_8k · ctx")
     assert all(fig._suptitle is not None and "rag_8k · ctx" in fig._suptitle.get_text() for fig in figs.values())
+
+
+def test_the_engines_columns_draw_where_present_and_never_memory_bound_runs_show_n_a(tmp_path):
+    """The engines work adds engine, limited_by_* and memory_capacity_requests to the summary,
+    the 'none' basis (fractions and achievable batch NaN) and a per-step limited_by column."""
+    from kvsim.report.plots import capacity_requests, figures
+    policies = ["paged-16", "paged-16-fp8"]
+    summary = make_summary(policies).assign(
+        engine="vllm-v1", fraction_basis="none", limited_by_memory=0.0, limited_by_arrivals=1.0,
+        memory_capacity_requests=[40.0, 80.0], kv_capacity_tokens=[16000, 32000])
+    for col in ("token_fraction", "reservation_fraction", "internal_fraction", "external_fraction",
+                "free_fraction", "achievable_batch_size"):
+        summary[col] = np.nan
+    timeseries = make_timeseries(policies).assign(limited_by="arrivals")
+    assert capacity_requests(summary, make_requests(policies))[0].tolist() == [40.0, 80.0]
+    figs = figures(summary, timeseries, make_requests(policies), context="ctx")
+    texts = [t.get_text() for ax in figs["memory_breakdown.png"].axes for t in ax.texts]
+    assert texts.count("n/a") == 2
+    tput = figs["throughput_batch.png"].axes[1]
+    assert tput.get_title() == "Output throughput: set by the arrival rate for every policy"
+    # without the column: capacity in tokens over the mean request (prompt + output)
+    requests = make_requests(policies)
+    mean = (requests.prompt_tokens + requests.output_tokens).mean()
+    got = capacity_requests(summary.drop(columns="memory_capacity_requests"), requests)[0]
+    assert got.tolist() == pytest.approx([16000 / mean, 32000 / mean])
