@@ -129,8 +129,11 @@ def print_table(summary, scn=None) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
     for line in [heads] + rows:
         click.echo("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths))))
-    click.echo("fractions time-weighted while requests wait (basis 'waiting') or, where none "
-               "ever waits, over the busy time ('busy')")
+    from kvsim.report.plots import BASIS
+    bases = list(dict.fromkeys(summary["fraction_basis"].astype(str))) if "fraction_basis" in summary else []
+    click.echo("fractions and achv batch: " + "; ".join(f"basis '{b}': {BASIS.get(b, b)}" for b in bases))
+    if "engine" in summary:
+        click.echo("engine: " + ", ".join(dict.fromkeys(summary["engine"].astype(str))))
     costs = dict(zip(summary.policy.astype(str), summary.cost_model.astype(str)))
     if len(set(costs.values())) == 1:
         click.echo(f"step costs: {next(iter(costs.values()))}")

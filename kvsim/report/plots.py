@@ -54,7 +54,9 @@ CATEGORIES = (
     ("free_fraction", "free", "free", "#cfd8dc"),
 )
 BASIS = {"waiting": "time-weighted while requests wait",
-         "busy": "time-weighted over busy time"}
+         "busy": "time-weighted over busy time",
+         "memory": "time-weighted over the steps memory kept a request waiting",
+         "none": "never memory-bound: no fractions"}
 
 
 def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
