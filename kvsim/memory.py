@@ -79,3 +79,30 @@ def size_pool(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization
     per_gpu = usable - weights - activation_bytes
     return PoolSizing(gpu_bytes, usable, weights, activation_bytes, max(per_gpu, 0.0) * tp,
                       "gpu_memory_utilization")
+
+
+def no_room(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization: float,
+            activation_bytes) -> str | None:
+    """Why the KV pool would be empty, and what would help, or None if it is not.
+
+    `activation_bytes(tp)` estimates one GPU's activations. When weights and activations
+    fill even the whole GPU, raising gpu_memory_utilization cannot help: the message says
+    so and names the smallest power-of-two tp, or the GPU memory, that leaves room at the
+    scenario's gpu_memory_utilization. (Where 100% would leave room but the scenario's
+    share does not, kvsim.runner's message names both remedies.)
+    """
+    gpu_bytes = gpu.memory_gib * GIB
+    weights, act = model.weight_bytes() / tp, activation_bytes(tp)
+    if weights + act < gpu_bytes:
+        return None
+    usable = gpu_memory_utilization * gpu_bytes
+    fix = []
+    for more in (2 ** k for k in range(0, 11)):
+        if more > tp and model.weight_bytes() / more + activation_bytes(more) < usable:
+            fix.append(f"tensor_parallel_size {more}")
+            break
+    fix.append(f"a GPU with more than {(weights + act) / gpu_memory_utilization / GIB:.0f} GiB")
+    return (f"no memory left for the KV cache: {weights / GIB:.1f} GiB of weights and "
+            f"{act / GIB:.1f} GiB of activations per GPU (tp {tp}) exceed the {gpu.name}'s "
+            f"{gpu.memory_gib:g} GiB, so raising gpu_memory_utilization cannot help; needs "
+            + " or ".join(fix))

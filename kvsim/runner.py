@@ -15,7 +15,7 @@ from kvsim.cost.model import describe, make_cost_model
 from kvsim.engine import simulate
 from kvsim.engines import EngineSettings
 from kvsim.errors import InputError
-from kvsim.memory import PoolSizing, activation_estimate, size_pool
+from kvsim.memory import PoolSizing, activation_estimate, no_room, size_pool
 from kvsim.report.metrics import request_table, step_table, summarize, tidy
 from kvsim.scenario import Scenario
 from kvsim.scheduler import SwapSpace
@@ -37,10 +37,17 @@ class Results:
 def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:
     tp = scn.tensor_parallel_size
     s = scn.engine_settings()
-    act = (scn.activation_memory_gib * GIB if scn.activation_memory_gib is not None else
-           activation_estimate(model, s.max_num_batched_tokens, s.max_num_seqs, tp))
+
+    def activations(tp: int) -> float:
+        if scn.activation_memory_gib is not None:
+            return scn.activation_memory_gib * GIB
+        return activation_estimate(model, s.max_num_batched_tokens, s.max_num_seqs, tp)
+    problem = scn.kv_cache_memory_gib is None and no_room(
+        model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization, activation_bytes=activations)
+    if problem:
+        raise InputError(src, "tensor_parallel_size", problem)
     pool = size_pool(model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
-                     kv_cache_memory_gib=scn.kv_cache_memory_gib, activation_bytes=act)
+                     kv_cache_memory_gib=scn.kv_cache_memory_gib, activation_bytes=activations(tp))
     if scn.kv_cache_memory_gib is not None and scn.kv_cache_memory_gib > gpu.memory_gib:
         raise InputError(src, "kv_cache_memory_gib", f"{scn.kv_cache_memory_gib} GiB is more than "
                          f"the GPU's {gpu.memory_gib} GiB")

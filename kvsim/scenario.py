@@ -256,6 +256,7 @@ class InlineModel(Strict):
     kv_lora_rank: int = Field(0, ge=0)
     qk_rope_head_dim: int = Field(0, ge=0)
     sliding_window: int | None = Field(None, ge=1)
+    max_position_embeddings: int | None = Field(None, ge=1)
 
 
 class HFModel(Strict):
@@ -299,7 +300,7 @@ class Scenario(Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_memory_gib: float | None = Field(None, gt=0)
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
-    max_model_len: int = Field(ge=1)
+    max_model_len: int | None = Field(None, ge=1)   # default: the model's context length (filled at load)
     engine: Engine | None = None     # vllm-v0, vllm-v1 (default) or sglang; or under scheduler:
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
     cost_model: Annotated[Union[Annotated[Literal["roofline", "calibrated"], Tag("preset")],
@@ -387,20 +388,16 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
     except ValidationError as e:
         raise _input_error(e, src) from None
     base = Path(src).parent
+    if isinstance(scn.model, str) and scn.model not in MODEL_PRESETS:
+        raise InputError(src, "model", _unknown_model(scn.model))
+    scn = _with_defaults(scn, base, src)
     names = [p.name for p in scn.policies]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InputError(src, "policies", f"policy names must be unique; repeated: {', '.join(dup)}")
-    if isinstance(scn.model, str) and scn.model not in MODEL_PRESETS:
-        raise InputError(src, "model", _unknown(scn.model, MODEL_PRESETS, "preset"))
     if isinstance(scn.gpu, str) and scn.gpu not in GPU_PRESETS:
         raise InputError(src, "gpu", _unknown(scn.gpu, GPU_PRESETS, "preset"))
     _check_engine(scn, src)
-    if isinstance(scn.model, HFModel):
-        try:
-            scn.model_spec(base)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise InputError(src, "model.hf_config", f"not a usable config.json: {e!r}") from None
     wl = scn.workload
     if wl.trace is not None and not (base / wl.trace).is_file():
         raise InputError(src, "workload.trace", f"file {base / wl.trace} not found")
@@ -449,6 +446,47 @@ def _check_engine(scn: Scenario, src: str) -> None:
                          f"{s.max_num_batched_tokens} is smaller than max_model_len ({scn.max_model_len}), "
                          "so a long prompt could never be prefilled; raise it or set "
                          "enable_chunked_prefill: true")
+def _with_defaults(scn: Scenario, base: Path, src: str) -> Scenario:
+    """Read the model once (a bad hf_config is an input error) and fill max_model_len from
+    its context length, as vLLM does, when the scenario leaves it out."""
+    try:
+        model = scn.model_spec(base)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(src, "model.hf_config", f"not a usable config.json: {e!r}") from None
+    if scn.max_model_len is not None:
+        return scn
+    if model.max_position_embeddings is None:
+        raise InputError(src, "max_model_len", "required: the model does not give its context length "
+                         "(max_position_embeddings)")
+    return scn.model_copy(update={"max_model_len": model.max_position_embeddings})
+
+
+def _unknown_model(name: str) -> str:
+    """A Hugging Face id (org/name) is not fetched: say how to give its config instead."""
+    if "/" not in name:
+        return _unknown(name, MODEL_PRESETS, "preset")
+    close = difflib.get_close_matches(name.split("/")[-1].lower(), list(MODEL_PRESETS), n=1, cutoff=0.5)
+    hint = f"use the preset '{close[0]}', or " if close else "use a preset, or "
+    return (f"'{name}' looks like a Hugging Face model id, which kvsim does not download; {hint}"
+            "give its config.json as {hf_config: path/to/config.json}")
+
+
+# Keys users of vLLM put at the top level, and where kvsim wants them.
+MISPLACED = {**{k: "scheduler" for k in Scheduler.model_fields},
+             "swap_space": "scheduler", "max_num_batched_tokens": "scheduler",
+             **{k: "policy" for k in ("block_size", "kv_cache_dtype", "enable_prefix_caching",
+                                       "prefix_cache", "kv_scale", "kv_scale_group_size", "allocator")}}
+
+
+def _misplaced(key: str) -> str | None:
+    where = MISPLACED.get(key)
+    if where == "scheduler":
+        name = "swap_space_gib" if key == "swap_space" else key
+        return f"'{key}' belongs under scheduler: (scheduler: {{{name}: ...}})"
+    if where == "policy":
+        return (f"'{key}' is set per policy: put it in each entry of policies: "
+                f"(- {{name: paged-16, allocator: paged, {key}: ...}})")
+    return None
 
 
 def _unknown(value: str, valid, what: str) -> str:
@@ -465,6 +503,8 @@ def _input_error(exc: ValidationError, src: str) -> InputError:
     loc = err["loc"]
     field = _dotted(loc) or "top level"
     if err["type"] == "extra_forbidden":
+        if len(loc) == 1 and _misplaced(str(loc[0])):
+            return InputError(src, field, _misplaced(str(loc[0])))
         allowed = _fields_at(loc[:-1])
         return InputError(src, field, _unknown(str(loc[-1]), allowed, "key"))
     msg = err["msg"].removeprefix("Value error, ")

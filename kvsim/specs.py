@@ -41,6 +41,7 @@ class ModelSpec:
     kv_lora_rank: int = 0         # MLA only: latent KV width
     qk_rope_head_dim: int = 0     # MLA only: decoupled RoPE key width
     sliding_window: int | None = None
+    max_position_embeddings: int | None = None   # context length: max_model_len's default
 
     @property
     def is_mla(self) -> bool:
@@ -127,21 +128,34 @@ def _model(name, layers, heads, kv_heads, head_dim, hidden, ffn, vocab, params, 
 
 
 # Shapes from FACTS.md ("Model shapes"): the models' Hugging Face config.json files.
+# Context lengths (max_position_embeddings, what vLLM takes as max_model_len's default)
+# from the same config.json files: meta-llama/Meta-Llama-3-8B and -70B 8,192;
+# meta-llama/Llama-2-*-hf 4,096; mistralai/Mistral-7B-v0.1 32,768; Qwen/Qwen2-7B-Instruct
+# 32,768; facebook/opt-13b 2,048; deepseek-ai/DeepSeek-V2 and -V3 163,840.
 MODEL_PRESETS: dict[str, ModelSpec] = {
-    "llama-3-8b": _model("llama-3-8b", 32, 32, 8, 128, 4096, 14336, 128256, 8.03e9),
-    "llama-3-70b": _model("llama-3-70b", 80, 64, 8, 128, 8192, 28672, 128256, 70.6e9),
-    "llama-2-7b": _model("llama-2-7b", 32, 32, 32, 128, 4096, 11008, 32000, 6.74e9),
-    "llama-2-13b": _model("llama-2-13b", 40, 40, 40, 128, 5120, 13824, 32000, 13.0e9),
-    "llama-2-70b": _model("llama-2-70b", 80, 64, 8, 128, 8192, 28672, 32000, 69.0e9),
+    "llama-3-8b": _model("llama-3-8b", 32, 32, 8, 128, 4096, 14336, 128256, 8.03e9,
+                         max_position_embeddings=8192),
+    "llama-3-70b": _model("llama-3-70b", 80, 64, 8, 128, 8192, 28672, 128256, 70.6e9,
+                          max_position_embeddings=8192),
+    "llama-2-7b": _model("llama-2-7b", 32, 32, 32, 128, 4096, 11008, 32000, 6.74e9,
+                         max_position_embeddings=4096),
+    "llama-2-13b": _model("llama-2-13b", 40, 40, 40, 128, 5120, 13824, 32000, 13.0e9,
+                          max_position_embeddings=4096),
+    "llama-2-70b": _model("llama-2-70b", 80, 64, 8, 128, 8192, 28672, 32000, 69.0e9,
+                          max_position_embeddings=4096),
     "mistral-7b": _model("mistral-7b", 32, 32, 8, 128, 4096, 14336, 32000, 7.24e9,
-                         sliding_window=4096),
-    "qwen2-7b": _model("qwen2-7b", 28, 28, 4, 128, 3584, 18944, 152064, 7.07e9),
-    "opt-13b": _model("opt-13b", 40, 40, 40, 128, 5120, 20480, 50272, 12.9e9, dtype="fp16"),
+                         sliding_window=4096, max_position_embeddings=32768),
+    "qwen2-7b": _model("qwen2-7b", 28, 28, 4, 128, 3584, 18944, 152064, 7.07e9,
+                       max_position_embeddings=32768),
+    "opt-13b": _model("opt-13b", 40, 40, 40, 128, 5120, 20480, 50272, 12.9e9, dtype="fp16",
+                      max_position_embeddings=2048),
     # MLA: the per-head fields describe queries; the cache holds the 512 + 64 latent.
     "deepseek-v2": _model("deepseek-v2", 60, 128, 128, 128, 5120, 1536, 102400, 236e9,
-                          active_params=21e9, kv_lora_rank=512, qk_rope_head_dim=64),
+                          active_params=21e9, kv_lora_rank=512, qk_rope_head_dim=64,
+                          max_position_embeddings=163840),
     "deepseek-v3": _model("deepseek-v3", 61, 128, 128, 128, 7168, 2048, 129280, 671e9,
-                          active_params=37e9, kv_lora_rank=512, qk_rope_head_dim=64),
+                          active_params=37e9, kv_lora_rank=512, qk_rope_head_dim=64,
+                          max_position_embeddings=163840),
 }
 
 # Dense peaks from FACTS.md ("GPUs"): NVIDIA A100 and H100/H200 datasheets (SXM parts).
@@ -193,6 +207,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         dtype=dtype, kv_lora_rank=size("kv_lora_rank", cfg.get("kv_lora_rank") or 0, minimum=0),
         qk_rope_head_dim=size("qk_rope_head_dim", cfg.get("qk_rope_head_dim") or 0, minimum=0),
         sliding_window=cfg.get("sliding_window") and size("sliding_window"),
+        max_position_embeddings=cfg.get("max_position_embeddings") and size("max_position_embeddings"),
     )
 
 

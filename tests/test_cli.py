@@ -23,7 +23,7 @@ from kvsim.scenario import load_scenario
 
 OUTPUT_FILES = {"summary.csv", "summary.json", "timeseries.parquet", "requests.parquet", "run.json",
                 "scenario.yaml", "memory_breakdown.png", "utilization_batch.png", "latency.png",
-                "throughput_batch.png"}
+                "throughput_batch.png", "latency_percentiles.png"}
 SUMMARY_COLUMNS = ["policy", "requests_total", "requests_completed", "requests_rejected", "token_fraction",
                    "reservation_fraction", "internal_fraction", "external_fraction", "free_fraction",
                    "kv_utilization", "allocation_waste", "mean_batch_size", "max_batch_size",
@@ -147,7 +147,7 @@ def test_run_json_and_scenario_copy(full_run):
     work, out, _ = full_run
     meta = json.loads((out / "run.json").read_text())
     assert (meta["seed"], meta["policies"], meta["scenario"]) == (1, POLICIES, "small.yaml")
-    assert meta["kv_pool"]["pool_bytes"] == 2 * 2**30
+    assert meta["kv_pool"]["kv_pool_bytes_total"] == meta["kv_pool"]["kv_pool_bytes_per_gpu"] == 2 * 2**30
     assert load_scenario(out / "scenario.yaml")[0] == load_scenario(work / "small.yaml")[0]
 
 
@@ -255,9 +255,17 @@ def test_missing_scenario_file(tmp_path, monkeypatch):
 def test_failing_run_leaves_an_existing_output_untouched(in_scenario_folder):
     assert kvsim("run", "small.yaml", "--out", "out", "--quiet")[0] == 0
     before = snapshot(in_scenario_folder / "out")
-    # valid file, failing run: Llama-3-70B's 141 GB of weights leave an A100-40GB no KV pool
+    # Llama-3-70B's 141 GB of weights leave an A100-40GB no KV pool: refused at load,
+    # naming what would help (4 GPUs: 35.3 GB of weights each) and what cannot
     write_scenario(in_scenario_folder, "broken.yaml", model="llama-3-70b", gpu="a100-40gb",
                    kv_cache_memory_gib=None)
+    line = one_error_line(*kvsim("run", "broken.yaml", "--out", "out"))
+    assert line.startswith("kvsim: error: broken.yaml: tensor_parallel_size: no memory left for the KV cache")
+    assert "raising gpu_memory_utilization cannot help" in line and "tensor_parallel_size 4" in line
+    # valid file, failing run: 80% of an A100-80GB (64 GiB) leaves no room beside Llama-3-70B's
+    # 65.7 GiB of weights per GPU at tp 2, though all of it would
+    write_scenario(in_scenario_folder, "broken.yaml", model="llama-3-70b", gpu="a100-80gb",
+                   kv_cache_memory_gib=None, tensor_parallel_size=2, gpu_memory_utilization=0.8)
     line = one_error_line(*kvsim("run", "broken.yaml", "--out", "out"))
     assert line.startswith("kvsim: error: broken.yaml: gpu_memory_utilization: no memory left for the KV cache")
     line = one_error_line(*kvsim("run", "small.yaml", "--out", "out", "--policy", "nope"))

@@ -130,3 +130,79 @@ def test_policy_colours_follow_summary_order_then_first_appearance():
                              pd.DataFrame({"policy": ["a", "c"]}))
     assert list(colours) == ["b", "a", "c"]
     assert len(set(colours.values())) == 3
+
+
+LONG_NAMES = ["contiguous-max-first-fit-reservation", "contiguous-pow2-buddy-allocator",
+              "contiguous-oracle-first-fit", "paged-16-block-table-plain", "paged-32-block-table-plain",
+              "paged-16-fp8-e4m3-per-tensor-scales", "paged-16-automatic-prefix-caching",
+              "radix-tree-prefix-cache-sglang-style"]
+
+
+def test_tick_labels_never_overlap_with_eight_long_policy_names():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from kvsim.report.plots import figures
+    figs = figures(make_summary(LONG_NAMES), make_timeseries(LONG_NAMES, steps=50),
+                   make_requests(LONG_NAMES, n=20), context="a scenario · a model on a GPU, tp 1")
+    checked = 0
+    for name, fig in figs.items():
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                boxes = [t.get_window_extent(renderer) for t in axis.get_ticklabels()
+                         if t.get_visible() and t.get_text()]
+                for i, a in enumerate(boxes):
+                    for b in boxes[i + 1:]:
+                        assert not a.overlaps(b), f"{name}: tick labels overlap"
+                checked += len(boxes)
+    assert checked > 8 * 4     # the policy axes were among those checked
+
+
+def test_a_policy_keeps_its_colour_whatever_else_is_in_the_figure():
+    alone = policy_colours(pd.DataFrame({"policy": ["paged-16"]}))
+    crowd = policy_colours(pd.DataFrame({"policy": ["contiguous", "paged-32", "paged-16"]}))
+    assert alone["paged-16"] == crowd["paged-16"]
+    many = policy_colours(pd.DataFrame({"policy": LONG_NAMES}))
+    assert len(set(many.values())) == len(LONG_NAMES)
+
+
+def test_identical_lines_are_labelled_as_coinciding():
+    from kvsim.report.plots import figures
+    ts = make_timeseries(["a"])
+    ts = pd.concat([ts, ts.assign(policy="b")], ignore_index=True)
+    fig = figures(make_summary(["a", "b"]), ts, make_requests(["a", "b"]))["utilization_batch.png"]
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert labels == ["a", "b (same as a)"]
+    styles = {line.get_linestyle() for line in fig.axes[0].get_lines()}
+    assert len(styles) == 2
+
+
+def test_every_figure_carries_its_context():
+    from kvsim.report.plots import figures
+    figs = figures(make_summary(["a"]), make_timeseries(["a"]), make_requests(["a"]), context="rag_8k · ctx")
+    assert all(fig._suptitle is not None and "rag_8k · ctx" in fig._suptitle.get_text() for fig in figs.values())
+
+
+def test_the_engines_columns_draw_where_present_and_never_memory_bound_runs_show_n_a(tmp_path):
+    """The engines work adds engine, limited_by_* and memory_capacity_requests to the summary,
+    the 'none' basis (fractions and achievable batch NaN) and a per-step limited_by column."""
+    from kvsim.report.plots import capacity_requests, figures
+    policies = ["paged-16", "paged-16-fp8"]
+    summary = make_summary(policies).assign(
+        engine="vllm-v1", fraction_basis="none", limited_by_memory=0.0, limited_by_arrivals=1.0,
+        memory_capacity_requests=[40.0, 80.0], kv_capacity_tokens=[16000, 32000])
+    for col in ("token_fraction", "reservation_fraction", "internal_fraction", "external_fraction",
+                "free_fraction", "achievable_batch_size"):
+        summary[col] = np.nan
+    timeseries = make_timeseries(policies).assign(limited_by="arrivals")
+    assert capacity_requests(summary, make_requests(policies))[0].tolist() == [40.0, 80.0]
+    figs = figures(summary, timeseries, make_requests(policies), context="ctx")
+    texts = [t.get_text() for ax in figs["memory_breakdown.png"].axes for t in ax.texts]
+    assert texts.count("n/a") == 2
+    tput = figs["throughput_batch.png"].axes[1]
+    assert tput.get_title() == "Output throughput: set by the arrival rate for every policy"
+    # without the column: capacity in tokens over the mean request (prompt + output)
+    requests = make_requests(policies)
+    mean = (requests.prompt_tokens + requests.output_tokens).mean()
+    got = capacity_requests(summary.drop(columns="memory_capacity_requests"), requests)[0]
+    assert got.tolist() == pytest.approx([16000 / mean, 32000 / mean])

@@ -366,7 +366,7 @@ def test_hf_config_relative_to_the_scenario_file(tmp_path, monkeypatch):
         intermediate_size=28672, vocab_size=128256, torch_dtype="bfloat16")))
     sub = tmp_path / "scenarios"
     sub.mkdir()
-    path = write_scenario(sub, model={"hf_config": "../models/llama70/config.json"})
+    path = write_scenario(sub, model={"hf_config": "../models/llama70/config.json"}, tensor_parallel_size=4)
     monkeypatch.chdir(models)            # not the folder the path is relative to
     scn, base_dir = load_scenario(path)
     assert isinstance(scn.model, HFModel)
@@ -386,3 +386,54 @@ def test_missing_or_broken_hf_config(tmp_path):
 def test_hf_model_with_an_extra_key(tmp_path):
     text = load_error(write_scenario(tmp_path, model={"hf_config": "c.json", "hf_confg": "x"}))
     assert ": model.hf_confg: unknown key 'hf_confg' (did you mean 'hf_config'?)" in text
+
+
+# --- what a vLLM user types, and where kvsim wants it ------------------------------
+@pytest.mark.parametrize("key, where", [("max_num_seqs", "belongs under scheduler:"),
+                                        ("enable_chunked_prefill", "belongs under scheduler:"),
+                                        ("swap_space", "scheduler: {swap_space_gib: ...}"),
+                                        ("block_size", "is set per policy"),
+                                        ("kv_cache_dtype", "is set per policy"),
+                                        ("enable_prefix_caching", "is set per policy")])
+def test_a_top_level_engine_setting_says_where_it_belongs(tmp_path, key, where):
+    text = load_error(write_scenario(tmp_path, **{key: 16}))
+    assert text.startswith(f"{tmp_path / 'scenario.yaml'}: {key}: '{key}' ") and where in text
+
+
+def test_a_hugging_face_id_asks_for_its_config_and_names_the_close_preset(tmp_path):
+    text = load_error(write_scenario(tmp_path, model="meta-llama/Meta-Llama-3-70B"))
+    assert ": model: 'meta-llama/Meta-Llama-3-70B' looks like a Hugging Face model id" in text
+    assert "the preset 'llama-3-70b'" in text and "{hf_config: path/to/config.json}" in text
+
+
+def test_max_model_len_defaults_to_the_models_context_length(tmp_path):
+    scn, _ = load_scenario(write_scenario(tmp_path, max_model_len=DROP))
+    assert scn.max_model_len == 8192            # Meta-Llama-3-8B's max_position_embeddings
+    scn, _ = load_scenario(write_scenario(tmp_path, max_model_len=DROP, model="opt-13b", gpu="a100-40gb"))
+    assert (scn.max_model_len, scn.batched_token_budget) == (2048, 2048)
+    inline = {"num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "head_dim": 64, "hidden_size": 128,
+              "intermediate_size": 256, "params": 1.0e6}
+    text = load_error(write_scenario(tmp_path, max_model_len=DROP, model=inline))
+    assert text.endswith(": max_model_len: required: the model does not give its context length "
+                         "(max_position_embeddings)")
+    scn, _ = load_scenario(write_scenario(tmp_path, max_model_len=DROP,
+                                          model=inline | {"max_position_embeddings": 1024}))
+    assert scn.max_model_len == 1024
+
+
+def test_weights_no_gpu_can_hold_name_the_tp_that_fits(tmp_path):
+    # Llama-3-70B: 70.6e9 x 2 B = 131.5 GiB of weights, more than an H100's 79.6 GiB; at tp 2,
+    # 65.7 GiB of weights + ~0.5 GiB of activations per GPU fit under 90% of it (71.6 GiB)
+    # (refused when the pool is planned, before any simulation: a sweep or a capacity
+    # search over tp can still load the scenario)
+    from kvsim.runner import plan_pool
+
+    def plan(**extra):
+        scn, base = load_scenario(write_scenario(tmp_path, model="llama-3-70b", **extra))
+        return plan_pool(scn, scn.model_spec(base), scn.gpu_spec(), "scenario.yaml")
+    with pytest.raises(InputError) as info:
+        plan()
+    text = str(info.value)
+    assert ": tensor_parallel_size: no memory left for the KV cache: 131.5 GiB of weights" in text
+    assert "raising gpu_memory_utilization cannot help; needs tensor_parallel_size 2 or a GPU" in text
+    assert plan(tensor_parallel_size=2).pool_bytes > 0

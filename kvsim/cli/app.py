@@ -1,5 +1,5 @@
 """The `kvsim` command line: `kvsim run` and `kvsim memory` (here), `kvsim cost` and
-`kvsim calibrate` (kvsim.cli.cost).
+`kvsim calibrate` (kvsim.cli.cost), `kvsim compare` and `kvsim reproduce` (kvsim.cli.report).
 
 Bad input of any kind ends in one line on stderr naming the file (or the command
 line), the field and what is allowed, with exit status 2 and nothing written.
@@ -7,10 +7,6 @@ line), the field and what is allowed, with exit status 2 and nothing written.
 from __future__ import annotations
 
 import json
-import math
-import os
-import platform
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,13 +17,30 @@ from kvsim import __version__
 from kvsim.allocators import InvariantError
 from kvsim.cli.args import model_arg
 from kvsim.cli.cost import calibrate, cost
+from kvsim.cli.output import print_table, run_meta, simulate_with_progress, swap_in, write_run
+from kvsim.cli.report import compare, reproduce
 from kvsim.cli.sweep import capacity, sweep
 from kvsim.errors import InputError
 from kvsim.memory import kv_footprint
 from kvsim.specs import DTYPE_BITS, MODEL_PRESETS, with_kv_heads
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class WholeHelpGroup(click.Group):
+    """Lists each command with the whole first paragraph of its help, not a cut-off line."""
+
+    def format_commands(self, ctx, formatter):
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                first = (cmd.help or "").split("\n\n")[0]
+                rows.append((name, " ".join(first.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=WholeHelpGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvsim")
 def cli():
     """Simulate how KV-cache allocation policies use GPU memory in LLM serving."""
@@ -47,12 +60,19 @@ def cli():
               help="Verify the allocator and scheduler after every step (slower).")
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 @click.option("--profile", metavar="NAME_OR_DIR", help="Step costs from this profile (overrides cost_model).")
-def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, force, profile):
-    """Run every policy of SCENARIO on one request stream and write results and plots."""
-    from kvsim.runner import run_scenario
+@click.option("--rates", metavar="R1,R2,..|START:STOP:STEP",
+              help="Rerun at each arrival rate (req/s) into DIR/rate-R/, and draw latency and "
+                   "throughput against rate (rate_sweep.png, rates.csv).")
+def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, force, profile, rates):
+    """Run every policy of SCENARIO on one request stream and write results and plots.
+
+    With --rates, run it once per arrival rate and add the sweep's curves and the highest
+    rate each policy sustains."""
+    from kvsim.report.rates import parse_rates
     from kvsim.scenario import load_scenario
 
     started = time.monotonic()
+    rate_list = parse_rates(rates) if rates is not None else None
     scn, base_dir = load_scenario(scenario)
     scn = _override(scn, str(scenario), seed, num_requests, policies)
     if profile is not None:
@@ -65,21 +85,15 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, fo
     out = out or Path("results") / scn.name
     if not force:
         _refuse_foreign(out, scn.name)
-    bar = Progress(len(scn.policies), enabled=not quiet and sys.stderr.isatty())
-    try:
-        results = run_scenario(scn, base_dir, str(scenario), on_progress=bar.update,
-                               check_invariants=check_invariants)
-    finally:
-        bar.close()
-    meta = {
-        "kvsim_version": __version__, "python": platform.python_version(),
-        "scenario": str(scenario), "seed": scn.seed, "policies": [p.name for p in scn.policies],
-        "wall_time_s": round(time.monotonic() - started, 3),
-        "kv_pool": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in results.pool.__dict__.items()},
-    }
-    _write_results(results, scn, out, meta)
+    if rate_list is not None:
+        from kvsim.cli.report import run_rates
+        run_rates(scn, base_dir, str(scenario), rate_list, out, quiet=quiet,
+                  check_invariants=check_invariants, started=started)
+        return
+    results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants)
+    _write_results(results, scn, out, run_meta(scn, str(scenario), results, started))
     if not quiet:
-        _print_table(results.summary)
+        print_table(results.summary, scn)
         click.echo(f"wrote {out}/")
 
 
@@ -117,81 +131,8 @@ def _refuse_foreign(out: Path, name: str) -> None:
 
 
 def _write_results(results, scn, out: Path, meta: dict) -> None:
-    """Write into a fresh folder beside `out`, then swap it in: never half a result."""
-    from kvsim.report.plots import write_plots
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        results.summary.to_csv(tmp / "summary.csv", index=False)
-        rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-                for r in results.summary.to_dict(orient="records")]
-        (tmp / "summary.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
-        results.timeseries.to_parquet(tmp / "timeseries.parquet", index=False)
-        results.requests.to_parquet(tmp / "requests.parquet", index=False)
-        (tmp / "scenario.yaml").write_text(_scenario_yaml(scn))
-        write_plots(results.summary, results.timeseries, results.requests, tmp)
-        (tmp / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _scenario_yaml(scn) -> str:
-    import yaml
-    return yaml.safe_dump(scn.model_dump(mode="json", exclude_none=True), sort_keys=False)
-
-
-SHOWN = [("policy", "{}"), ("kv_utilization", "{:.1%}"), ("internal_fraction", "{:.1%}"),
-         ("external_fraction", "{:.1%}"), ("achievable_batch_size", "{:.1f}"),
-         ("throughput_tok_s", "{:.0f}"), ("ttft_p50_s", "{:.2f}"), ("preemptions", "{}"),
-         ("requests_rejected", "{}"), ("limited_by_memory", "{:.0%}")]
-
-
-def _print_table(summary) -> None:
-    heads = ["policy", "kv util", "internal", "external", "achv batch", "tok/s",
-             "ttft p50 s", "preempt", "rejected", "mem-bound"]
-    rows = [[fmt.format(r[c]) for c, fmt in SHOWN] for r in summary.to_dict(orient="records")]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-    for line in [heads] + rows:
-        click.echo("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths))))
-    click.echo("kv util, internal, external, achv batch: time-weighted over the steps in which "
-               "memory kept a request waiting (nan: never); mem-bound: their share of the busy "
-               f"time; engine: {summary.engine.iloc[0]}; step costs: {summary.cost_model.iloc[0]}")
-
-
-class Progress:
-    """A one-line progress bar on stderr, shown only after the run passes two seconds."""
-
-    def __init__(self, num_policies: int, enabled: bool):
-        self.enabled, self.num_policies = enabled, num_policies
-        self.start = self.last = time.monotonic()
-        self.policies: list[str] = []
-
-    def update(self, policy: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if policy not in self.policies:
-            self.policies.append(policy)
-        now = time.monotonic()
-        if now - self.start < 2 or now - self.last < 0.2:
-            return
-        self.last = now
-        frac = done / total if total else 1
-        bar = "#" * int(30 * frac)
-        sys.stderr.write(f"\r[{len(self.policies)}/{self.num_policies}] {policy:<20.20} "
-                         f"|{bar:<30}| {done}/{total} requests")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled and time.monotonic() - self.start >= 2:
-            sys.stderr.write("\n")
+    """The run's folder, written beside `out` and swapped in whole."""
+    swap_in(out, lambda tmp: write_run(results, scn, tmp, meta))
 
 
 # --- kvsim memory ----------------------------------------------------------------
@@ -226,6 +167,8 @@ cli.add_command(cost)
 cli.add_command(calibrate)
 cli.add_command(sweep)
 cli.add_command(capacity)
+cli.add_command(compare)
+cli.add_command(reproduce)
 
 
 # --- entry point -----------------------------------------------------------------
@@ -233,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; bad input becomes one line on stderr and exit status 2."""
     try:
         code = cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:   # bare `kvsim`: the help, as click prints it
+        e.show()
+        return e.exit_code
     except InputError as e:
         click.echo(f"kvsim: error: {e}", err=True)
         return 2

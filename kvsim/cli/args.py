@@ -1,6 +1,7 @@
 """Command-line arguments that name a model or a GPU, shared by every command."""
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from kvsim.errors import InputError
@@ -15,8 +16,10 @@ def model_arg(name: str):
             return model_from_hf_config(name)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise InputError(name, "file", f"not a usable Hugging Face config.json ({e!r})") from None
+    close = difflib.get_close_matches(name.lower(), list(MODEL_PRESETS), n=1, cutoff=0.6)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
     raise InputError("command line", "--model",
-                     f"unknown model '{name}'; choose a preset ({', '.join(MODEL_PRESETS)}) "
+                     f"unknown model '{name}'{hint}; choose a preset ({', '.join(MODEL_PRESETS)}) "
                      "or give a config.json path")
 
 

@@ -1,24 +1,31 @@
 """Figures comparing KV-cache memory policies, drawn from the run's result DataFrames.
 
-`write_plots(summary, timeseries, requests, out_dir)` writes four PNGs and returns
-their paths, always in this order:
+`write_plots(summary, timeseries, requests, out_dir, context)` writes five PNGs and
+returns their paths, always in this order:
 
 1. ``memory_breakdown.png``: where the KV pool went, per policy, split the way the
    vLLM paper splits it (token states, reservation, internal fragmentation, external
-   fragmentation & others) plus free space.
+   fragmentation & others) plus free space; beside it the KV capacity in tokens and in
+   requests, which shows FP8's doubled capacity even when arrivals limit the batch.
 2. ``utilization_batch.png``: KV utilization and running batch size over simulated time.
 3. ``latency.png``: empirical CDFs of TTFT, TPOT and end-to-end latency.
-4. ``throughput_batch.png``: achievable vs mean batch size, and output throughput.
+4. ``throughput_batch.png``: achievable vs mean batch size, and output throughput
+   (marked where the arrival rate set it).
+5. ``latency_percentiles.png``: TTFT and TPOT at p50, p90 and p99 as bars.
+
+Every figure carries `context` (kvsim.report.style.context_line: scenario, model, GPU
+and tp, arrivals, engine, step costs) under its title.
 
 Only this module knows about matplotlib; the simulator core hands it DataFrames.
 Figures are built as bare `matplotlib.figure.Figure` objects rendered by the Agg
 canvas, never registered with pyplot, so no backend is switched and no window or
 figure is left open.  Each policy keeps one colour in every figure (policies in
-summary order, then any that only appear in the other frames), and each memory
-category has one fixed colour.
+colour derived from its name, kvsim.report.style), lines differ in style and marker
+too, identical lines are labelled so, and each memory category has one fixed colour.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +35,14 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from kvsim.report.style import (bar_figure_width, policy_colours, policy_styles,  # noqa: F401 (re-exported)
+                                same_as, wrap_label)
+from kvsim.report.verdict import arrival_limited
+
 DPI = 110
 MAX_POINTS = 2000  # drawn points per policy line; more are invisible at this size
 FILES = ("memory_breakdown.png", "utilization_batch.png", "latency.png",
-         "throughput_batch.png")
+         "throughput_batch.png", "latency_percentiles.png")
 
 # (summary column, timeseries column, legend label, colour): good use green, waste
 # in warm colours that darken as it gets harder to reclaim, free space grey.
@@ -43,34 +54,49 @@ CATEGORIES = (
     ("free_fraction", "free", "free", "#cfd8dc"),
 )
 BASIS = {"waiting": "time-weighted while requests wait",
-         "busy": "time-weighted over busy time"}
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-            "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+         "busy": "time-weighted over busy time",
+         "memory": "time-weighted over the steps memory kept a request waiting",
+         "none": "never memory-bound: no fractions"}
 
 
-def write_plots(summary: pd.DataFrame, timeseries: pd.DataFrame,
-                requests: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Write the four figures into `out_dir` (which must exist); return their paths."""
-    out_dir = Path(out_dir)
-    colours = policy_colours(summary, timeseries, requests)
-    figures = (_memory_breakdown(summary, colours), _utilization_batch(timeseries, colours),
-               _latency(requests, colours), _throughput_batch(summary, colours))
-    paths = []
-    for name, fig in zip(FILES, figures):
-        path = out_dir / name
-        FigureCanvasAgg(fig).print_figure(path, dpi=DPI)
-        fig.clear()
-        paths.append(path)
-    return paths
+def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
+            context: str = "") -> dict[str, Figure]:
+    """The five figures by file name (the notebooks show these; write_plots saves them)."""
+    styles = policy_styles(summary, timeseries, requests)
+    colours = {name: s.colour for name, s in styles.items()}
+    figs = (_memory_breakdown(summary, requests, colours), _utilization_batch(timeseries, styles),
+            _latency(requests, styles), _throughput_batch(summary, colours),
+            latency_percentiles(summary, colours))
+    for fig in figs:
+        add_context(fig, context)
+    return dict(zip(FILES, figs))
 
 
-def policy_colours(*frames: pd.DataFrame) -> dict[str, str]:
-    """One colour per policy, in first-seen order across `frames` (summary first)."""
-    names: dict[str, None] = {}
-    for frame in frames:
-        if "policy" in frame:
-            names.update(dict.fromkeys(frame["policy"].astype(str)))
-    return {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(names)}
+def write_plots(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
+                out_dir: Path, context: str = "") -> list[Path]:
+    """Write the five figures into `out_dir` (which must exist); return their paths."""
+    return [save(fig, Path(out_dir) / name)
+            for name, fig in figures(summary, timeseries, requests, context).items()]
+
+
+def save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig).print_figure(path, dpi=DPI)
+    fig.clear()
+    return path
+
+
+def add_context(fig: Figure, context: str) -> None:
+    """The run's context in small grey text above the figure's own titles."""
+    if context:
+        width = int(fig.get_figwidth() * 13)    # characters that fit at 8 pt
+        fig.suptitle("\n".join(textwrap.wrap(context, width)), fontsize=8, color="0.35")
+
+
+def set_policy_ticks(ax, x, policies: list[str], colours: dict[str, str]) -> None:
+    """Horizontal, wrapped policy names in the policy's colour (see bar_figure_width)."""
+    ax.set_xticks(x, [wrap_label(p) for p in policies], fontsize=8)
+    for tick, name in zip(ax.get_xticklabels(), policies):
+        tick.set_color(colours.get(name, "black"))
 
 
 def downsample(series: pd.DataFrame, columns: list[str],
@@ -120,10 +146,10 @@ def latency_samples(requests: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _memory_breakdown(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
+def _memory_breakdown(summary: pd.DataFrame, requests: pd.DataFrame, colours: dict[str, str]) -> Figure:
     policies = summary["policy"].astype(str).tolist()
-    fig = Figure(figsize=(max(6.5, 1.3 * len(policies) + 4.5), 4.8), layout="constrained")
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(bar_figure_width(len(policies), extra=3.5), 7.6), layout="constrained")
+    ax, ax_cap = fig.subplots(2, 1, height_ratios=(3, 2))
     x = np.arange(len(policies))
     bottom = np.zeros(len(policies))
     for col, _, label, colour in CATEGORIES:
@@ -133,43 +159,75 @@ def _memory_breakdown(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
         bottom += share
     tokens = pd.to_numeric(summary["token_fraction"], errors="coerce")
     for xi, top, tok in zip(x, bottom, tokens):
-        text = "n/a" if pd.isna(tok) else f"{100 * tok:.1f}% tokens"
-        ax.text(xi, top + 1.5, text, ha="center", va="bottom", fontsize=9, weight="bold")
+        text = "n/a" if pd.isna(tok) else f"{100 * tok:.1f}%\ntokens"
+        ax.text(xi, top + 1.5, text, ha="center", va="bottom", fontsize=8, weight="bold")
     bases = summary["fraction_basis"].astype(str).tolist() if "fraction_basis" in summary else []
+    title = "KV pool breakdown"
     if len(set(bases)) == 1:
-        title, ticks = f"KV pool breakdown ({BASIS.get(bases[0], bases[0])})", policies
-    else:  # mixed or missing: say it under each bar instead
-        title = "KV pool breakdown"
-        ticks = [f"{p}\n({BASIS.get(b, b)})" for p, b in zip(policies, bases)] or policies
-    ax.set_title(title)
-    ax.set_xticks(x, ticks, rotation=_rotation(policies), ha="right" if _rotation(policies) else "center")
-    for tick, name in zip(ax.get_xticklabels(), policies):
-        tick.set_color(colours[name])
+        title += f"\n({BASIS.get(bases[0], bases[0])})"
+    elif bases:
+        title += "\n(bases differ: " + ", ".join(f"{p}: {b}" for p, b in zip(policies, bases)) + ")"
+    ax.set_title(title, fontsize=10)
+    set_policy_ticks(ax, x, policies, colours)
     ax.set_ylabel("share of KV pool (%)")
-    ax.set_ylim(0, 112)
+    ax.set_ylim(0, 118)
     ax.set_xlim(-0.6, len(policies) - 0.4)
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles[::-1], labels[::-1], loc="outside right upper", title="memory")
+    fig.legend(handles[::-1], labels[::-1], loc="outside right upper", title="memory", fontsize=8)
+    _capacity(ax_cap, summary, requests, policies, colours)
     return fig
 
 
-def _utilization_batch(timeseries: pd.DataFrame, colours: dict[str, str]) -> Figure:
-    fig = Figure(figsize=(10.5, 6.2), layout="constrained")
+def capacity_requests(summary: pd.DataFrame, requests: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """Concurrent requests each pool holds: the run's memory_capacity_requests where it has
+    them, else KV capacity in tokens over the mean request (prompt + output tokens)."""
+    if "memory_capacity_requests" in summary:
+        return _numbers(summary, "memory_capacity_requests"), "requests of mean size"
+    tokens = _numbers(summary, "kv_capacity_tokens")
+    lengths = (requests["prompt_tokens"] + requests["output_tokens"]) if len(requests) else pd.Series(dtype=float)
+    mean = float(lengths.mean()) if len(lengths) else np.nan
+    return tokens / mean if mean > 0 else np.full(len(summary), np.nan), "≈ requests (tokens ÷ mean length)"
+
+
+def _capacity(ax, summary, requests, policies, colours) -> None:
+    x = np.arange(len(policies))
+    tokens = _numbers(summary, "kv_capacity_tokens")
+    reqs, what = capacity_requests(summary, requests)
+    bars = ax.bar(x, np.nan_to_num(tokens), 0.6, color=[colours[p] for p in policies])
+    ax.bar_label(bars, ["n/a" if np.isnan(t) else f"{t:,.0f}\n{r:,.0f} req" if not np.isnan(r) else f"{t:,.0f}"
+                        for t, r in zip(tokens, reqs)], fontsize=7, padding=2)
+    ax.set_title(f"KV capacity: token slots and {what}", fontsize=10)
+    ax.set_ylabel("token slots")
+    top = ax.get_ylim()[1]
+    ax.set_ylim(0, top * 1.25 if top > 0 else 1)
+    set_policy_ticks(ax, x, policies, colours)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _utilization_batch(timeseries: pd.DataFrame, styles: dict) -> Figure:
+    fig = Figure(figsize=(10.5, 6.4), layout="constrained")
     ax_util, ax_batch = fig.subplots(2, 1, sharex=True)
     groups = dict(tuple(timeseries.groupby(timeseries["policy"].astype(str), sort=False)))
-    handles = []
-    for name, colour in colours.items():
+    drawn = {}
+    for name in styles:
         frame = groups.get(name)
-        if frame is None or frame.empty:
-            handles.append(Line2D([], [], color=colour, label=f"{name} (no steps)"))
+        if frame is not None and not frame.empty:
+            d = downsample(frame, ["token", "running"])
+            # repeat the last value to the end of the last step so steps-post shows it
+            end = d.iloc[[-1]].assign(time_s=d["time_s"].iloc[-1] + d["step_s"].iloc[-1])
+            drawn[name] = pd.concat([d, end], ignore_index=True)
+    twins = same_as({n: (tuple(d["time_s"]), tuple(d["token"]), tuple(d["running"])) for n, d in drawn.items()})
+    handles = []
+    for name, st in styles.items():
+        d = drawn.get(name)
+        if d is None:
+            handles.append(Line2D([], [], color=st.colour, label=f"{name} (no steps)"))
             continue
-        d = downsample(frame, ["token", "running"])
-        # repeat the last value to the end of the last step so steps-post shows it
-        end = d.iloc[[-1]].assign(time_s=d["time_s"].iloc[-1] + d["step_s"].iloc[-1])
-        d = pd.concat([d, end], ignore_index=True)
-        ax_util.plot(d["time_s"], 100 * d["token"], drawstyle="steps-post", color=colour, lw=1.2)
-        ax_batch.plot(d["time_s"], d["running"], drawstyle="steps-post", color=colour, lw=1.2)
-        handles.append(Line2D([], [], color=colour, label=name))
+        kw = dict(drawstyle="steps-post", color=st.colour, lw=1.2, ls=st.linestyle)
+        ax_util.plot(d["time_s"], 100 * d["token"], **kw)
+        ax_batch.plot(d["time_s"], d["running"], **kw)
+        label = f"{name} (same as {twins[name]})" if name in twins else name
+        handles.append(Line2D([], [], color=st.colour, ls=st.linestyle, label=label))
     if timeseries.empty:
         ax_util.text(0.5, 0.5, "no steps recorded", transform=ax_util.transAxes, ha="center")
     ax_util.set_ylabel("KV utilization\n(token states, %)")
@@ -179,14 +237,14 @@ def _utilization_batch(timeseries: pd.DataFrame, colours: dict[str, str]) -> Fig
     ax_batch.set_xlabel("simulated time (s)")
     for ax in (ax_util, ax_batch):
         ax.grid(alpha=0.3)
-    ax_util.set_title("KV utilization and batch size over time")
-    fig.legend(handles=handles, loc="outside right upper", title="policy")
+    ax_util.set_title("KV utilization and batch size over time", fontsize=10)
+    fig.legend(handles=handles, loc="outside right upper", title="policy", fontsize=8)
     return fig
 
 
-def _latency(requests: pd.DataFrame, colours: dict[str, str]) -> Figure:
+def _latency(requests: pd.DataFrame, styles: dict) -> Figure:
     samples = latency_samples(requests)
-    fig = Figure(figsize=(13.5, 4.3), layout="constrained")
+    fig = Figure(figsize=(13.5, 4.5), layout="constrained")
     axes = fig.subplots(1, 3, sharey=True)
     panels = (("ttft_s", "time to first token (s)"),
               ("tpot_s", "time per output token (s)"),
@@ -196,7 +254,7 @@ def _latency(requests: pd.DataFrame, colours: dict[str, str]) -> Figure:
         values = samples[col].to_numpy(float)
         values = values[np.isfinite(values)]
         floor = _log_floor(values)
-        for name, colour in colours.items():
+        for name, st in styles.items():
             v = by_policy[name][col].to_numpy(float) if name in by_policy else np.array([])
             v = np.sort(v[np.isfinite(v)])
             if v.size == 0:
@@ -204,7 +262,8 @@ def _latency(requests: pd.DataFrame, colours: dict[str, str]) -> Figure:
             if floor is not None:
                 v = np.maximum(v, floor)  # zeros and stragglers sit at the left edge
             y = np.arange(1, v.size + 1) / v.size
-            ax.plot(np.r_[v[0], v], np.r_[0.0, y], drawstyle="steps-post", color=colour, lw=1.4)
+            ax.plot(np.r_[v[0], v], np.r_[0.0, y], drawstyle="steps-post", color=st.colour,
+                    ls=st.linestyle, lw=1.4)
         if values.size == 0:
             ax.text(0.5, 0.5, "no completed requests", transform=ax.transAxes, ha="center")
         elif floor is not None:
@@ -214,17 +273,17 @@ def _latency(requests: pd.DataFrame, colours: dict[str, str]) -> Figure:
         ax.grid(alpha=0.3)
         ax.grid(which="minor", alpha=0.1)
     axes[0].set_ylabel("fraction of completed requests")
+    axes[1].set_title("Latency CDFs, completed requests", fontsize=10)
     counts = samples["policy"].value_counts()
-    handles = [Line2D([], [], color=c, label=f"{n} (n={counts.get(n, 0)})")
-               for n, c in colours.items()]
-    fig.suptitle("Latency CDFs, completed requests")
-    fig.legend(handles=handles, loc="outside right upper", title="policy")
+    handles = [Line2D([], [], color=st.colour, ls=st.linestyle, label=f"{n} (n={counts.get(n, 0)})")
+               for n, st in styles.items()]
+    fig.legend(handles=handles, loc="outside right upper", title="policy", fontsize=8)
     return fig
 
 
 def _throughput_batch(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
     policies = summary["policy"].astype(str).tolist()
-    fig = Figure(figsize=(max(9.0, 1.6 * len(policies) + 6), 4.5), layout="constrained")
+    fig = Figure(figsize=(2 * bar_figure_width(len(policies), extra=1.0), 4.8), layout="constrained")
     ax_batch, ax_tput = fig.subplots(1, 2)
     x = np.arange(len(policies))
     policy_colours_ = [colours[p] for p in policies]
@@ -235,24 +294,50 @@ def _throughput_batch(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
                           alpha=0.45, hatch="//", edgecolor="white")
     for bars, values in ((bars_a, achievable), (bars_m, mean)):
         ax_batch.bar_label(bars, ["n/a" if np.isnan(v) else f"{v:.1f}" for v in values],
-                           fontsize=8, padding=2)
+                           fontsize=7, padding=2)
     ax_batch.legend(handles=[Patch(color="0.35", label="achievable batch size"),
                              Patch(facecolor="0.35", alpha=0.45, hatch="//",
                                    edgecolor="white", label="mean batch size")],
                     loc="upper left", fontsize=8)
     ax_batch.set_ylabel("batch size (requests)")
-    ax_batch.set_title("Batch size: achievable vs mean")
+    ax_batch.set_title("Batch size: achievable vs mean", fontsize=10)
     tput = _numbers(summary, "throughput_tok_s")
     bars_t = ax_tput.bar(x, np.nan_to_num(tput), 0.6, color=policy_colours_)
-    ax_tput.bar_label(bars_t, ["n/a" if np.isnan(v) else f"{v:,.0f}" for v in tput],
-                      fontsize=8, padding=2)
+    limited = [arrival_limited(r) for r in summary.to_dict(orient="records")]
+    ax_tput.bar_label(bars_t, ["n/a" if np.isnan(v) else f"{v:,.0f}" + ("\nset by\narrivals" if a else "")
+                               for v, a in zip(tput, limited)], fontsize=7, padding=2)
     ax_tput.set_ylabel("output throughput (tok/s)")
-    ax_tput.set_title("Output throughput")
+    title = "Output throughput"
+    if all(limited) and limited:
+        title += ": set by the arrival rate for every policy"
+    elif any(limited):
+        title += " (\"set by arrivals\": the arrival rate, not the policy, set it)"
+    ax_tput.set_title(title, fontsize=10)
     for ax in (ax_batch, ax_tput):
         top = ax.get_ylim()[1]
-        ax.set_ylim(0, top * 1.22 if top > 0 else 1)  # room for the value labels and legend
-        ax.set_xticks(x, policies, rotation=_rotation(policies),
-                      ha="right" if _rotation(policies) else "center")
+        ax.set_ylim(0, top * 1.3 if top > 0 else 1)  # room for the value labels and legend
+        set_policy_ticks(ax, x, policies, colours)
+        ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+PERCENTILES = (("p50", 1.0), ("p90", 0.65), ("p99", 0.35))   # bar alpha per percentile
+
+
+def latency_percentiles(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
+    """TTFT and TPOT at p50, p90 and p99: one group of three bars per policy."""
+    policies = summary["policy"].astype(str).tolist()
+    fig = Figure(figsize=(2 * bar_figure_width(len(policies), extra=1.0), 4.6), layout="constrained")
+    x = np.arange(len(policies))
+    for ax, metric, label in zip(fig.subplots(1, 2), ("ttft", "tpot"),
+                                 ("time to first token (s)", "time per output token (s)")):
+        for k, (pct, alpha) in enumerate(PERCENTILES):
+            values = _numbers(summary, f"{metric}_{pct}_s")
+            ax.bar(x + (k - 1) * 0.27, np.nan_to_num(values), 0.27, alpha=alpha,
+                   color=[colours[p] for p in policies], edgecolor="0.3", linewidth=0.4)
+        ax.set_ylabel(label)
+        ax.set_title(f"{metric.upper()} percentiles (bars: p50, p90, p99)", fontsize=10)
+        set_policy_ticks(ax, x, policies, colours)
         ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -275,7 +360,3 @@ def _log_floor(values: np.ndarray) -> float | None:
         return None
     low = float(np.quantile(positive, 0.01))
     return low / 10 if positive.max() / low > 30 else None
-
-
-def _rotation(labels: list[str]) -> int:
-    return 20 if len(labels) > 4 or max(map(len, labels), default=0) > 14 else 0

@@ -1,0 +1,179 @@
+"""What `kvsim run` and `kvsim compare`/`reproduce` share: running with a progress bar,
+writing a run's folder (swapped in whole), run.json, and the terminal table."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from kvsim import __version__
+
+
+def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariants: bool, label: str = ""):
+    from kvsim.runner import run_scenario
+    bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
+    try:
+        results = run_scenario(scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants)
+    except BaseException:
+        bar.close(finished=False)
+        raise
+    bar.close(finished=True)
+    return results
+
+
+def run_meta(scn, src: str, results, started: float) -> dict:
+    """run.json: versions, wall time, and the KV pool's sizing with each figure's scope."""
+    pool = results.pool
+    gib = 1 << 30
+    return {
+        "kvsim_version": __version__, "python": platform.python_version(),
+        "versions": _versions(),
+        "scenario": src, "seed": scn.seed, "policies": [p.name for p in scn.policies],
+        "wall_time_s": round(time.monotonic() - started, 3),
+        "kv_pool": {
+            "tensor_parallel_size": scn.tensor_parallel_size,
+            "gpu_memory_bytes_per_gpu": pool.gpu_bytes,
+            "usable_bytes_per_gpu": round(pool.usable_bytes, 3),
+            "weight_bytes_per_gpu": round(pool.weight_bytes, 3),
+            "activation_bytes_per_gpu": round(pool.activation_bytes, 3),
+            "kv_pool_bytes_per_gpu": round(pool.pool_bytes / scn.tensor_parallel_size, 3),
+            "kv_pool_bytes_total": round(pool.pool_bytes, 3),
+            "kv_pool_gib_total": round(pool.pool_bytes / gib, 3),
+            "source": pool.source,
+        },
+    }
+
+
+def _versions() -> dict:
+    from importlib import metadata
+    out = {}
+    for name in ("numpy", "pandas", "simpy", "matplotlib", "pydantic", "click"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def swap_in(out: Path, write) -> None:
+    """write(folder) into a fresh folder beside `out`, then swap it in: never half a result."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        write(tmp)
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_run(results, scn, folder: Path, meta: dict) -> None:
+    """One run's files into `folder` (which must exist)."""
+    from kvsim.report.plots import write_plots
+    from kvsim.report.style import context_line
+
+    results.summary.to_csv(folder / "summary.csv", index=False)
+    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in results.summary.to_dict(orient="records")]
+    (folder / "summary.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
+    results.timeseries.to_parquet(folder / "timeseries.parquet", index=False)
+    results.requests.to_parquet(folder / "requests.parquet", index=False)
+    (folder / "scenario.yaml").write_text(_scenario_yaml(scn))
+    context = context_line(scn.model_dump(mode="json", exclude_none=True), results.summary)
+    write_plots(results.summary, results.timeseries, results.requests, folder, context=context)
+    (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _scenario_yaml(scn) -> str:
+    import yaml
+    return yaml.safe_dump(scn.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+# (column, heading, format); optional ones appear only where the run has them
+SHOWN = [("policy", "policy", "{}"), ("kv_utilization", "kv util", "{:.1%}"),
+         ("internal_fraction", "internal", "{:.1%}"), ("external_fraction", "external", "{:.1%}"),
+         ("achievable_batch_size", "achv batch", "{:.1f}"), ("throughput_tok_s", "tok/s", "{:,.0f}"),
+         ("ttft_p50_s", "ttft p50 s", "{:.3g}"), ("ttft_p99_s", "ttft p99 s", "{:.3g}"),
+         ("tpot_p50_s", "tpot p50 s", "{:.3g}"), ("prefix_hit_rate", "prefix hit", "{:.1%}"),
+         ("preemptions", "preempt", "{}"), ("requests_rejected", "rejected", "{}"),
+         ("fraction_basis", "basis", "{}")]
+
+
+def print_table(summary, scn=None) -> None:
+    """The run's table; prefix hits only where a policy caches prefixes, the limit of each
+    batch where the run records it; the footer names the step-cost models."""
+    from kvsim.report.verdict import limiting_factor
+    caching = any(getattr(p, "enable_prefix_caching", False) for p in scn.policies) if scn else \
+        bool((summary.get("prefix_hit_rate", 0) > 0).any())
+    shown = [c for c in SHOWN if c[0] in summary and (c[0] != "prefix_hit_rate" or caching)]
+    heads = [h for _, h, _ in shown]
+    records = summary.to_dict(orient="records")
+    rows = [[_cell(r[c], fmt) for c, _, fmt in shown] for r in records]
+    if any(k.startswith("limited_by_") for k in summary.columns):
+        heads.append("limited by")
+        for row, r in zip(rows, records):
+            what, share, _ = limiting_factor(r)
+            row.append(f"{what.split(' (')[0]} {share:.0%}" if share is not None else what)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+    for line in [heads] + rows:
+        click.echo("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths))))
+    from kvsim.report.plots import BASIS
+    bases = list(dict.fromkeys(summary["fraction_basis"].astype(str))) if "fraction_basis" in summary else []
+    click.echo("fractions and achv batch: " + "; ".join(f"basis '{b}': {BASIS.get(b, b)}" for b in bases))
+    if "engine" in summary:
+        click.echo("engine: " + ", ".join(dict.fromkeys(summary["engine"].astype(str))))
+    costs = dict(zip(summary.policy.astype(str), summary.cost_model.astype(str)))
+    if len(set(costs.values())) == 1:
+        click.echo(f"step costs: {next(iter(costs.values()))}")
+    else:
+        for name, cost in costs.items():
+            click.echo(f"step costs of {name}: {cost}")
+
+
+def _cell(value, fmt: str) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    return fmt.format(value)
+
+
+class Progress:
+    """One progress bar per policy on stderr (tqdm: count, rate and ETA), shown only
+    once a policy's run passes two seconds."""
+
+    def __init__(self, policies: list[str], enabled: bool, label: str = ""):
+        self.enabled, self.policies, self.label = enabled, policies, label
+        self.bar, self.current = None, None
+
+    def update(self, policy: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if policy != self.current:
+            self._end(finished=True)      # the runner moved on: that policy is done
+            from tqdm import tqdm
+            index = self.policies.index(policy) + 1 if policy in self.policies else 0
+            self.current = policy
+            self.bar = tqdm(total=total, desc=f"{self.label}[{index}/{len(self.policies)}] {policy}",
+                            unit="req", delay=2, file=sys.stderr, leave=True, dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+
+    def _end(self, finished: bool) -> None:
+        if self.bar is not None:
+            if finished:
+                self.bar.update(self.bar.total - self.bar.n)   # the last rejections end without a step
+            self.bar.close()
+        self.bar = None
+
+    def close(self, finished: bool = True) -> None:
+        self._end(finished)

@@ -1,0 +1,111 @@
+"""`kvsim compare` (run folders -> report.html), `kvsim reproduce` (the claims table),
+and the rate sweep behind `kvsim run --rates`."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from kvsim.cli.output import print_table, run_meta, simulate_with_progress, swap_in, write_run
+from kvsim.errors import InputError
+
+
+@click.command()
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("results/compare"),
+              show_default=True, help="Folder for report.html and its PNGs.")
+@click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
+def compare(dirs, out, force):
+    """Compare run folders (or a rate sweep's folder) in one self-contained report.html.
+
+    The report opens from disk: a verdict per policy (latency targets, throughput, what
+    limited its batch), the memory breakdown and capacity, memory and batch over time,
+    latency percentiles and CDFs, throughput against rate for a sweep, and the tables
+    (summary, scenario as run, step-cost models, versions)."""
+    from kvsim.report.compare import build_report, find_runs, load_run
+
+    runs = [load_run(p) for p in find_runs(list(dirs))]
+    _refuse_foreign(out, "report.html", force)
+    swap_in(out, lambda tmp: build_report(runs, tmp))
+    click.echo(f"compared {len(runs)} run(s): wrote {out}/report.html")
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="Fewer requests and rates: about a minute on 2 cores.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("results/claims"),
+              show_default=True, help="Folder for claims.csv, claims.md, report.html and figures.")
+@click.option("--claim", "only", multiple=True, metavar="ID", help="Only this claim (repeatable), e.g. 1 or 4.")
+@click.option("--scenarios", type=click.Path(file_okay=False, path_type=Path),
+              help="The claim scenarios [default: scenarios/claims/ of this checkout].")
+@click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
+def reproduce(quick, out, only, scenarios, force):
+    """Measure the seeds' and the vLLM paper's claims and print a verdict for each.
+
+    Runs the scenarios in scenarios/claims/ and writes claims.csv, claims.md and
+    report.html: per claim what kvsim measured, what was claimed, and whether it holds."""
+    from kvsim.report.claims import Context, default_scenarios, markdown, reproduce as run_claims, select, write
+
+    select(only)     # unknown ids fail before anything runs
+    _refuse_foreign(out, "claims.csv", force)
+    command = "kvsim reproduce" + (" --quick" if quick else "") + "".join(f" --claim {c}" for c in only)
+    started = time.monotonic()
+
+    def work(tmp: Path) -> None:
+        ctx = Context(scenarios or default_scenarios(), quick, tmp)
+        show = sys.stderr.isatty()
+        table = run_claims(ctx, only, on_claim=(lambda c: click.echo(f"claim {c} ...", err=True)) if show else None)
+        write(table, ctx, command)
+        work.table = table
+
+    swap_in(out, work)
+    click.echo(markdown(work.table).split("\n\n")[0])
+    click.echo(f"({time.monotonic() - started:.0f} s) wrote {out}/claims.csv, claims.md, report.html")
+
+
+def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: bool,
+              check_invariants: bool, started: float) -> None:
+    """`kvsim run --rates`: one run folder per rate under `out`, then the sweep's curves."""
+    from kvsim.report.figures import rate_sweep
+    from kvsim.report.plots import save
+    from kvsim.report.rates import summary_lines, sweep_table, with_rate
+    from kvsim.report.style import context_line
+
+    runs = []
+    for i, rate in enumerate(rates):
+        at = with_rate(scn, rate, src)
+        results = simulate_with_progress(at, base_dir, src, quiet, check_invariants,
+                                         label=f"{rate:g} req/s ({i + 1}/{len(rates)}) ")
+        runs.append((rate, at, results, run_meta(at, src, results, started)))
+    table = sweep_table([(rate, r.summary, r.requests) for rate, _, r, _ in runs])
+
+    def write(tmp: Path) -> None:
+        from kvsim.cli.output import _scenario_yaml
+        for rate, at, results, meta in runs:
+            folder = tmp / f"rate-{rate:g}"
+            folder.mkdir()
+            write_run(results, at, folder, meta)
+        (tmp / "scenario.yaml").write_text(_scenario_yaml(scn))
+        table.to_csv(tmp / "rates.csv", index=False)
+        context = context_line(scn.model_dump(mode="json", exclude_none=True), runs[-1][2].summary, swept=True)
+        save(rate_sweep(table, context), tmp / "rate_sweep.png")
+
+    swap_in(out, write)
+    if not quiet:
+        for rate, at, results, _ in runs:
+            click.echo(f"--- {rate:g} req/s")
+            print_table(results.summary, at)
+        for line in summary_lines(table):
+            click.echo(line)
+        click.echo(f"wrote {out}/ (rate-*/ per rate, rates.csv, rate_sweep.png)")
+
+
+def _refuse_foreign(out: Path, marker: str, force: bool) -> None:
+    """An existing, non-empty --out is replaced only if it holds what this command writes."""
+    if force or not out.exists():
+        return
+    if not out.is_dir():
+        raise InputError("command line", "--out", f"{out} is a file, not a folder")
+    if any(out.iterdir()) and not (out / marker).is_file():
+        raise InputError("command line", "--out", f"{out} holds other files; pass --force to replace it")

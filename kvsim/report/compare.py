@@ -1,0 +1,160 @@
+"""`kvsim compare`: run folders in, one self-contained report.html (and its PNGs) out.
+
+Folders are what `kvsim run` writes (summary.csv, scenario.yaml, timeseries and
+requests tables, run.json); a folder holding such folders (a rate sweep) counts as all
+of them. Runs of one scenario at several arrival rates form a sweep: the report adds
+latency and throughput against rate and each policy's sustained rate, and its other
+figures show the *focus* run: the highest rate that some policy sustains (the lowest
+swept rate if none does), where the policies differ most while one still keeps up.
+Other sets of runs are compared side by side, a policy named `folder/policy` where two
+runs share a policy name.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from kvsim.errors import InputError
+from kvsim.report import html
+from kvsim.report.rates import summary_lines, sustained, sweep_table
+from kvsim.report.style import arrival_rate, context_line
+from kvsim.report.verdict import pick, sentence
+
+KEY_COLUMNS = ["policy", "engine", "kv_utilization", "reservation_fraction", "internal_fraction",
+               "external_fraction", "kv_capacity_tokens", "memory_capacity_requests",
+               "achievable_batch_size", "mean_batch_size", "throughput_tok_s", "ttft_p50_s",
+               "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "prefix_hit_rate", "preemptions",
+               "requests_rejected", "fraction_basis"]
+
+
+@dataclass
+class RunFolder:
+    path: Path
+    scenario: dict
+    summary: pd.DataFrame
+    timeseries: pd.DataFrame
+    requests: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float | None:
+        return arrival_rate(self.scenario)
+
+    @property
+    def name(self) -> str:
+        return str(self.scenario.get("name", self.path.name))
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Each path that is a run folder, or the run folders below it, in name order."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise InputError(str(path), "folder", "not found (give folders that `kvsim run` wrote)")
+        if (path / "summary.csv").is_file():
+            found.append(path)
+            continue
+        below = sorted(p.parent for p in path.glob("*/summary.csv")) or sorted(p.parent for p in path.glob("*/*/summary.csv"))
+        if not below:
+            raise InputError(str(path), "folder", "holds no kvsim run (no summary.csv in it or below it)")
+        found.extend(below)
+    return list(dict.fromkeys(found))
+
+
+def load_run(path: Path) -> RunFolder:
+    try:
+        summary = pd.read_csv(path / "summary.csv")
+        scenario = yaml.safe_load((path / "scenario.yaml").read_text()) if (path / "scenario.yaml").is_file() else {}
+        meta = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
+    except (OSError, ValueError, yaml.YAMLError, pd.errors.ParserError) as e:
+        raise InputError(str(path), "folder", f"unreadable run files ({type(e).__name__}: {e})") from None
+    if "policy" not in summary:
+        raise InputError(str(path / "summary.csv"), "policy", "column missing: not a kvsim summary")
+    tables = {}
+    for name in ("timeseries", "requests"):
+        file = path / f"{name}.parquet"
+        tables[name] = pd.read_parquet(file) if file.is_file() else pd.DataFrame(columns=["policy"])
+    return RunFolder(path, scenario or {}, summary, tables["timeseries"], tables["requests"], meta)
+
+
+def is_sweep(runs: list[RunFolder]) -> bool:
+    rates = [r.rate for r in runs]
+    return (len(runs) > 1 and len({r.name for r in runs}) == 1 and None not in rates
+            and len(set(rates)) == len(rates))
+
+
+def combine(runs: list[RunFolder]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Summaries and tables of several runs, policies renamed folder/policy where they clash."""
+    if len(runs) == 1:
+        return runs[0].summary, runs[0].timeseries, runs[0].requests
+    names = [p for r in runs for p in r.summary["policy"].astype(str)]
+    clash = len(names) != len(set(names))
+    out = ([], [], [])
+    for run in runs:
+        for i, frame in enumerate((run.summary, run.timeseries, run.requests)):
+            frame = frame.copy()
+            if clash and "policy" in frame:
+                frame["policy"] = run.path.name + "/" + frame["policy"].astype(str)
+            out[i].append(frame)
+    return tuple(pd.concat(frames, ignore_index=True) for frames in out)
+
+
+def build_report(runs: list[RunFolder], out: Path) -> Path:
+    """Write the PNGs and report.html into `out` (which must exist); return the page."""
+    from kvsim.report.figures import rate_sweep
+    from kvsim.report.plots import save, write_plots
+
+    body = [html.heading("kvsim compare: " + ", ".join(dict.fromkeys(r.name for r in runs)), 1)]
+    sweep = sweep_table([(r.rate, r.summary, r.requests) for r in runs]) if is_sweep(runs) else None
+    if sweep is not None:
+        best = [v for v in sustained(sweep).values() if not math.isnan(v)]
+        focus_rate = max(best) if best else min(r.rate for r in runs)
+        focus = [next(r for r in runs if r.rate == focus_rate)]
+    else:
+        focus = runs
+    summary, timeseries, requests = combine(focus)
+    scenarios = list({json.dumps(r.scenario, sort_keys=True): r.scenario for r in focus}.values())
+    contexts = [context_line(s, summary) for s in scenarios]
+    body.append(html.items(contexts, "context"))
+    targets = (scenarios[0].get("slo") or {}) if len(scenarios) == 1 else {}
+    rate = arrival_rate(scenarios[0]) if len(scenarios) == 1 else None
+
+    body.append(html.heading("Verdict"))
+    verdict = [pick(summary, targets)] + [sentence(r, targets, rate) for r in summary.to_dict(orient="records")]
+    if sweep is not None:
+        verdict += ["Rate sweep: " + line for line in summary_lines(sweep)]
+        verdict.append(f"The figures below show the run at {focus[0].rate:g} req/s (the highest rate some policy sustains).")
+    body.append(html.items(verdict, "verdict"))
+
+    pngs = write_plots(summary, timeseries, requests, out, context=" | ".join(contexts))
+    if sweep is not None:
+        pngs.append(save(rate_sweep(sweep, context_line(runs[0].scenario, summary, swept=True)), out / "rate_sweep.png"))
+        sweep.to_csv(out / "rates.csv", index=False)
+    sections = [("Memory: where the KV pool went, and its capacity", ["memory_breakdown.png"]),
+                ("Memory and batch over time", ["utilization_batch.png"]),
+                ("Latency", ["latency_percentiles.png", "latency.png"]),
+                ("Batch and throughput", ["throughput_batch.png", "rate_sweep.png"])]
+    for title, files in sections:
+        body.append(html.heading(title))
+        body += [html.image(out / f, f) for f in files if (out / f).is_file()]
+
+    body.append(html.heading("Summary"))
+    body.append(html.table(summary[[c for c in KEY_COLUMNS if c in summary]]))
+    if sweep is not None:
+        body += [html.heading("Rate sweep", 3), html.table(sweep)]
+    body += [html.heading("Step-cost model per policy (with extrapolations)"),
+             html.table(summary[[c for c in ("policy", "cost_model") if c in summary]])]
+    body.append(html.heading("Every summary column"))
+    body.append(html.table(summary))
+    body.append(html.heading("Scenario as run"))
+    body += [html.pre(yaml.safe_dump(s, sort_keys=False)) for s in scenarios]
+    body.append(html.heading("Versions and KV pool sizing"))
+    body += [html.pre(f"{r.path}:\n" + json.dumps(r.meta, indent=2)) for r in focus]
+    page = out / "report.html"
+    page.write_text(html.page("kvsim compare", body), encoding="utf-8")
+    return page

@@ -1,0 +1,142 @@
+"""How every kvsim figure looks: a policy's colour and line style, tick labels that
+never collide, and the line of context each figure carries.
+
+A policy keeps its colour wherever it appears, in any run and any figure, because the
+colour is derived from its name (CRC-32 into the ten dark colours of a 20-colour
+palette; all twenty once a figure has more than ten policies) rather than from its
+position in a table; only two policies of one figure whose names land on the same
+colour are told apart by probing to the next free one, in name order. Line styles and
+markers cycle by position so that identical lines in one figure stay distinguishable.
+Only matplotlib-free helpers live here; kvsim.report.plots and kvsim.report.figures draw.
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+import zlib
+from dataclasses import dataclass
+
+import pandas as pd
+
+# matplotlib's tab20, dark shades first, then the light ones: the first ten are distinct.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LABEL_WIDTH = 14          # characters per line of a wrapped policy name
+INCH_PER_LABEL = 1.25     # horizontal room per bar group, so wrapped labels never meet
+
+
+@dataclass(frozen=True)
+class Style:
+    colour: str
+    linestyle: str
+    marker: str
+
+
+def policy_names(*frames: pd.DataFrame) -> list[str]:
+    """Policies in first-seen order across `frames` (summary first)."""
+    names: dict[str, None] = {}
+    for frame in frames:
+        if "policy" in frame:
+            names.update(dict.fromkeys(frame["policy"].astype(str)))
+    return list(names)
+
+
+def policy_colours(*frames: pd.DataFrame) -> dict[str, str]:
+    """One colour per policy named in `frames`, derived from the name (see module doc)."""
+    names = policy_names(*frames)
+    size = 10 if len(names) <= 10 else len(PALETTE)
+    taken: dict[int, str] = {}
+    for name in sorted(names):
+        slot = zlib.crc32(name.encode()) % size
+        while slot in taken and len(taken) < size:
+            slot = (slot + 1) % size
+        taken.setdefault(slot, name)
+    colour = {name: PALETTE[slot] for slot, name in taken.items()}
+    return {name: colour.get(name, PALETTE[zlib.crc32(name.encode()) % size]) for name in names}
+
+
+def policy_styles(*frames: pd.DataFrame) -> dict[str, Style]:
+    """Colour from the name; line style and marker by position, so no two lines match."""
+    colours = policy_colours(*frames)
+    return {name: Style(colours[name], LINESTYLES[i % len(LINESTYLES)], MARKERS[i % len(MARKERS)])
+            for i, name in enumerate(colours)}
+
+
+def wrap_label(name: str, width: int = LABEL_WIDTH) -> str:
+    """A policy name on lines of at most `width` characters, broken after hyphens."""
+    return "\n".join(textwrap.wrap(name, width, break_on_hyphens=True)) or name
+
+
+def bar_figure_width(count: int, minimum: float = 6.5, extra: float = 3.0) -> float:
+    """Inches for `count` bar groups with horizontal wrapped labels, plus legend room."""
+    return max(minimum, INCH_PER_LABEL * count + extra)
+
+
+def same_as(series: dict[str, tuple]) -> dict[str, str]:
+    """For lines whose data equal an earlier line's: {name: the earlier name}."""
+    seen: dict[tuple, str] = {}
+    out = {}
+    for name, data in series.items():
+        if data in seen:
+            out[name] = seen[data]
+        else:
+            seen[data] = name
+    return out
+
+
+# --- context ---------------------------------------------------------------------
+def arrival_rate(scenario: dict) -> float | None:
+    """Requests per second of a scenario (as a dict, e.g. its scenario.yaml), or None."""
+    arrival = (scenario.get("workload") or {}).get("arrival") or {}
+    rate = arrival.get("rate_per_s")
+    return float(rate) if rate is not None else None
+
+
+def _arrival_text(scenario: dict) -> str:
+    workload = scenario.get("workload") or {}
+    if workload.get("trace"):
+        return "trace arrivals"
+    arrival = workload.get("arrival") or {}
+    if arrival.get("process") == "burst":
+        return "all requests at t=0"
+    rate = arrival_rate(scenario)
+    return f"{arrival.get('process', '?')} {rate:g} req/s" if rate is not None else "arrivals ?"
+
+
+def _name(value, default: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return str(value.get("name") or value.get("hf_config") or default)
+    return default
+
+
+def context_line(scenario: dict | None, summary: pd.DataFrame | None = None, swept: bool = False) -> str:
+    """'rag_8k · llama-3-8b on h100-80gb, tp 1 · poisson 4 req/s · engine … · step costs …'
+    (with `swept`, the arrival rate reads 'rate swept')."""
+    if not scenario:
+        return ""
+    arrival = (scenario.get("workload") or {}).get("arrival") or {}
+    parts = [str(scenario.get("name", "?")),
+             f"{_name(scenario.get('model'), 'model')} on {_name(scenario.get('gpu'), 'gpu')}, "
+             f"tp {scenario.get('tensor_parallel_size', 1)}",
+             f"{arrival.get('process', '?')} arrivals, rate swept" if swept else _arrival_text(scenario)]
+    engines = _distinct(summary, "engine") or ([scenario["engine"]] if scenario.get("engine") else [])
+    if engines:
+        parts.append("engine " + "/".join(engines))
+    costs = _distinct(summary, "cost_model")
+    if len(costs) == 1:
+        parts.append(f"step costs {costs[0]}")
+    elif costs:
+        parts.append("step costs differ per policy (see the summary)")
+    return " · ".join(parts)
+
+
+def _distinct(summary: pd.DataFrame | None, column: str) -> list[str]:
+    if summary is None or column not in summary:
+        return []
+    values = [str(v) for v in summary[column] if not (isinstance(v, float) and math.isnan(v))]
+    return list(dict.fromkeys(values))
