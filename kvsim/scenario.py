@@ -281,6 +281,12 @@ class ProfileCost(Strict):
                         ] | None = None
     step_overhead_ms: float | None = Field(None, ge=0)
 
+    @model_validator(mode="after")
+    def _one_overhead(self):
+        if self.overhead is not None and self.step_overhead_ms is not None:
+            raise ValueError("give overhead: {step_ms: X} (step_overhead_ms is its deprecated spelling), not both")
+        return self
+
 
 def _spec_kind(value) -> str:
     """A model or GPU is a preset name, a Hugging Face config, or given inline."""

@@ -16,7 +16,7 @@ scenario's `cost_model` into one of the two.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -147,6 +147,9 @@ class Profiled:
         if overhead is None:
             fixed = meta.get("step_overhead_s", 0.0)
             overhead = inline(step_ms=fixed * 1e3) if fixed else NONE
+        # A fitted communication replaces an assumed all-reduce, never a measured one.
+        if overhead.comm and not str(ar.get("source", "ASSUMED")).startswith("ASSUMED"):
+            overhead = replace(overhead, comm=None, label=f"{overhead.label} (host part; measured all-reduce)")
         self.overhead = overhead.for_gpu(gpu)
         self.comm = self.overhead.comm or profile_comm
         base = meta.get("label", f"profile:{profile.name}")
