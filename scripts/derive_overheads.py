@@ -135,6 +135,9 @@ def main(src: Path = DEFAULT_IN, out_dir: Path = DEFAULT_OUT) -> None:
                  "bus_gb_s": bus, "large_step_tokens": fit["comm"]["large_step_tokens"],
                  "large_step_bus_gb_s": r4(fit["comm"]["large_step_bus_gb_s"])},
         "per_tp": per_tp,
+        "range": {"tp": [int(pts.tp[use].min()), int(pts.tp[use].max())],
+                  "seqs": [int(pts.seqs[use].min()), int(pts.seqs[use].max())],
+                  "new_tokens": [int(pts.new_tokens[use].min()), int(pts.new_tokens[use].max())]},
         "what_is_measured": [
             "host.step_ms and comm.latency_per_hop_us are separated only by the assumed hop form "
             "latency = latency_per_hop x (tp - 1): with one layer count per tp in the Llama rows, "

@@ -202,6 +202,8 @@ class Profiled:
                     + w.get("per_decode_token_s", 0.0) * len(ctxs)) if w else 0.0
         if n not in self._comm:
             self._comm[n] = self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], n)
+        if self.overhead.ranges:
+            why += self.overhead.outside(self.tp, seqs, n)
         L = self.layers
         return {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
                 "kv_write": L * kv_write, "allreduce": self._comm[n], "embedding": emb,

@@ -72,6 +72,14 @@ class Overhead:
     per_prefill_token_s: float = 0.0
     comm: Comm | None = None
     gpu: str | None = None        # the GPU it was measured on
+    ranges: tuple = ()            # (what, low, high): the measured steps' tp, seqs, new_tokens
+
+    def outside(self, tp: int, seqs: int, tokens: int) -> list[str]:
+        """Why a step lies outside the measured steps (linear extrapolation), if it does."""
+        here = {"tp": tp, "seqs": seqs, "new_tokens": tokens}
+        words = {"tp": "tp {}", "seqs": "{} sequences", "new_tokens": "{} tokens"}
+        return [f"engine overhead at {words[k].format(here[k])} (measured {lo}-{hi})"
+                for k, lo, hi in self.ranges if not lo <= here[k] <= hi]
 
     def host(self, seqs: int, prefill_tokens: int) -> dict[str, float]:
         return {"overhead_step": self.step_s, "overhead_seqs": self.per_seq_s * seqs,
@@ -85,7 +93,7 @@ class Overhead:
         if not (gpu.nvlink_gb_s and home.nvlink_gb_s):
             return replace(self, label=f"{self.label} (no NVLink figure for {gpu.name}: {home.name}'s links)")
         factor = gpu.nvlink_gb_s / home.nvlink_gb_s
-        how = "links as measured" if factor == 1 else f"links x{factor:g}"
+        how = "same NVLink" if factor == 1 else f"links x{factor:g}"
         return replace(self, comm=self.comm.scaled(factor), label=f"{self.label} (on {gpu.name}: {how})")
 
 
@@ -95,13 +103,14 @@ NONE = Overhead("overhead:none")
 def from_file(data: dict) -> Overhead:
     """An Overhead from a kvsim-overhead/1 document (raises KeyError on a missing field)."""
     host, comm = data["host"], data.get("comm")
+    ranges = tuple((k, *data["range"][k]) for k in ("tp", "seqs", "new_tokens") if k in data.get("range", {}))
     return Overhead(
         label=f"overhead:{data['name']}", gpu=data["gpu"], step_s=host["step_ms"] * 1e-3,
         per_seq_s=host["per_seq_ms"] * 1e-3, per_prefill_token_s=host["per_prefill_token_ms"] * 1e-3,
         comm=None if comm is None else Comm(
             latency_s=comm["latency_us"] * 1e-6, latency_per_hop_s=comm["latency_per_hop_us"] * 1e-6,
             bus_gb_s=comm["bus_gb_s"], large_step_tokens=comm.get("large_step_tokens"),
-            large_step_bus_gb_s=comm.get("large_step_bus_gb_s")))
+            large_step_bus_gb_s=comm.get("large_step_bus_gb_s")), ranges=ranges)
 
 
 def inline(step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0) -> Overhead:
