@@ -155,7 +155,8 @@ class Profiled:
         base = meta.get("label", f"profile:{profile.name}")
         base = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
         self.label = f"{base} + {self.overhead.label}"
-        self._comm: dict[int, float] = {}       # memo by token count
+        self._comm: dict[int, float] = {}       # memos by token count, (sequences, tokens)
+        self._outside: dict[tuple[int, int], list[str]] = {}
         self._linear: dict[int, tuple] = {}     # memos by token / sequence count
         self._lm_head: dict[int, tuple] = {}
 
@@ -202,8 +203,9 @@ class Profiled:
                     + w.get("per_decode_token_s", 0.0) * len(ctxs)) if w else 0.0
         if n not in self._comm:
             self._comm[n] = self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], n)
-        if self.overhead.ranges:
-            why += self.overhead.outside(self.tp, seqs, n)
+        if (seqs, n) not in self._outside:
+            self._outside[seqs, n] = self.overhead.outside(self.tp, seqs, n)
+        why += self._outside[seqs, n]
         L = self.layers
         return {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
                 "kv_write": L * kv_write, "allreduce": self._comm[n], "embedding": emb,

@@ -18,7 +18,13 @@ nothing about other hosts' CPUs), both bandwidths scaled by the ratio of the GPU
 datasheet NVLink bandwidths, the latencies unchanged (small all-reduces are bound by
 launch and synchronisation, which datasheets do not give).
 
-Shipped overheads live in kvsim/data/overheads/<name>.json ("kvsim-overhead/1").
+Shipped overheads live in kvsim/data/overheads/<name>.json. A file (format
+"kvsim-overhead/1") holds ``name``, ``version``, ``gpu`` (where measured), ``source`` and
+``license``; ``host`` {step_ms, per_seq_ms, per_prefill_token_ms}; ``comm`` {latency_us,
+latency_per_hop_us, bus_gb_s, large_step_tokens, large_step_bus_gb_s} (optional: without
+it the profile's all-reduce is used); ``range`` {tp, seqs, new_tokens: [low, high]}, the
+measured steps, beyond which a step is named as extrapolated. The rest (the fit's
+points, rules and error) documents the fit and is not read.
 """
 from __future__ import annotations
 
