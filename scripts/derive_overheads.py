@@ -127,8 +127,8 @@ def main(src: Path = DEFAULT_IN, out_dir: Path = DEFAULT_OUT) -> None:
               for tp in (2, 4, 8)}
     doc = {
         "format": FORMAT, "name": NAME, "version": VERSION, "gpu": GPU.name,
-        "engine": "the serving stack of the Splitwise characterization (vLLM-based, 2023; eager "
-                  "PyTorch kernels, NCCL all-reduce), as measured",
+        "engine": "the serving stack behind the Splitwise characterization (2023), as measured; its "
+                  "settings (CUDA graphs, scheduler, all-reduce library) are not recorded in the data",
         "source": SOURCE, "license": "MIT (splitwise-sim)", "derived_with": "scripts/derive_overheads.py",
         "host": {k: r4(v) for k, v in fit["host"].items()},
         "comm": {"latency_us": 0.0, "latency_per_hop_us": r4(fit["comm"]["latency_per_hop_us"]),
@@ -146,7 +146,8 @@ def main(src: Path = DEFAULT_IN, out_dir: Path = DEFAULT_OUT) -> None:
             "fitted freely it comes out "
             + ("unresolved (0 ms per GB)" if not np.isfinite(free["comm"]["bus_gb_s"]) else
                f"{free['comm']['bus_gb_s']:.0f} GB/s")
-            + "; below large_step_tokens the bytes are too small to see in these steps.",
+            + ", more than NVLink carries (300 GB/s per direction): below large_step_tokens the bytes are "
+            "too small to be resolved in these steps.",
             "large_step_bus_gb_s: steps beyond large_step_tokens new tokens cost extra time in proportion "
             "to their all-reduce bytes beyond the knee. The knee is chosen on a grid by the fit; the cause "
             "(slow large all-reduces, allocator or clock effects) is not identified by these data, and "
