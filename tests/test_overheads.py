@@ -21,7 +21,7 @@ from kvsim.cost.overhead_fit import configurations, fit_overhead, nnls, predict
 from kvsim.errors import InputError
 from kvsim.scenario import InlineOverhead, ProfileCost
 from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec
-from tests.test_cost_cli import SCENARIO, kvsim, one_error_line
+from tests.test_cost_cli import SCENARIO, kvsim
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "serving"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/serving not present")
@@ -213,7 +213,7 @@ def write(tmp_path, cost_model) -> Path:
 ])
 def test_bad_overhead_is_one_line_and_writes_nothing(tmp_path, cost_model, message):
     code, _, err = kvsim("run", write(tmp_path, cost_model), "--out", tmp_path / "out", "--quiet")
-    assert message in one_error_line(code, err)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("kvsim: error: ") and message in err
     assert not (tmp_path / "out").exists()
 
 
