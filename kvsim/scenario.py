@@ -257,6 +257,7 @@ class InlineModel(Strict):
     qk_rope_head_dim: int = Field(0, ge=0)
     sliding_window: int | None = Field(None, ge=1)
     max_position_embeddings: int | None = Field(None, ge=1)
+    alibi: bool = False
 
 
 class HFModel(Strict):
@@ -270,13 +271,34 @@ class InlineGPU(Strict):
     bf16_tflops: float = Field(gt=0)
     fp8_tflops: float | None = Field(None, gt=0)
     pcie_gb_s: float = Field(64.0, gt=0)
+    nvlink_gb_s: float | None = Field(None, gt=0)
+
+
+class InlineOverhead(Strict):
+    """Host time per step given by hand (kvsim.cost.overhead); all-reduces stay the profile's."""
+    step_ms: float = Field(0.0, ge=0)
+    per_seq_ms: float = Field(0.0, ge=0)
+    per_prefill_token_ms: float = Field(0.0, ge=0)
 
 
 class ProfileCost(Strict):
-    """Step costs from a profile: a shipped name or a folder relative to the scenario
-    (kvsim.cost.profiles); step_overhead_ms replaces the profile's fixed per-step overhead."""
-    profile: str
+    """Step costs from a profile, a shipped name or a folder relative to the scenario
+    (kvsim.cost.profiles; absent: the automatic choice, as `calibrated`), plus an engine
+    overhead (kvsim.cost.overhead): a shipped name, `none`, a file, or {step_ms, per_seq_ms,
+    per_prefill_token_ms}; absent: the shipped default. step_overhead_ms: X is the deprecated
+    spelling of overhead: {step_ms: X}."""
+    profile: str | None = None
+    overhead: Annotated[Union[Annotated[str, Tag("overhead-name")],
+                              Annotated[InlineOverhead, Tag("overhead-inline")]],
+                        Discriminator(lambda v: "overhead-name" if isinstance(v, str) else "overhead-inline")
+                        ] | None = None
     step_overhead_ms: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_overhead(self):
+        if self.overhead is not None and self.step_overhead_ms is not None:
+            raise ValueError("give overhead: {step_ms: X} (step_overhead_ms is its deprecated spelling), not both")
+        return self
 
 
 def _spec_kind(value) -> str:
@@ -562,3 +584,5 @@ def _tag_of(model: type[BaseModel]) -> str | None:
 _TAGS = {_tag_of(m): m for m in (Poisson, Gamma, Burst, Fixed, Uniform, Lognormal, Empirical,
                                   Contiguous, Paged)}
 _TAGS["profile-ref"] = ProfileCost      # cost_model: {profile: ...}
+_TAGS["overhead-inline"] = InlineOverhead   # cost_model: {overhead: {step_ms: ...}}
+_TAGS["overhead-name"] = InlineOverhead     # (a name has no keys; listed so its tag leaves error paths)

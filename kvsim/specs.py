@@ -42,6 +42,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0     # MLA only: decoupled RoPE key width
     sliding_window: int | None = None
     max_position_embeddings: int | None = None   # context length: max_model_len's default
+    alibi: bool = False           # ALiBi attention biases instead of rotary embeddings (BLOOM)
 
     @property
     def is_mla(self) -> bool:
@@ -78,6 +79,7 @@ class GPUSpec:
     bf16_tflops: float    # dense peak
     fp8_tflops: float | None = None
     pcie_gb_s: float = 64.0   # host link, GB/s (PCIe 5.0 x16 per direction; 4.0 is 32)
+    nvlink_gb_s: float | None = None   # GPU-to-GPU link, GB/s, both directions together (datasheet)
 
 
 QUANTIZED = {"fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"}
@@ -156,17 +158,25 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "deepseek-v3": _model("deepseek-v3", 61, 128, 128, 128, 7168, 2048, 129280, 671e9,
                           active_params=37e9, kv_lora_rank=512, qk_rope_head_dim=64,
                           max_position_embeddings=163840),
+    # BLOOM-176B (bigscience/bloom config.json: n_layer 70, n_head 112, hidden 14336; MHA,
+    # ALiBi, a plain 4x GELU MLP, vocabulary 250,880; 176,247,271,424 parameters on its
+    # model card). fp16: the dtype of the serving measurements in shared/data/serving.
+    "bloom-176b": _model("bloom-176b", 70, 112, 112, 128, 14336, 57344, 250880, 176.25e9,
+                         dtype="fp16", alibi=True,
+                         max_position_embeddings=2048),   # its seq_length
 }
 
 # Dense peaks from FACTS.md ("GPUs"): NVIDIA A100 and H100/H200 datasheets (SXM parts).
+# NVLink per GPU, both directions together, from the same datasheets: A100 SXM (40 and
+# 80 GB) 600 GB/s (NVLink 3), H100 SXM and H200 SXM 900 GB/s (NVLink 4).
 # Memory is what the CUDA driver reports, in GiB: the A100s' "40/80 GB" are 40/80 GiB;
 # an H100 80GB reports 81,559 MiB; an H200's "141 GB" shows as about 139 GiB usable
 # (the H200 machine lent to this project, see the device tool's notes).
 GPU_PRESETS: dict[str, GPUSpec] = {
-    "a100-40gb": GPUSpec("a100-40gb", 40, 1.555, 312, None, pcie_gb_s=32),
-    "a100-80gb": GPUSpec("a100-80gb", 80, 2.039, 312, None, pcie_gb_s=32),
-    "h100-80gb": GPUSpec("h100-80gb", 79.6, 3.35, 989, 1979),
-    "h200": GPUSpec("h200", 139, 4.8, 989, 1979),
+    "a100-40gb": GPUSpec("a100-40gb", 40, 1.555, 312, None, pcie_gb_s=32, nvlink_gb_s=600),
+    "a100-80gb": GPUSpec("a100-80gb", 80, 2.039, 312, None, pcie_gb_s=32, nvlink_gb_s=600),
+    "h100-80gb": GPUSpec("h100-80gb", 79.6, 3.35, 989, 1979, nvlink_gb_s=900),
+    "h200": GPUSpec("h200", 139, 4.8, 989, 1979, nvlink_gb_s=900),
 }
 
 

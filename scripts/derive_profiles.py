@@ -65,8 +65,8 @@ DEVICE = {"a100-80gb": "NVIDIA A100 80GB SXM (vidur 'a100')", "h100-80gb": "NVID
 ALLREDUCE = {g: {"bus_gb_s": bw, "latency_s": 8e-6, "source": "ASSUMED: 80% of per-direction NVLink "
                  f"bandwidth ({bw / 0.8:.0f} GB/s, NVIDIA datasheet) + 8 us per call; not measured"}
              for g, bw in (("a100-80gb", 240.0), ("h100-80gb", 360.0))}
-OVERHEAD_NOTE = ("0: the source data holds GPU kernel times only; set cost_model.step_overhead_ms "
-                 "to your engine's measured scheduling + sampling time per step")
+OVERHEAD_NOTE = ("0: the source data holds GPU kernel times only; the engine's host time and fitted "
+                 "all-reduce come from cost_model.overhead (kvsim/data/overheads)")
 
 
 def read_mlp(path: Path) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -16,10 +17,13 @@ def test_cost_json_has_step_time_and_parts_that_sum_to_it():
                            "--context", "1024", "--json")
     assert (code, err) == (0, "")
     res = json.loads(out)
-    assert res["cost_model"] == "profile:a100-llama-3-8b"
+    # the shipped overhead was measured at tp 2-8: a tp-1 step is priced beyond it, and says so
+    assert res["cost_model"] == ("profile:a100-llama-3-8b + overhead:splitwise-a100-v1 [extrapolated in 1/1 "
+                                 "steps: engine overhead at tp 1 (measured 2-8)]")
+    assert res["extrapolated"] == ["engine overhead at tp 1 (measured 2-8)"]
     assert res["step_time_s"] == pytest.approx(sum(res["parts_s"].values()))
+    assert res["step_time_s"] == pytest.approx(sum(res["groups_s"].values()))
     assert res["roofline_s"] < res["step_time_s"] < 0.05
-    assert res["extrapolated"] == []
 
 
 def test_cost_text_shows_each_part():
@@ -27,16 +31,20 @@ def test_cost_text_shows_each_part():
                          "--prefill-tokens", "2048")
     assert code == 0
     lines = out.splitlines()
-    assert lines[1] == "cost model: profile:h100-llama-2-70b"
+    assert lines[1] == ("cost model: profile:h100-llama-2-70b + overhead:splitwise-a100-v1 "
+                        "(on h100-80gb: links x1.5)")
     assert lines[2].startswith("step time:")
     assert [ln.split()[0] for ln in lines[3:]] == ["linear", "attention_prefill", "attention_decode", "kv_write",
-                                                   "allreduce", "embedding", "lm_head", "overhead"]
+                                                   "allreduce", "embedding", "lm_head", "overhead_step",
+                                                   "overhead_seqs", "overhead_prompt_tokens", "of"]
+    assert lines[-1].startswith("of which kernels ") and "engine overhead" in lines[-1]
 
 
-def test_cost_falls_back_to_roofline_and_says_so():
-    code, out, _ = kvsim("cost", "--model", "llama-3-8b", "--gpu", "h200", "--prefill-tokens", "512", "--json")
+def test_cost_roofline_is_a_bound_without_parts():
+    code, out, _ = kvsim("cost", "--model", "llama-3-8b", "--gpu", "h200", "--prefill-tokens", "512", "--json",
+                         "--roofline")
     res = json.loads(out)
-    assert res["cost_model"] == "roofline (no profile for h200/llama-3-8b)"
+    assert res["cost_model"] == "roofline" and res["groups_s"] is None
     assert res["step_time_s"] == pytest.approx(res["roofline_s"])
 
 
@@ -48,6 +56,7 @@ def test_cost_falls_back_to_roofline_and_says_so():
     (["--prefill-tokens", "8", "--profile", "a100-llama-2-7b"], "--profile"),
     (["--prefill-tokens", "8", "--profile", "no/such/dir"], "--profile"),
     (["--prefill-tokens", "0"], "--prefill-tokens"),
+    (["--prefill-tokens", "8", "--overhead", "splitwise-h100"], "--overhead"),
 ])
 def test_cost_bad_input_is_one_line_and_exit_2(args, field):
     base = {"--model": "llama-3-8b", "--gpu": "a100-80gb"}
@@ -84,6 +93,10 @@ SCENARIO = {
 }
 
 
+TP1_LABEL = re.compile(r"profile:a100-llama-3-8b \+ overhead:splitwise-a100-v1 \[extrapolated in (\d+)/\1 "
+                       r"steps: engine overhead at tp 1 \(measured 2-8\)\]")   # every step: tp 1
+
+
 def run_summary(tmp_path, scenario: dict, *extra) -> pd.DataFrame:
     tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "s.yaml"
@@ -95,7 +108,7 @@ def run_summary(tmp_path, scenario: dict, *extra) -> pd.DataFrame:
 
 def test_run_with_calibrated_costs_names_the_profile(tmp_path):
     summary = run_summary(tmp_path, SCENARIO)
-    assert summary.cost_model.tolist() == ["profile:a100-llama-3-8b"] * 2
+    assert all(TP1_LABEL.fullmatch(label) for label in summary.cost_model)
     roof = run_summary(tmp_path / "r", {**SCENARIO, "cost_model": "roofline"})
     assert (summary.makespan_s > roof.makespan_s).all()      # measured kernels are slower than peaks
 
@@ -103,7 +116,7 @@ def test_run_with_calibrated_costs_names_the_profile(tmp_path):
 def test_run_profile_option_overrides_the_scenario(tmp_path):
     summary = run_summary(tmp_path, {**SCENARIO, "cost_model": "roofline"}, "--profile",
                           SHIPPED / "a100-llama-3-8b")
-    assert summary.cost_model.tolist() == ["profile:a100-llama-3-8b"] * 2
+    assert all(TP1_LABEL.fullmatch(label) for label in summary.cost_model)
     written = yaml.safe_load((tmp_path / "out" / "scenario.yaml").read_text())
     assert written["cost_model"]["profile"].endswith("a100-llama-3-8b")
 

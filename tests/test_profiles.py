@@ -18,7 +18,7 @@ from kvsim.cost.fit import (fit_elementwise, fit_gemm, fit_ramp, gemm_work, pred
                          predict_ramp)
 from kvsim.cost.profiles import SHIPPED, Profile, load_profile, save_profile, shipped_names
 from kvsim.scenario import ProfileCost, validate_scenario
-from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, KVSpec
+from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "profiling"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/profiling not present")
@@ -128,7 +128,7 @@ def test_breakdown_sums_to_step_time_and_parts_behave():
     longer = c.breakdown(StepBatch.build([], [4096] * 64))["attention_decode"]
     fp8 = cost(kv_dtype="fp8").breakdown(decode)["attention_decode"]
     assert fp8 < parts["attention_decode"] < longer
-    assert c.label == "profile:a100-llama-3-8b"
+    assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v1"
     tp2 = cost(tp=2).breakdown(decode)
     assert tp2["allreduce"] > 0 and tp2["linear"] < parts["linear"]
 
@@ -141,29 +141,37 @@ def test_profiled_is_slower_than_the_roofline_bound():
 
 
 def test_extrapolation_is_named_per_step_and_described_for_a_run():
-    c = cost()
+    c = cost(tp=2)           # the shipped overhead was measured at tp 2-8 and up to 32,768 tokens
     inside, beyond = (c.price(StepBatch.build([(n, 0)], []))[1] for n in (100, 40000))
-    assert inside == () and beyond[0].startswith("linear ops beyond 32768")
-    assert c.label == "profile:a100-llama-3-8b"          # no history: the label stays fixed
-    assert describe(c.label, 1, 2, beyond).startswith(
-        "profile:a100-llama-3-8b [extrapolated in 1/2 steps: linear ops beyond 32768")
+    assert inside == () and set(beyond) == {"linear ops beyond 32768 measured tokens (scaled in proportion)",
+                                            "engine overhead at 40000 tokens (measured 1-32768)",
+                                            "prefill_fresh attention beyond measured work"}
+    assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v1"   # no history: fixed
+    assert describe(c.label, 1, 2, beyond) == (
+        "profile:a100-llama-3-8b + overhead:splitwise-a100-v1 [extrapolated in 1/2 steps: engine overhead at "
+        "40000 tokens (measured 1-32768); linear ops beyond 32768 measured tokens (scaled in proportion); "
+        "prefill_fresh attention beyond measured work]")
 
 
 def test_fallbacks_and_predictions_are_named():
-    assert cost(gpu="h200").label == "roofline (no profile for h200/llama-3-8b)"
-    assert isinstance(cost(gpu="h200"), Roofline)
-    opt = cost("opt-13b")
-    assert isinstance(opt, Profiled) and opt.label == "predicted:a100-80gb/opt-13b (GPU shape model)"
-    assert synthesize(MODEL_PRESETS["qwen2-7b"], GPU_PRESETS["h200"]) is None
+    custom = GPUSpec("custom", 80, 2.0, 300)
+    m = MODEL_PRESETS["llama-3-8b"]
+    fallback = make_cost_model("calibrated", m, custom, KVSpec(m, "bf16"), 1)
+    assert isinstance(fallback, Roofline) and fallback.label == "roofline (no profile for custom/llama-3-8b)"
+    assert synthesize(MODEL_PRESETS["qwen2-7b"], custom) is None
+    opt = cost("opt-13b", choice=ProfileCost(overhead="none"))
+    assert isinstance(opt, Profiled)
+    assert opt.label == "predicted:a100-80gb/opt-13b (GPU shape model) + overhead:none"
 
 
 def test_profile_by_name_must_match_the_model():
-    assert cost(choice=ProfileCost(profile="a100-llama-3-8b")).label == "profile:a100-llama-3-8b"
+    assert (cost(choice=ProfileCost(profile="a100-llama-3-8b")).label
+            == "profile:a100-llama-3-8b + overhead:splitwise-a100-v1")
     with pytest.raises(InputError, match="measured for llama-2-7b"):
         cost(choice=ProfileCost(profile="a100-llama-2-7b"))
     on_h100 = cost(gpu="h100-80gb", choice=ProfileCost(profile="a100-llama-3-8b", step_overhead_ms=2))
-    assert on_h100.label == "profile:a100-llama-3-8b (measured on a100-80gb)"
-    assert on_h100.breakdown(StepBatch.build([], [10]))["overhead"] == pytest.approx(2e-3)
+    assert on_h100.label == "profile:a100-llama-3-8b (measured on a100-80gb) + overhead:step 2 ms"
+    assert on_h100.breakdown(StepBatch.build([], [10]))["overhead_step"] == pytest.approx(2e-3)
 
 
 def test_scenario_accepts_cost_model_profile_and_rejects_unknown_keys():

@@ -305,7 +305,7 @@ def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, 
         "origin": {"linear": "measured", "attention": "fitted on the measured points in attention.csv",
                    "allreduce": allreduce["source"]},
         "attention": fits, "allreduce": allreduce, "step_overhead_s": 0.0,
-        "step_overhead_source": "not measured; set cost_model.step_overhead_ms",
+        "step_overhead_source": "not measured; the engine's comes from cost_model.overhead",
         "notes": ["decode = PyTorch gather through a block table + SDPA, not a fused paged kernel",
                   "int4 KV not measured (no torch storage type)"]
                  + ([f"--quick on CPU: widths divided by {p['scale']}; times do not describe the "

@@ -12,7 +12,7 @@ Steps are whole prompts, decode batches, and a prompt mixed into a decode batch
 (tp 1, KV in the model dtype, block size 16). This checks how the parts add up on the
 device that measured them, using the same eager PyTorch kernels: not a production
 engine (fused kernels, CUDA graphs, scheduling, sampling), whose overhead the profile
-leaves to ``step_overhead_ms``.
+leaves to the engine overhead (kvsim.cost.overhead).
 """
 from __future__ import annotations
 

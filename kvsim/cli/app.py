@@ -81,7 +81,11 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, fo
         from kvsim.scenario import ProfileCost
         ref = profile if profile in shipped_names() else str(Path(profile).resolve())
         check_profile(ref, scn.model_spec(base_dir), Path("."), "command line", "--profile")
-        scn = scn.model_copy(update={"cost_model": ProfileCost(profile=ref)})
+        keep = {k: getattr(scn.cost_model, k, None) for k in ("overhead", "step_overhead_ms")}
+        scn = scn.model_copy(update={"cost_model": ProfileCost(profile=ref, **keep)})
+    if getattr(scn.cost_model, "step_overhead_ms", None) is not None:
+        click.echo(f"kvsim: note: {scenario}: cost_model.step_overhead_ms is deprecated; write "
+                   f"overhead: {{step_ms: {scn.cost_model.step_overhead_ms:g}}}", err=True)
     out = out or Path("results") / scn.name
     if not force:
         _refuse_foreign(out, scn.name)

@@ -1,8 +1,8 @@
 """`kvsim cost` and `kvsim calibrate`: step costs on the command line.
 
 `kvsim cost` prices one step (a prefill chunk, or a batch of decodes) with the same
-cost model a run uses and prints its parts, so a profile can be checked against one's
-own measurements. `kvsim calibrate` measures a profile with PyTorch, or with
+cost model a run uses and prints its parts (GPU kernels, tensor-parallel communication,
+the engine's host overhead), so a profile can be checked against one's own measurements. `kvsim calibrate` measures a profile with PyTorch, or with
 `--report PROFILE` prints a profile's held-out error.
 """
 from __future__ import annotations
@@ -30,9 +30,11 @@ from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, KVSpec, resolve_
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True, help="KV block size.")
 @click.option("--profile", metavar="NAME_OR_DIR", help="Use this profile instead of the automatic choice.")
 @click.option("--roofline", is_flag=True, help="Use the roofline model instead of a profile.")
+@click.option("--overhead", metavar="NAME|none|FILE",
+              help="Engine overhead: a shipped one, none (kernels only) or a file [default: the shipped one].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dtype, block_size, profile,
-         roofline, as_json):
+         roofline, overhead, as_json):
     """Predicted time of one engine step and its parts."""
     from kvsim.cost.model import Roofline, StepBatch, describe, make_cost_model
     from kvsim.scenario import ProfileCost
@@ -45,12 +47,17 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
                          "(the tokens each sequence attends to)")
     if profile and roofline:
         raise InputError("command line", "--profile", "give --profile or --roofline, not both")
+    if overhead and roofline:
+        raise InputError("command line", "--overhead", "the roofline is a bound and takes no overhead")
     model, gpu = model_arg(model_name), gpu_arg(gpu_name)
     if profile:
         from kvsim.cost.generalize import check_profile
         check_profile(profile, model, Path("."), "command line", "--profile")
     kv = KVSpec(model, resolve_kv_dtype(kv_dtype or "auto", model))
-    choice = "roofline" if roofline else ProfileCost(profile=profile) if profile else "calibrated"
+    if overhead:
+        from kvsim.cost.overhead import load_overhead
+        load_overhead(overhead)          # a bad name or file fails here, naming --overhead
+    choice = "roofline" if roofline else ProfileCost(profile=profile, overhead=overhead)
     model_cost = make_cost_model(choice, model, gpu, kv, tp, block_size=block_size,
                                  base_dir=Path("."), src="command line")
     batch = (StepBatch.build([(prefill_tokens, context or 0)], []) if prefill_tokens
@@ -62,9 +69,10 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
     bound = Roofline(model, gpu, kv, tp).step_time(batch)
     step = (f"prefill {prefill_tokens:,} tokens on {context or 0:,} cached" if prefill_tokens
             else f"decode batch {decode_batch:,} x {context:,} context")
+    groups = None if "roofline" in parts else grouped(parts)
     out = {"model": model.name, "gpu": gpu.name, "tp": tp, "step": step, "kv_dtype": kv.kv_cache_dtype,
-           "block_size": block_size, "cost_model": label, "step_time_s": total,
-           "parts_s": parts, "roofline_s": bound, "extrapolated": sorted(set(why))}
+           "block_size": block_size, "cost_model": label, "step_time_s": total, "parts_s": parts,
+           "groups_s": groups, "roofline_s": bound, "extrapolated": sorted(set(why))}
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -72,7 +80,19 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
     click.echo(f"cost model: {label}")
     click.echo(f"step time:  {total * 1e3:.3f} ms   (roofline bound {bound * 1e3:.3f} ms)")
     for name, seconds in parts.items():
-        click.echo(f"  {name:<18} {seconds * 1e3:10.3f} ms  {seconds / total:6.1%}")
+        click.echo(f"  {name:<22} {seconds * 1e3:10.3f} ms  {seconds / total:6.1%}")
+    if groups:
+        click.echo("of which " + ", ".join(f"{name.replace('_', ' ')} {seconds * 1e3:.3f} ms ({seconds / total:.1%})"
+                                          for name, seconds in groups.items()))
+
+
+def grouped(parts: dict[str, float]) -> dict[str, float]:
+    """A profiled step's parts as GPU kernels, tensor-parallel communication and engine overhead."""
+    groups = {"kernels": 0.0, "tp_communication": parts["allreduce"], "engine_overhead": 0.0}
+    for name, seconds in parts.items():
+        if name != "allreduce":
+            groups["engine_overhead" if name.startswith("overhead") else "kernels"] += seconds
+    return groups
 
 
 @click.command()

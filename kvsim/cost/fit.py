@@ -50,7 +50,8 @@ def elementwise_bytes_per_token(shape: dict, op: str, tp: int) -> float:
     qk = (shape["num_heads"] + shape["num_kv_heads"]) * shape["head_dim"]
     gated = shape.get("gated_mlp", True)
     elems = {"emb": 2 * h, "input_layernorm": 2 * h, "post_attention_layernorm": 2 * h, "add": 3 * h,
-             "mlp_act": (3 if gated else 2) * f / tp, "attn_rope": 2 * qk / tp}[op]
+             "mlp_act": (3 if gated else 2) * f / tp,
+             "attn_rope": 2 * qk / tp if shape.get("rope", True) else 0}[op]
     return elems * ACT_BYTES
 
 

@@ -50,6 +50,8 @@ def model_shape(model: ModelSpec) -> dict:
     h, heads, kv, d, f = (model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
                           model.intermediate_size)
     shape = {k: getattr(model, k) for k in SHAPE_KEYS} | {"name": model.name, "vocab_size": model.vocab_size}
+    if model.alibi:
+        shape["rope"] = False      # ALiBi adds its bias inside attention: no rotary kernel
     if model.is_mla:
         shape |= {"kv_lora_rank": model.kv_lora_rank, "qk_rope_head_dim": model.qk_rope_head_dim}
     attn = h * d * (2 * heads + 2 * kv)                # q, o and the K, V projections
@@ -79,6 +81,27 @@ def gpu_fits() -> dict:
     return json.loads(GPU_FITS.read_text()) if GPU_FITS.is_file() else {}
 
 
+# GPUs without kernel measurements whose compute equals a measured part's (datasheet dense
+# BF16: A100 40GB = A100 80GB = 312 TFLOPS; H200 = H100 SXM = 989): they take that part's
+# shape model with their own HBM bandwidth. The fits are fractions of the peaks, so the
+# memory-bound parts (decode GEMMs, elementwise ops, decode attention) scale with bandwidth
+# and the compute-bound ones stay. Kernel efficiencies that change with memory size or
+# clocks are not modelled.
+SIBLINGS = {"a100-40gb": "a100-80gb", "h200": "h100-80gb"}
+
+
+def fits_for(gpu: GPUSpec) -> dict | None:
+    """This GPU's fitted shape model: measured, or a sibling's scaled by bandwidth (else None)."""
+    fits = gpu_fits()
+    if gpu.name in fits:
+        return fits[gpu.name]
+    sibling = fits.get(SIBLINGS.get(gpu.name, ""))
+    if sibling is None:
+        return None
+    return sibling | {"bandwidth": gpu.hbm_tb_s * 1e12, "scaled_from": SIBLINGS[gpu.name],
+                      "device": f"{sibling['device']}, scaled to {gpu.name}'s {gpu.hbm_tb_s} TB/s HBM"}
+
+
 def find_shipped(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
     """The shipped profile of this GPU whose layer shapes match; the same model name first."""
     shape = model_shape(model)
@@ -102,25 +125,29 @@ def predict_linear(fits: dict, shape: dict, tps=TP_GRID, tokens=None) -> pd.Data
         for op in ELEMENTWISE_OPS:
             nbytes = tokens * elementwise_bytes_per_token(shape, op, tp)
             cols[op] = predict_elementwise(fits["elementwise"][op], nbytes, bw) * 1e3
+        if not shape.get("rope", True):
+            cols["attn_rope"] = np.zeros(len(tokens))
         frames.append(pd.DataFrame(cols))
     return pd.concat(frames, ignore_index=True)[["tp", "num_tokens", *LINEAR_OPS]]
 
 
 def synthesize(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
     """A predicted profile for `model` on `gpu`, or None when the GPU has no fits."""
-    fits = gpu_fits().get(gpu.name)
+    fits = fits_for(gpu)
     if fits is None:
         return None
     shape = model_shape(model)
+    how = (f"the {fits['scaled_from']} shape model scaled by HBM bandwidth" if "scaled_from" in fits
+           else f"the {gpu.name} GEMM/elementwise shape model")
     meta = {
         "format": FORMAT, "name": f"{gpu.name}-{model.name}-predicted", "gpu": gpu.name,
         "device": fits["device"], "model": shape, "dtype": "bf16",
-        "origin": {"linear": f"predicted by the {gpu.name} GEMM/elementwise shape model "
-                             f"(fitted on {', '.join(fits['models'])})",
+        "origin": {"linear": f"predicted by {how} (fitted on {', '.join(fits['models'])})",
                    "attention": fits["attention_origin"]},
         "attention": fits["attention"], "allreduce": fits["allreduce"],
         "peak_flops": fits["peak_flops"], "bandwidth": fits["bandwidth"],
-        "label": f"predicted:{gpu.name}/{model.name} (GPU shape model)",
+        "label": f"predicted:{gpu.name}/{model.name} (" + (f"{fits['scaled_from']} shape model, HBM-scaled)"
+                                                          if "scaled_from" in fits else "GPU shape model)"),
         "step_overhead_s": fits["step_overhead_s"], "source": fits["source"],
         "license": fits["license"],
     }

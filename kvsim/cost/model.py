@@ -10,17 +10,20 @@ kernel efficiency, launch and scheduling overheads and tensor-parallel communica
 so its times are lower bounds; every output that uses it says "roofline".
 
 `Profiled` sums measured per-operator kernel times (kvsim.cost.profiles, kvsim.cost.fit) part
-by part; `make_cost_model` turns the scenario's `cost_model` into one of the two.
+by part and adds the engine's overhead and tensor-parallel communication
+(kvsim.cost.overhead, fitted on measured serving steps); `make_cost_model` turns the
+scenario's `cost_model` into one of the two.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from kvsim.errors import InputError
 from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synthesize
 from kvsim.cost.fit import LINEAR_OPS, kv_bytes_per_token
+from kvsim.cost.overhead import DEFAULT, NONE, Comm, Overhead, inline, load_overhead
 from kvsim.specs import GPUSpec, KVSpec, ModelSpec
 
 
@@ -105,19 +108,22 @@ class Profiled:
     """Step time from measured per-operator kernel times (kvsim.cost.profiles), part by part:
 
         step = layers x (linear ops(N) + prefill attention + decode attention + KV write
-                         + 2 all-reduces when tp > 1) + embedding(N) + LM head(S) + overhead
+                         + 2 all-reduces when tp > 1) + embedding(N) + LM head(S)
+               + host overhead(S, prompt tokens)
 
     N is the step's new tokens, S its sequences (each produces logits). Linear ops are
     interpolated in the profile's table; attention and KV writes use the fitted forms
     (kvsim.cost.fit) with this model's shapes, KV dtype and block size and this GPU's
     peaks; whole prompts and chunks on a cache are separate kernels, all decodes one.
-    All-reduce is a ring: latency + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth.
+    All-reduce is the overhead's fitted communication (kvsim.cost.overhead.Comm) or, when it
+    has none, the profile's ring: latency + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth.
+    `overhead` None keeps the profile's own fixed step_overhead_s (0 in shipped profiles).
     `price` names what a step left the measured ranges for; the run counts them
     (kvsim.engine), so this object keeps no history and `label` is fixed.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, profile=None,
-                 block_size: int | None = None, step_overhead_s: float | None = None):
+                 block_size: int | None = None, overhead: Overhead | None = None):
         profile = profile or find_shipped(model, gpu) or synthesize(model, gpu)
         if profile is None:
             raise NoProfile(f"{gpu.name}/{model.name}")
@@ -137,12 +143,20 @@ class Profiled:
         self.decode_fit = by_dtype.get(dt) or by_dtype.get({"bf16": "fp16", "fp16": "bf16"}.get(dt)) \
             or self.att["decode"]
         ar = meta["allreduce"]
-        self.ar_lat = ar["latency_s"] if tp > 1 else 0.0
-        self.ar_per_token = (2 * (tp - 1) / tp * self.shape["hidden_size"] * 2 / (ar["bus_gb_s"] * 1e9)
-                             if tp > 1 else 0.0)
-        self.overhead = meta.get("step_overhead_s", 0.0) if step_overhead_s is None else step_overhead_s
+        profile_comm = Comm(latency_s=ar["latency_s"], bus_gb_s=ar["bus_gb_s"])
+        if overhead is None:
+            fixed = meta.get("step_overhead_s", 0.0)
+            overhead = inline(step_ms=fixed * 1e3) if fixed else NONE
+        # A fitted communication replaces an assumed all-reduce, never a measured one.
+        if overhead.comm and not str(ar.get("source", "ASSUMED")).startswith("ASSUMED"):
+            overhead = replace(overhead, comm=None, label=f"{overhead.label} (host part; measured all-reduce)")
+        self.overhead = overhead.for_gpu(gpu)
+        self.comm = self.overhead.comm or profile_comm
         base = meta.get("label", f"profile:{profile.name}")
-        self.label = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
+        base = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
+        self.label = f"{base} + {self.overhead.label}"
+        self._comm: dict[int, float] = {}       # memos by token count, (sequences, tokens)
+        self._outside: dict[tuple[int, int], list[str]] = {}
         self._linear: dict[int, tuple] = {}     # memos by token / sequence count
         self._lm_head: dict[int, tuple] = {}
 
@@ -187,11 +201,15 @@ class Profiled:
         pre_tokens = n - len(ctxs)
         kv_write = (w.get("a_s", 0.0) + w.get("per_prefill_token_s", 0.0) * pre_tokens
                     + w.get("per_decode_token_s", 0.0) * len(ctxs)) if w else 0.0
-        allreduce = 2 * (self.ar_lat + self.ar_per_token * n) if self.tp > 1 else 0.0
+        if n not in self._comm:
+            self._comm[n] = self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], n)
+        if (seqs, n) not in self._outside:
+            self._outside[seqs, n] = self.overhead.outside(self.tp, seqs, n)
+        why += self._outside[seqs, n]
         L = self.layers
         return {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
-                "kv_write": L * kv_write, "allreduce": L * allreduce, "embedding": emb,
-                "lm_head": lm_head, "overhead": self.overhead}, tuple(why)
+                "kv_write": L * kv_write, "allreduce": self._comm[n], "embedding": emb,
+                "lm_head": lm_head, **self.overhead.host(seqs, pre_tokens)}, tuple(why)
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per part of one step (they sum to step_time)."""
@@ -205,18 +223,36 @@ class Profiled:
         return self.price(batch)[0]
 
 
+def choose_overhead(choice, base_dir=".", src: str = "scenario") -> Overhead:
+    """The engine overhead a cost_model asks for: the shipped default unless it names one."""
+    given = getattr(choice, "overhead", None)
+    ms = getattr(choice, "step_overhead_ms", None)
+    if ms is not None:     # the deprecated spelling of overhead: {step_ms: X}
+        if given is not None:
+            raise InputError(src, "cost_model.step_overhead_ms", "give overhead: {step_ms: X} "
+                             "(step_overhead_ms is its deprecated spelling), not both")
+        return inline(step_ms=ms)
+    if given is None:
+        return load_overhead(DEFAULT)
+    if isinstance(given, str):
+        return load_overhead(given, Path(base_dir), src, "cost_model.overhead")
+    return inline(**given.model_dump())
+
+
 def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, *,
                     block_size: int | None = None, base_dir=".", src: str = "scenario") -> CostModel:
     """The scenario's cost_model: "roofline", "calibrated" (the shipped profile for this GPU
     and model, else one predicted from the GPU's fits, else roofline, named as the
-    fallback), or {profile: NAME_OR_PATH, step_overhead_ms}."""
+    fallback; plus the shipped engine overhead), or {profile: NAME_OR_PATH, overhead:
+    NAME | none | {step_ms, per_seq_ms, per_prefill_token_ms}} (either key may be left out).
+    The roofline is a lower bound and takes no overhead."""
     if choice == "roofline":
         return Roofline(model, gpu, kv, tp)
     ref = getattr(choice, "profile", None)
     profile = check_profile(ref, model, Path(base_dir), src) if ref is not None else None
-    ms = getattr(choice, "step_overhead_ms", None)
+    overhead = choose_overhead(choice, base_dir, src)
     try:
-        return Profiled(model, gpu, kv, tp, profile, block_size, None if ms is None else ms * 1e-3)
+        return Profiled(model, gpu, kv, tp, profile, block_size, overhead)
     except KeyError as e:
         if ref is None:
             raise

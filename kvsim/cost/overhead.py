@@ -1,0 +1,156 @@
+"""What a serving engine's step costs beyond its GPU kernels.
+
+Kernel profiles (kvsim.cost.profiles) time each operator alone. A real engine's step
+also spends time on the host, scheduling, preparing inputs and block tables, sampling
+and launching kernels, and on tensor-parallel communication. kvsim models both as
+parts of the step, added to the kernels:
+
+    host   = step_s + per_seq_s x sequences + per_prefill_token_s x prompt tokens
+    comm   = layers x 2 all-reduces x (latency_s + latency_per_hop_s x (tp - 1)
+             + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth
+             + the same bytes for the tokens beyond large_step_tokens / large_step_bus)
+
+N is the step's new tokens. The host part is CPU time; the communication part is the
+device's: it moves over the GPU's links. An `Overhead` is fitted on one GPU
+(kvsim.cost.overhead_fit, scripts/derive_overheads.py) and carried to another by
+`for_gpu`: the host part unchanged (the CPU is the host's, not the GPU's; kvsim knows
+nothing about other hosts' CPUs), both bandwidths scaled by the ratio of the GPUs'
+datasheet NVLink bandwidths, the latencies unchanged (small all-reduces are bound by
+launch and synchronisation, which datasheets do not give).
+
+Shipped overheads live in kvsim/data/overheads/<name>.json. A file (format
+"kvsim-overhead/1") holds ``name``, ``version``, ``gpu`` (where measured), ``source`` and
+``license``; ``host`` {step_ms, per_seq_ms, per_prefill_token_ms}; ``comm`` {latency_us,
+latency_per_hop_us, bus_gb_s, large_step_tokens, large_step_bus_gb_s} (optional: without
+it the profile's all-reduce is used); ``range`` {tp, seqs, new_tokens: [low, high]}, the
+measured steps, beyond which a step is named as extrapolated. The rest (the fit's
+points, rules and error) documents the fit and is not read.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+from kvsim.errors import InputError
+from kvsim.specs import GPU_PRESETS, GPUSpec
+
+FORMAT = "kvsim-overhead/1"
+SHIPPED = Path(__file__).parent.parent / "data" / "overheads"
+DEFAULT = "splitwise-a100-v1"     # what `calibrated` adds to the kernels
+ACT_BYTES = 2                     # fp16/bf16 activations
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Two all-reduces per layer, ring-shaped (see the module docstring)."""
+    latency_s: float = 0.0
+    latency_per_hop_s: float = 0.0
+    bus_gb_s: float = float("inf")
+    large_step_tokens: int | None = None
+    large_step_bus_gb_s: float | None = None
+
+    def seconds(self, tp: int, layers: int, hidden: int, tokens: int) -> float:
+        """All-reduce time of one step over every layer."""
+        if tp <= 1:
+            return 0.0
+        ring = 2 * (tp - 1) / tp * hidden * ACT_BYTES        # bytes per token per GPU
+        one = (self.latency_s + self.latency_per_hop_s * (tp - 1)
+               + ring * tokens / (self.bus_gb_s * 1e9))
+        if self.large_step_tokens is not None and tokens > self.large_step_tokens:
+            one += ring * (tokens - self.large_step_tokens) / (self.large_step_bus_gb_s * 1e9)
+        return 2 * layers * one
+
+    def scaled(self, factor: float) -> "Comm":
+        """Bandwidths times `factor` (faster links); latencies unchanged."""
+        large = self.large_step_bus_gb_s and self.large_step_bus_gb_s * factor
+        return replace(self, bus_gb_s=self.bus_gb_s * factor, large_step_bus_gb_s=large)
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Host time per step and, when fitted, tensor-parallel communication (None: keep the
+    profile's all-reduce). `label` names it in a run's cost_model column."""
+    label: str
+    step_s: float = 0.0
+    per_seq_s: float = 0.0
+    per_prefill_token_s: float = 0.0
+    comm: Comm | None = None
+    gpu: str | None = None        # the GPU it was measured on
+    ranges: tuple = ()            # (what, low, high): the measured steps' tp, seqs, new_tokens
+
+    def outside(self, tp: int, seqs: int, tokens: int) -> list[str]:
+        """Why a step lies outside the measured steps (linear extrapolation), if it does."""
+        here = {"tp": tp, "seqs": seqs, "new_tokens": tokens}
+        words = {"tp": "tp {}", "seqs": "{} sequences", "new_tokens": "{} tokens"}
+        return [f"engine overhead at {words[k].format(here[k])} (measured {lo}-{hi})"
+                for k, lo, hi in self.ranges if not lo <= here[k] <= hi]
+
+    def host(self, seqs: int, prefill_tokens: int) -> dict[str, float]:
+        return {"overhead_step": self.step_s, "overhead_seqs": self.per_seq_s * seqs,
+                "overhead_prompt_tokens": self.per_prefill_token_s * prefill_tokens}
+
+    def for_gpu(self, gpu: GPUSpec) -> "Overhead":
+        """The same overhead on `gpu`: host part as fitted, link bandwidths scaled by NVLink."""
+        home = GPU_PRESETS.get(self.gpu or "")
+        if self.comm is None or home is None or gpu.name == home.name:
+            return self
+        if not (gpu.nvlink_gb_s and home.nvlink_gb_s):
+            return replace(self, label=f"{self.label} (no NVLink figure for {gpu.name}: {home.name}'s links)")
+        factor = gpu.nvlink_gb_s / home.nvlink_gb_s
+        how = "same NVLink" if factor == 1 else f"links x{factor:g}"
+        return replace(self, comm=self.comm.scaled(factor), label=f"{self.label} (on {gpu.name}: {how})")
+
+
+NONE = Overhead("overhead:none")
+
+
+def from_file(data: dict) -> Overhead:
+    """An Overhead from a kvsim-overhead/1 document (raises KeyError on a missing field)."""
+    host, comm = data["host"], data.get("comm")
+    ranges = tuple((k, *data["range"][k]) for k in ("tp", "seqs", "new_tokens") if k in data.get("range", {}))
+    return Overhead(
+        label=f"overhead:{data['name']}", gpu=data["gpu"], step_s=host["step_ms"] * 1e-3,
+        per_seq_s=host["per_seq_ms"] * 1e-3, per_prefill_token_s=host["per_prefill_token_ms"] * 1e-3,
+        comm=None if comm is None else Comm(
+            latency_s=comm["latency_us"] * 1e-6, latency_per_hop_s=comm["latency_per_hop_us"] * 1e-6,
+            bus_gb_s=comm["bus_gb_s"], large_step_tokens=comm.get("large_step_tokens"),
+            large_step_bus_gb_s=comm.get("large_step_bus_gb_s")), ranges=ranges)
+
+
+def inline(step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0) -> Overhead:
+    """A host overhead given in a scenario; communication stays the profile's."""
+    terms = [f"{k} {v:g} ms" for k, v in (("step", step_ms), ("per seq", per_seq_ms),
+                                          ("per prompt token", per_prefill_token_ms)) if v]
+    return Overhead(f"overhead:{', '.join(terms) or 'zero'}", step_ms * 1e-3, per_seq_ms * 1e-3,
+                    per_prefill_token_ms * 1e-3)
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.json") if p.stem != "accuracy")
+
+
+@lru_cache(maxsize=None)
+def shipped_document(name: str) -> dict:
+    return json.loads((SHIPPED / f"{name}.json").read_text())
+
+
+def load_overhead(ref: str, base_dir: Path = Path("."), src: str = "command line",
+                  field_name: str = "--overhead") -> Overhead:
+    """A shipped overhead by name, "none", or a kvsim-overhead/1 JSON file (relative to base_dir)."""
+    if ref == "none":
+        return NONE
+    if ref in shipped_names():
+        return from_file(shipped_document(ref))
+    path = Path(base_dir) / ref
+    if not path.is_file():
+        raise InputError(src, field_name, f"no overhead '{ref}': not none, a shipped overhead "
+                         f"({', '.join(shipped_names())}) or a file")
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format must be '{FORMAT}'")
+        return from_file(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(src, field_name, f"overhead file {path} cannot be used: {e!r}") from None
