@@ -392,8 +392,8 @@ def sharing(ctx: Context) -> list[Claim]:
             "holds (kvsim saves more than the paper's range)" if saved > high else "does not hold")
         out.append(Claim(f"8{'ab'[len(out)]}", f"{words}: shared blocks save memory", f"{SEED2}; {PAPER} §6.3",
                          f"claims/sharing.yaml with {key}: 4",
-                         f"paged-16 saves {saved:.1%} of slots; batch {paged['achievable_batch_size']:.1f} vs "
-                         f"orca-oracle (full copies) {orca['achievable_batch_size']:.1f}",
+                         f"paged-16 saves {saved:.1%} of slots; mean batch {paged['mean_batch_size']:.1f} vs "
+                         f"orca-oracle (full copies) {orca['mean_batch_size']:.1f}",
                          f"memory saved {low:.1%}-{high:.1%} (paper, Alpaca, n or width 2-6)", verdict,
                          "Savings = 1 - physical slots / the slots the same sequences would hold unshared, "
                          "time-weighted. kvsim's beams branch by a synthetic rule (each beam but the first replaced "
