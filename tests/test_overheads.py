@@ -262,7 +262,7 @@ def test_a100_40gb_takes_the_a100_shape_model_scaled_by_bandwidth():
 def test_steps_beyond_the_measured_ones_are_named_as_extrapolation():
     c = cost()                                            # llama-2-70b, tp 2: inside the measured tp
     assert c.price(StepBatch.build([], [100] * 64))[1] == ()
-    assert c.price(StepBatch.build([], [100] * 65))[1] == ("engine overhead at 65 sequences (measured 1-64)",)
+    assert c.price(StepBatch.build([], [100] * 65))[1] == ("engine overhead at more sequences than measured (1-64)",)
     tp1 = cost(model="llama-2-7b", tp=1)
     assert "engine overhead at tp 1 (measured 2-8)" in tp1.price(StepBatch.build([], [100]))[1]
     inline = cost(ProfileCost(overhead=InlineOverhead(step_ms=1)), model="llama-2-7b", tp=1)

@@ -144,12 +144,12 @@ def test_extrapolation_is_named_per_step_and_described_for_a_run():
     c = cost(tp=2)           # the shipped overhead was measured at tp 2-8 and up to 32,768 tokens
     inside, beyond = (c.price(StepBatch.build([(n, 0)], []))[1] for n in (100, 40000))
     assert inside == () and set(beyond) == {"linear ops beyond 32768 measured tokens (scaled in proportion)",
-                                            "engine overhead at 40000 tokens (measured 1-32768)",
+                                            "engine overhead at more tokens than measured (1-32768)",
                                             "prefill_fresh attention beyond measured work"}
     assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v1"   # no history: fixed
     assert describe(c.label, 1, 2, beyond) == (
         "profile:a100-llama-3-8b + overhead:splitwise-a100-v1 [extrapolated in 1/2 steps: engine overhead at "
-        "40000 tokens (measured 1-32768); linear ops beyond 32768 measured tokens (scaled in proportion); "
+        "more tokens than measured (1-32768); linear ops beyond 32768 measured tokens (scaled in proportion); "
         "prefill_fresh attention beyond measured work]")
 
 

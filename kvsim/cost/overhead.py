@@ -83,9 +83,13 @@ class Overhead:
     def outside(self, tp: int, seqs: int, tokens: int) -> list[str]:
         """Why a step lies outside the measured steps (linear extrapolation), if it does."""
         here = {"tp": tp, "seqs": seqs, "new_tokens": tokens}
-        words = {"tp": "tp {}", "seqs": "{} sequences", "new_tokens": "{} tokens"}
-        return [f"engine overhead at {words[k].format(here[k])} (measured {lo}-{hi})"
-                for k, lo, hi in self.ranges if not lo <= here[k] <= hi]
+        units = {"seqs": "sequences", "new_tokens": "tokens"}   # one reason per side, not per value
+
+        def why(k, lo, hi):
+            if k == "tp":
+                return f"engine overhead at tp {tp} (measured {lo}-{hi})"
+            return f"engine overhead at {'more' if here[k] > hi else 'fewer'} {units[k]} than measured ({lo}-{hi})"
+        return [why(k, lo, hi) for k, lo, hi in self.ranges if not lo <= here[k] <= hi]
 
     def host(self, seqs: int, prefill_tokens: int) -> dict[str, float]:
         return {"overhead_step": self.step_s, "overhead_seqs": self.per_seq_s * seqs,
