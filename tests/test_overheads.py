@@ -21,7 +21,8 @@ from kvsim.cost.overhead_fit import configurations, fit_overhead, nnls, predict
 from kvsim.errors import InputError
 from kvsim.scenario import InlineOverhead, ProfileCost
 from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec
-from tests.test_cost_cli import SCENARIO, kvsim
+from helpers import kvsim
+from test_cost_cli import SCENARIO
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "serving"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/serving not present")
