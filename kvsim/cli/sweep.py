@@ -6,7 +6,6 @@ progress and writes what it returns.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -25,36 +24,28 @@ def _backend(workers, ray_address):
 
 
 class Bar:
-    """A progress bar on stderr (rich) with an ETA; nothing unless stderr is a terminal."""
+    """A progress bar on stderr (tqdm: count, rate, ETA); nothing unless stderr is a terminal."""
 
     def __init__(self, total: int | None, what: str, enabled: bool):
-        self.progress = None
-        if not (enabled and sys.stderr.isatty()):
-            return
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
-        columns = ([TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn()] if total else
-                   [SpinnerColumn(), TextColumn(what), MofNCompleteColumn(), TimeElapsedColumn()])
-        self.progress = Progress(*columns, console=Console(stderr=True), transient=False)
-        self.task = self.progress.add_task(what, total=total)
-        self.progress.start()
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc=what, unit="run", file=sys.stderr, dynamic_ncols=True)
 
     def advance(self) -> None:
-        if self.progress:
-            self.progress.advance(self.task)
+        if self.bar:
+            self.bar.update(1)
 
     def note(self, text: str) -> None:
-        if self.progress:
-            self.progress.console.print(text, markup=False, highlight=False)
+        if self.bar:
+            self.bar.write(text, file=sys.stderr)
         else:
             click.echo(text, err=True)
 
     def close(self) -> None:
-        if self.progress:
-            self.progress.stop()
-            self.progress = None
+        if self.bar:
+            self.bar.close()
+            self.bar = None
 
 
 # --- kvsim sweep -----------------------------------------------------------------
@@ -201,21 +192,13 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
 
 def _write(out: Path, table, probes, targets, meta, forward: bool) -> None:
     """Write into a fresh folder beside `out`, then swap it in (as kvsim run does)."""
+    from kvsim.cli.output import swap_in
     from kvsim.report.sweep_plots import write_capacity_plot
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
+
+    def write(tmp: Path) -> None:
         table.to_csv(tmp / "capacity.csv", index=False)
         probes.to_csv(tmp / "probes.csv", index=False)
         write_capacity_plot(table, probes, targets, "max_rate_per_s" if forward else "gpus",
                             "rate_per_s" if forward else "tensor_parallel_size", tmp)
         (tmp / "capacity.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+    swap_in(out, write)
