@@ -67,8 +67,8 @@ class SGLang:
         input_left = MAX_PREFILL_TOKENS
         chunked = [q for q in s.running if q.prefilling]
         for seq in chunked:                      # the request prefilled in chunks goes on
-            n = min(seq.target - seq.prefilled, chunk_left or seq.target)
-            if s.run(seq, n, step, now):
+            n = seq.target - seq.prefilled if chunk_left is None else min(seq.target - seq.prefilled, chunk_left)
+            if n > 0 and s.run(seq, n, step, now):
                 chunk_left = None if chunk_left is None else chunk_left - n
                 input_left -= n
         decoding = [q for q in s.running if not q.prefilling]
