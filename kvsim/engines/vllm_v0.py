@@ -72,7 +72,7 @@ class VllmV0:
                 continue
             fits = s.fits(head, held, s.keep_free)
             if not fits and not s.running and not s.swapped:     # a reservation never fits
-                s.reject(head, now, "does not fit an empty KV pool minus the watermark", step)
+                s.reject(head, now, "does not fit an empty KV pool" + (" minus the watermark" if s.keep_free else ""), step)
                 continue
             # can_allocate first, then the budget, as _schedule_prefills asks them
             why = (s.blocked_by(head, held, s.keep_free) if not fits
