@@ -14,21 +14,25 @@ tables. Nothing here writes files or reads a clock.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import simpy
 
+from kvsim import lazy
 from kvsim.allocators import InvariantError, KVAllocator
 from kvsim.cost.model import CostModel
 from kvsim.engines import make_rules
 from kvsim.scheduler import LIMITS, Scheduler, Seq
+from kvsim.steplog import StepLog
 from kvsim.workload.requests import RequestSpec
 
 # One row per step: the memory breakdown (slots) while the step runs, and what kept the
 # waiting queue's head out (an index into kvsim.scheduler.LIMITS).
 STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens",
                "token", "reservation", "internal", "external", "free", "allocated", "shared", "limit")
+INT_FIELDS = STEP_FIELDS[2:]
 
 
 @dataclass
@@ -36,7 +40,7 @@ class PolicyRun:
     name: str
     capacity_slots: int
     seqs: list[Seq]
-    steps: list[tuple] = field(default_factory=list)
+    steps: StepLog = field(default_factory=lambda: StepLog(STEP_FIELDS, INT_FIELDS))
     preemptions: int = 0
     swaps: int = 0
     prompt_tokens: int = 0     # tokens to prefill at admissions, and those found cached
@@ -49,7 +53,7 @@ class PolicyRun:
 def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cost: CostModel, *,
              engine: str = "vllm-v1", on_step: Callable[[int], None] | None = None,
              check_invariants: bool = False, time_limit_s: float | None = None,
-             **scheduler_options) -> PolicyRun:
+             exact_steps: bool = False, **scheduler_options) -> PolicyRun:
     """Replay `requests` against one allocator under `engine`'s rules (kvsim.engines);
     `on_step(finished_so_far)` reports progress.
 
@@ -59,36 +63,56 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
     check_invariants: verify allocator and scheduler after every planned and every
     completed step; a violation raises InvariantError naming the step and the time.
     time_limit_s: stop the simulated clock there; requests not finished stay "unfinished".
+    exact_steps: the plain path: every running request visited and every step its own
+    SimPy timeout. By default decoding requests advance lazily (kvsim.lazy) and steps
+    follow each other without SimPy until an arrival or the time limit is due; the
+    records are the same to the last bit (tests/test_fast_path.py).
     """
     env = simpy.Environment()
-    sched = Scheduler(allocator, make_rules(engine), **scheduler_options)
+    rules = make_rules(engine)
+    if not exact_steps and lazy.applies(allocator, rules, scheduler_options):
+        sched = lazy.LazyScheduler(allocator, rules, cost_block_size=getattr(cost, "block_size", None),
+                                   **scheduler_options)
+    else:
+        sched = Scheduler(allocator, rules, **scheduler_options)
     seqs = sched.expand(requests, scheduler_options.get("width", 1))
     run = PolicyRun(name, allocator.capacity, seqs)
-    state = {"ended": 0, "wake": env.event()}
+    limit = math.inf if time_limit_s is None else time_limit_s
+    # `next`: when SimPy will hand over the next arrival (the time its timeout fires)
+    state = {"ended": 0, "wake": env.event(), "next": 0.0}
 
     def arrivals():
         for index, seq in enumerate(seqs):
             delay = seq.spec.arrival_s - env.now
             if delay > 0:
+                state["next"] = env.now + delay      # as SimPy computes the timeout's time
                 yield env.timeout(delay)
             sched.arrive(seq, env.now, index)
             if seq.outcome:          # rejected on arrival
                 state["ended"] += 1
             if not state["wake"].triggered:
                 state["wake"].succeed()
+        state["next"] = math.inf
 
     def engine():
+        # `now` runs ahead of SimPy's clock between arrivals (never with exact_steps):
+        # nothing but an arrival or the time limit can happen before the next step.
+        now = env.now
         while state["ended"] < len(seqs):
             if not sched.running and not sched.waiting and not sched.swapped:
+                if now != env.now:
+                    yield env.timeout(_delay(env.now, now))
                 state["wake"] = env.event()
                 yield state["wake"]
+                now = env.now
                 continue
-            step = sched.schedule(env.now)
+            step = sched.schedule(now)
             state["ended"] += len(step.rejected)
-            if not step.work and not sched.running and not sched.waiting and not sched.swapped:
+            if not step.work and not step.lazy and not sched.running and not sched.waiting \
+                    and not sched.swapped:
                 continue
-            if not step.work:
-                raise RuntimeError(f"{name}: no progress possible at t={env.now:.6f}s with "
+            if not step.work and not step.lazy:
+                raise RuntimeError(f"{name}: no progress possible at t={now:.6f}s with "
                                    f"{len(sched.waiting)} waiting; this is a kvsim bug")
             dt, why = cost.price(step.cost)
             if why:
@@ -96,16 +120,21 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
                 run.extrapolation_reasons.update(why)
             if step.swap_bytes:      # the step waits for its PCIe copies
                 dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
-            _record(run, sched, step, env.now, dt)
+            _record(run, sched, step, now, dt)
             if check_invariants:
-                _check(sched, f"{name}: step {len(run.steps) - 1} planned at t={env.now:.6f}s")
-            yield env.timeout(dt)
-            state["ended"] += len(sched.complete(step, env.now))
+                _check(sched, f"{name}: step {len(run.steps) - 1} planned at t={now:.6f}s")
+            end = now + dt           # SimPy's time for a timeout of dt from now
+            synced = exact_steps or state["next"] <= end or end >= limit
+            if synced:
+                yield env.timeout(dt if now == env.now else _delay(env.now, end))
+            now = end
+            state["ended"] += len(sched.complete(step, now))
             if check_invariants:
-                _check(sched, f"{name}: step {len(run.steps) - 1} completed at t={env.now:.6f}s")
+                _check(sched, f"{name}: step {len(run.steps) - 1} completed at t={now:.6f}s")
             if on_step:
                 on_step(state["ended"])
-            yield env.timeout(0)     # let arrivals at this instant join first
+            if synced:
+                yield env.timeout(0)     # let arrivals at this instant join first
 
     env.process(arrivals())
     done = env.process(engine())
@@ -116,6 +145,17 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
     return run
 
 
+def _delay(now: float, target: float) -> float:
+    """The delay d with now + d == target in floating point, so that a clock that ran
+    ahead of SimPy's lands exactly where it would have, step by step."""
+    d = target - now
+    for _ in range(64):
+        if now + d == target:
+            return d
+        d = math.nextafter(d, math.inf if now + d < target else -math.inf)
+    raise RuntimeError(f"no delay takes {now!r} to {target!r} (a kvsim bug)")
+
+
 def _check(sched: Scheduler, where: str) -> None:
     try:
         sched.check()
@@ -124,8 +164,8 @@ def _check(sched: Scheduler, where: str) -> None:
 
 
 def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:
-    b = sched.allocator.breakdown(step.head_need)
+    b = sched.breakdown(step.head_need)
     prefill = sum(n for n, _ in step.cost.prefills)
     run.steps.append((now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,
-                      len(step.cost.decode_contexts), b.token, b.reservation, b.internal, b.external,
+                      step.cost.decodes, b.token, b.reservation, b.internal, b.external,
                       b.free, b.allocated, b.shared, LIMITS.index(step.limit)))

@@ -80,8 +80,9 @@ def effective_columns(s: EngineSettings, kind: str, options: dict) -> dict:
 
 def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                  on_progress: Callable[[str, int, int], None] | None = None,
-                 check_invariants: bool = False) -> Results:
-    """Run every policy of `scn`; on_progress(policy, finished, total) reports progress."""
+                 check_invariants: bool = False, exact_steps: bool = False) -> Results:
+    """Run every policy of `scn`; on_progress(policy, finished, total) reports progress.
+    exact_steps: the plain step-by-step path (kvsim.engine.simulate); same results."""
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
     pool = plan_pool(scn, model, gpu, src)
     requests = generate_requests(scn, base_dir, src)
@@ -110,6 +111,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
         run = simulate(policy.name, requests, allocator, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
+                       exact_steps=exact_steps,
                        **scheduler_options(scn, kv, gpu, settings))
         table = request_table(run)
         mean_footprint = sum(allocator.footprint(r.shape) for r in requests) * width / len(requests)

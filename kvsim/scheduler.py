@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.allocators import InvariantError, KVAllocator, NextSeq, SeqShape
+from kvsim.allocators import Breakdown, InvariantError, KVAllocator, NextSeq, SeqShape
 from kvsim.cost.model import StepBatch
 from kvsim.workload.requests import RequestSpec
 
@@ -71,6 +71,7 @@ class Seq:
 class Step:
     """What one step computes: (sequence, new tokens) pairs, and the PCIe copies it waits for."""
     work: list[tuple[Seq, int]] = field(default_factory=list)
+    lazy: int = 0                        # decoding requests advanced in sum (kvsim.lazy)
     cost: StepBatch | None = None
     swap_bytes: float = 0.0
     rejected: list[Seq] = field(default_factory=list)   # found unable to fit even alone
@@ -284,6 +285,26 @@ class Scheduler:
         done = seq.prefilled + n
         return done + 1 if done == seq.target else done
 
+    # --- what the fast path (kvsim.lazy) does without visiting every request; here plainly
+    def run_running(self, step: Step, now: float, budget, loop):
+        """The running requests' part of a step: `loop(budget)` is the engine's pass over
+        them, which returns the budget left (None: no budget)."""
+        return loop(budget)
+
+    def prefilling_running(self) -> list[Seq]:
+        """Running requests still being prefilled, in running order."""
+        return [q for q in self.running if q.prefilling]
+
+    def decode_slots_needed(self) -> int:
+        """Free slots one more token for every decoding request would take."""
+        return sum(self.allocator.slots_to_grow(k, q.held + 1)
+                   for q in self.running if not q.prefilling for k in q.ids)
+
+    def free_slots(self) -> int:
+        """Free slots in the pool (with a radix cache, evictable ones too)."""
+        b = self.allocator.breakdown(None)
+        return b.free + b.unusable
+
     # --- one step ------------------------------------------------------------------------
     def schedule(self, now: float) -> Step:
         step = self.rules.schedule(self, now)
@@ -302,6 +323,10 @@ class Scheduler:
         for seq, n in step.work:
             seq.held = self._held_after(seq, n)
         return step
+
+    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
+        """The pool now, as the allocator splits it (what a step records)."""
+        return self.allocator.breakdown(next_seq)
 
     def complete(self, step: Step, now: float) -> list[Seq]:
         """Apply a finished step at time `now`; returns the sequences that finished."""
@@ -322,9 +347,8 @@ class Scheduler:
                 finished.append(seq)
             elif self.beam:
                 self._branch(seq)
-        if finished:
-            done = set(map(id, finished))
-            self.running = [s for s in self.running if id(s) not in done]
+        for seq in finished:
+            self.running.remove(seq)
         return finished
 
     def _branch(self, seq: Seq) -> None:

@@ -179,6 +179,33 @@ class PagedAllocator:
                and self._ref[seq.table[-1]] > 1)
         return (extra + cow) * self.block_size
 
+    # -- what the fast path asks (kvsim.lazy): one sequence's share, the pool alone ----
+
+    def room(self, seq_id: int) -> int:
+        """Tokens the sequence can still gain by `grow` that change nothing here but its
+        token count, each filling a reserved slot of its last block. 0 with a sliding
+        window or a shared, partly filled last block: the next token slides or copies."""
+        seq = self._seqs[seq_id]
+        bs = self.block_size
+        if self.window is not None or (seq.tokens % bs and self._ref[seq.table[-1]] > 1):
+            return 0
+        return max(0, min(seq.logical_blocks() * bs, seq.shape.final_tokens) - seq.tokens)
+
+    def slots_of(self, seq_id: int) -> tuple[int, int]:
+        """(slots of the sequence's blocks, placement padding): its part of `breakdown`."""
+        return len(self._seqs[seq_id].table) * self.block_size, 0
+
+    def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
+        """(unusable, free, starved): the free part of `breakdown`, without the walk over
+        sequences (O(1); O(cache hits) with a prefix cache and a next sequence)."""
+        free_slots = len(self._free) * self.block_size
+        if next_seq is None:
+            return 0, free_slots, False
+        shape, tokens, keep_free = next_seq
+        if self._blocks_short(shape, tokens) + blocks_for(keep_free, self.block_size) > 0:
+            return free_slots, 0, True
+        return 0, free_slots, False
+
     def _slide(self, seq: _Seq) -> None:
         """Release leading blocks whose tokens are all outside the attention window."""
         if self.window is None:
@@ -217,14 +244,9 @@ class PagedAllocator:
                 _, r, i = split_used(seq.tokens - gone, allocated, seq.shape.final_tokens - gone)
                 reservation, internal = reservation + r, internal + i
         used = (self.num_blocks - len(self._free)) * bs
-        free_slots = len(self._free) * bs
-        starved = False
-        if next_seq is not None:
-            shape, tokens, keep_free = next_seq
-            starved = self._blocks_short(shape, tokens) + blocks_for(keep_free, bs) > 0
+        unusable, free_slots, starved = self.pool_free(next_seq)
         return Breakdown(used - reservation - internal, reservation, internal, padding=0,
-                         unusable=free_slots if starved else 0,
-                         free=0 if starved else free_slots, shared=logical - used, starved=starved)
+                         unusable=unusable, free=free_slots, shared=logical - used, starved=starved)
 
     def check_invariants(self) -> None:
         """Checks per table and over the pool at C speed (check mode runs this after

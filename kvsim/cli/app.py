@@ -44,9 +44,12 @@ def cli():
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--check-invariants", is_flag=True, envvar="KVSIM_CHECK_INVARIANTS",
               help="Verify the allocator and scheduler after every step (slower).")
+@click.option("--exact-steps", is_flag=True, envvar="KVSIM_EXACT_STEPS",
+              help="Visit every running request in every step, each step its own SimPy event "
+                   "(the plain path; the default fast path gives the same results).")
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 @click.option("--profile", metavar="NAME_OR_DIR", help="Step costs from this profile (overrides cost_model).")
-def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, force, profile):
+def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, exact_steps, force, profile):
     """Run every policy of SCENARIO on one request stream and write results and plots."""
     from kvsim.runner import run_scenario
     from kvsim.scenario import load_scenario
@@ -67,7 +70,7 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, fo
     bar = Progress(len(scn.policies), enabled=not quiet and sys.stderr.isatty())
     try:
         results = run_scenario(scn, base_dir, str(scenario), on_progress=bar.update,
-                               check_invariants=check_invariants)
+                               check_invariants=check_invariants, exact_steps=exact_steps)
     finally:
         bar.close()
     meta = {

@@ -42,10 +42,14 @@ class VllmV0:
     def prefilled(self, s: Scheduler, seq: Seq) -> None:
         pass
 
+    def lazy_ok(self, s: Scheduler) -> bool:
+        """Decoding requests matter to a step only through the running pass."""
+        return True
+
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         if s.chunked:
-            budget = self._running(s, step, now, s.budget)
+            budget = s.run_running(step, now, s.budget, lambda b: self._running(s, step, now, b))
             if not step.preempted:
                 budget = self._swapped(s, step, now, budget)
             if not s.swapped:
@@ -55,7 +59,7 @@ class VllmV0:
             self._prefills(s, step, now, s.budget)
         if step.work:
             return step
-        self._running(s, step, now, None)
+        s.run_running(step, now, None, lambda b: self._running(s, step, now, b))
         if not step.preempted:
             self._swapped(s, step, now, None)
         return step

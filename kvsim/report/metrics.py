@@ -41,7 +41,7 @@ def tidy(x: float) -> float:
 
 
 def step_table(run: PolicyRun) -> pd.DataFrame:
-    df = pd.DataFrame.from_records(run.steps, columns=list(STEP_FIELDS))
+    df = pd.DataFrame(run.steps.columns())
     cap = float(run.capacity_slots)
     for part in PARTS:
         df[part] = df[part] / cap
@@ -81,7 +81,7 @@ def _savings(col: dict, dt: np.ndarray) -> float:
 
 def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) -> dict:
     """One policy's summary row; scale_share = scale bytes / bytes per token slot."""
-    steps = np.asarray(run.steps, dtype=float).reshape(-1, len(STEP_FIELDS))
+    steps = run.steps.array()
     col = {name: steps[:, i] for i, name in enumerate(STEP_FIELDS)}
     dt = col["step_s"]
     busy = dt.sum()

@@ -1,0 +1,299 @@
+"""The fast path: running requests that only decode advance without being visited.
+
+In most steps most running requests only decode: each gains one token of KV, and for
+most of them the allocator does nothing but count it (the token fills a slot already
+reserved in the request's last block or region). `LazyScheduler` keeps such a request
+*lazy*: it stays in the running list, but nothing touches it until a step where its
+next token needs more than a count. Decode steps in which every lazy request decodes
+are numbered (`tick`); a lazy request's held and generated tokens are the values it
+had when it went lazy plus the ticks since. When it goes lazy, the two ticks that end
+its laziness are known: the one whose token its allocator room no longer covers (the
+token needs a new block, a copy, a cache entry: `CountedAllocator.room`) and the one
+that completes it. It is made explicit before the first of them is planned, and is
+then scheduled, grown and completed by the engine's own code like any request.
+
+What a step needs from the lazy requests is kept in sums: how many decode and the
+tokens and blocks their contexts hold (for the cost model, kvsim.cost.model.Decodes),
+and the memory breakdown's per-request shares (reservation, internal, padding, slots)
+summed over all running requests; the allocator gives the free part (`pool_free`). A
+step therefore costs time in proportion to the requests it changes, not to the batch.
+
+Exactness. The engines' rules are the same code in both paths; only the running pass
+(`run_running`) differs, and it goes lazy only where the engine's own pass would give
+every running request its whole demand with no preemption: the budget covers every
+decode and every prefill chunk, and the free slots cover every explicit request's
+growth (lazy ones need none). Then the explicit requests are run in running order,
+which is the order in which the engine's pass would have grown them, so blocks are
+taken in the same order; the lazy requests' grows would only have counted. Everything
+else (admission, preemption, completion) runs as in the plain scheduler, on explicit
+requests; where an engine's rule reads the state of every decoding request (SGLang's
+admission test) or a pass could preempt, every lazy request is made explicit first and
+the engine's plain pass runs. Sums of integers are exact, so every step's batch,
+breakdown and time are the plain path's to the last bit.
+
+Not lazy (their runs go step by step, as in the plain path): the radix cache (every
+token takes a free slot), sliding windows (blocks leave the window), and sequence
+groups (samples or beams in vLLM V0 share partly filled blocks).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvsim.allocators import Breakdown, InvariantError, NextSeq
+from kvsim.allocators.base import split_used
+from kvsim.cost.model import Decodes
+from kvsim.scheduler import Scheduler, Seq, Step
+
+COUNTED = ("room", "slots_of", "pool_free")
+
+
+def applies(allocator, rules, options: dict) -> bool:
+    """Whether a run of these settings can use the lazy scheduler (see the module docstring)."""
+    single = rules.split_samples or options.get("width", 1) == 1
+    return (single and not options.get("beam") and options.get("sliding_window") is None
+            and all(hasattr(allocator, m) for m in COUNTED))
+
+
+class LazyScheduler(Scheduler):
+    """A Scheduler whose decoding requests advance in sums between the steps that
+    change them. cost_block_size: the block size the cost model counts contexts in."""
+
+    def __init__(self, allocator, rules, *, cost_block_size: int | None = None, **options):
+        super().__init__(allocator, rules, **options)
+        self.cost_block_size = cost_block_size
+        self.tick = 0              # decode ticks planned so far
+        self.pending = False       # the last tick planned has not completed yet
+        # seq -> (tick, held, generated, cost blocks, due tick) when it went lazy
+        self.lazy: dict[Seq, tuple[int, int, int, int, int]] = {}
+        self.due: dict[int, list[tuple[Seq, tuple]]] = {}
+        self.explicit: dict[Seq, None] = {}    # running requests not lazy
+        self.order: dict[Seq, int] = {}        # running order: admissions counted
+        self._admissions = 0
+        self.lazy_held = 0         # sum over lazy requests of held - tick when they went lazy
+        self.lazy_blocks = 0       # sum of their contexts' cost blocks (constant while lazy)
+        # The breakdown's per-request shares, summed over running requests at their true
+        # counts: seq -> (reservation, internal, padding, slots) at its last update (for a
+        # lazy request, when it went lazy: its reservation falls by one per tick since).
+        self.share: dict[Seq, tuple[int, int, int, int]] = {}
+        self.reservation = self.internal = self.padding = self.logical = 0
+        self.version = 0           # counts changes to the pool, for the pool_free memo
+        self._pool_key = self._pool = None
+        self.dirty = False         # a plain move (preemption, swap, rejection) ran: resync
+
+    # --- lazy requests ---------------------------------------------------------------
+    def _enter(self, seq: Seq) -> None:
+        """After a step: let a decoding request go lazy for as many ticks as it can."""
+        span = min(self.allocator.room(seq.ids[0]), seq.shape.output_tokens - seq.generated - 1)
+        blocks, bs = 0, self.cost_block_size
+        if bs:     # its contexts must stay within the same number of cost blocks
+            blocks = -(-(seq.held + 1) // bs)
+            span = min(span, blocks * bs - seq.held)
+        if span <= 0:
+            return
+        entry = (self.tick, seq.held, seq.generated, blocks, self.tick + span + 1)
+        self._go_lazy(seq, entry)
+
+    def _go_lazy(self, seq: Seq, entry: tuple) -> None:
+        self.lazy[seq] = entry
+        self.explicit.pop(seq, None)
+        self.due.setdefault(entry[4], []).append((seq, entry))
+        self.lazy_held += entry[1] - entry[0]
+        self.lazy_blocks += entry[3]
+
+    def _catch_up(self, seq: Seq) -> tuple:
+        """Bring a lazy request's fields, its allocator count and its share up to date;
+        it leaves the lazy set (returns its entry)."""
+        entry = self.lazy.pop(seq)
+        tick0, held0, gen0, blocks, _ = entry
+        k = self.tick - tick0
+        seq.held, seq.generated = held0 + k, gen0 + k - self.pending
+        for sid in seq.ids:
+            self.allocator.grow(sid, seq.held)         # a count only: within its room
+        res, internal, pad, slots = self.share[seq]
+        self.share[seq] = (res - k, internal, pad, slots)
+        self.lazy_held -= held0 - tick0
+        self.lazy_blocks -= blocks
+        return entry
+
+    def _materialize(self, seq: Seq) -> None:
+        self._catch_up(seq)
+        self.explicit[seq] = None
+
+    def materialize_all(self) -> None:
+        """Make every lazy request explicit (before a plain pass over the running list)."""
+        for seq in list(self.lazy):
+            self._materialize(seq)
+        self.due.clear()
+
+    def _resync(self) -> None:
+        """After plain moves: every running request explicit, every share recounted."""
+        self.materialize_all()
+        self.explicit = dict.fromkeys(self.running)
+        self.order = {seq: self.order[seq] for seq in self.running}
+        self.share.clear()
+        self.reservation = self.internal = self.padding = self.logical = 0
+        for seq in self.running:
+            self._update_share(seq)
+        self.version += 1
+        self.dirty = False
+
+    def _update_share(self, seq: Seq) -> None:
+        slots, pad = self.allocator.slots_of(seq.ids[0])
+        _, res, internal = split_used(seq.held, slots, seq.shape.final_tokens)
+        old = self.share.get(seq, (0, 0, 0, 0))
+        self.reservation += res - old[0]
+        self.internal += internal - old[1]
+        self.padding += pad - old[2]
+        self.logical += slots - old[3]
+        self.share[seq] = (res, internal, pad, slots)
+
+    def _drop_share(self, seq: Seq) -> None:
+        res, internal, pad, slots = self.share.pop(seq)
+        self.reservation -= res
+        self.internal -= internal
+        self.padding -= pad
+        self.logical -= slots
+
+    def _explicit_in_order(self) -> list[Seq]:
+        return sorted(self.explicit, key=self.order.__getitem__)
+
+    # --- the pool ------------------------------------------------------------------
+    def _pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
+        key = (self.version, None) if next_seq is None else (self.version, id(next_seq[0]), *next_seq[1:])
+        if key != self._pool_key:
+            self._pool_key, self._pool = key, self.allocator.pool_free(next_seq)
+        return self._pool
+
+    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
+        unusable, free, starved = self._pool_free(next_seq)
+        used = self.allocator.capacity - unusable - free
+        return Breakdown(used - self.reservation - self.internal - self.padding, self.reservation,
+                         self.internal, self.padding, unusable, free,
+                         shared=self.logical + self.padding - used, starved=starved)
+
+    def fits(self, seq: Seq, tokens: int, keep_free: int) -> bool:
+        return not self._pool_free((seq.shape, tokens, keep_free))[2]
+
+    def free_slots(self) -> int:
+        unusable, free, _ = self._pool_free(None)
+        return unusable + free
+
+    # --- the engines' hooks --------------------------------------------------------
+    def run_running(self, step: Step, now: float, budget, loop):
+        """The running pass, lazily where the engine's pass would run every request whole."""
+        if not self.lazy:
+            return loop(budget)
+        work, demand, needed = [], len(self.lazy), 0
+        for seq in self._explicit_in_order():
+            if seq.prefilling and budget is None:      # a pass that only decodes: the engine's
+                work = None
+                break
+            n = seq.target - seq.prefilled if seq.prefilling else 1
+            demand += n
+            needed += sum(self.allocator.slots_to_grow(sid, self._held_after(seq, n)) for sid in seq.ids)
+            work.append((seq, n))
+        if work is None or (budget is not None and demand > budget) or needed > self.free_slots():
+            self.materialize_all()
+            return loop(budget)
+        for seq, n in work:
+            if not self.run(seq, n, step, now) or step.preempted:
+                raise InvariantError(f"request {seq.spec.id} could not grow in a step that had room "
+                                     "for every running request (a kvsim bug)")
+        self.tick += 1
+        self.pending = True
+        self.reservation -= len(self.lazy)
+        return None if budget is None else budget - demand
+
+    def prefilling_running(self) -> list[Seq]:
+        return [q for q in self._explicit_in_order() if q.prefilling]
+
+    def decode_slots_needed(self) -> int:
+        needed = sum(self.allocator.slots_to_grow(k, q.held + 1)
+                     for q in self.explicit if not q.prefilling for k in q.ids)
+        if needed > self.free_slots():     # the engine will look at every decoding request
+            self.materialize_all()
+        return needed
+
+    def run(self, seq: Seq, n: int, step: Step, now: float) -> bool:
+        ran = super().run(seq, n, step, now)
+        self.version += 1
+        return ran
+
+    def _start(self, seq: Seq, n: int, step: Step, now: float) -> None:
+        super()._start(seq, n, step, now)
+        self.version += 1
+        self._admissions += 1
+        self.order[seq] = self._admissions
+        self.explicit[seq] = None
+
+    def preempt(self, seq: Seq, step: Step, mode: str | None = None) -> None:
+        if seq in self.lazy:
+            self._materialize(seq)
+        super().preempt(seq, step, mode)
+        self.dirty = True
+        self.version += 1
+
+    def reject(self, seq: Seq, now: float, reason: str, step: Step) -> None:
+        super().reject(seq, now, reason, step)
+        self.dirty = True
+        self.version += 1
+
+    def swap_in(self, seq: Seq, step: Step, now: float, keep_free: int = 0) -> bool:
+        self.dirty = True
+        return super().swap_in(seq, step, now, keep_free)
+
+    # --- one step ------------------------------------------------------------------
+    def schedule(self, now: float) -> Step:
+        """The plain scheduler's step, with the due lazy requests made explicit first and
+        the lazy ones that decoded in it added to its batch in sum."""
+        for seq, entry in self.due.pop(self.tick + 1, ()):
+            if self.lazy.get(seq) is entry:
+                self._materialize(seq)
+        if self.dirty:
+            self._resync()
+        if self.lazy and not self.rules.lazy_ok(self):
+            self.materialize_all()
+        tick = self.tick
+        step = super().schedule(now)
+        if self.tick != tick and self.lazy:
+            n = step.lazy = len(self.lazy)
+            step.cost = replace(step.cost, extra=Decodes(n, self.lazy_held + n * self.tick,
+                                                         self.lazy_blocks, self.cost_block_size))
+        if self.dirty:
+            self._resync()
+        elif step.work:
+            for seq, n in step.work:
+                self._update_share(seq)
+            self.version += 1
+        return step
+
+    def complete(self, step: Step, now: float) -> list[Seq]:
+        self.pending = False
+        finished = super().complete(step, now)
+        for seq in finished:
+            self._drop_share(seq)
+            del self.explicit[seq], self.order[seq]
+        if finished:
+            self.version += 1
+        for seq, n in step.work:
+            if not seq.outcome and not seq.prefilling and seq in self.explicit:
+                self._enter(seq)
+        return finished
+
+    def check(self) -> None:
+        """The plain checks on every request's true counts (lazy ones are caught up in
+        place and stay lazy), then this scheduler's sums against the allocator."""
+        for seq in list(self.lazy):
+            entry = self._catch_up(seq)
+            self._go_lazy(seq, (self.tick, seq.held, seq.generated + self.pending, entry[3], entry[4]))
+        super().check()
+        head = self.waiting[0] if self.waiting else None
+        nxt = None if head is None else (head.shape, head.target + 1, self.keep_free)
+        mine, theirs = self.breakdown(nxt), self.allocator.breakdown(nxt)
+        if mine != theirs:
+            raise InvariantError(f"the lazy scheduler's breakdown {mine} is not the allocator's {theirs}")
+        if set(self.running) != set(self.lazy) | set(self.explicit) or set(self.lazy) & set(self.explicit):
+            raise InvariantError("a running request is neither lazy nor explicit, or both")
+        held = sum(e[1] - e[0] for e in self.lazy.values())
+        if held != self.lazy_held or sum(e[3] for e in self.lazy.values()) != self.lazy_blocks:
+            raise InvariantError("the lazy requests' sums are stale")
