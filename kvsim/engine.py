@@ -70,9 +70,9 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
     """
     env = simpy.Environment()
     rules = make_rules(engine)
-    if not exact_steps and lazy.applies(allocator, rules, scheduler_options):
-        sched = lazy.LazyScheduler(allocator, rules, cost_block_size=getattr(cost, "block_size", None),
-                                   **scheduler_options)
+    cost_blocks = getattr(cost, "block_size", None)
+    if not exact_steps and lazy.applies(allocator, rules, scheduler_options, cost_blocks):
+        sched = lazy.LazyScheduler(allocator, rules, cost_block_size=cost_blocks, **scheduler_options)
     else:
         sched = Scheduler(allocator, rules, **scheduler_options)
     seqs = sched.expand(requests, scheduler_options.get("width", 1))
@@ -100,8 +100,8 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
         now = env.now
         while state["ended"] < len(seqs):
             if not sched.running and not sched.waiting and not sched.swapped:
-                if now != env.now:
-                    yield env.timeout(_delay(env.now, now))
+                for delay in (_delays(env.now, now) if now != env.now else ()):
+                    yield env.timeout(delay)
                 state["wake"] = env.event()
                 yield state["wake"]
                 now = env.now
@@ -126,7 +126,8 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
             end = now + dt           # SimPy's time for a timeout of dt from now
             synced = exact_steps or state["next"] <= end or end >= limit
             if synced:
-                yield env.timeout(dt if now == env.now else _delay(env.now, end))
+                for delay in ((dt,) if now == env.now else _delays(env.now, end)):
+                    yield env.timeout(delay)
             now = end
             state["ended"] += len(sched.complete(step, now))
             if check_invariants:
@@ -145,15 +146,19 @@ def simulate(name: str, requests: list[RequestSpec], allocator: KVAllocator, cos
     return run
 
 
-def _delay(now: float, target: float) -> float:
-    """The delay d with now + d == target in floating point, so that a clock that ran
-    ahead of SimPy's lands exactly where it would have, step by step."""
+def _delays(now: float, target: float) -> tuple[float, ...]:
+    """Timeouts that take SimPy's clock from `now` to exactly `target`, where the engine's
+    own clock ran ahead (step by step, as SimPy would have added the steps). One where
+    now + (target - now) rounds to target; otherwise two, the second from a time t in
+    [target / 2, target], from which target - t is exact (Sterbenz)."""
     d = target - now
-    for _ in range(64):
-        if now + d == target:
-            return d
-        d = math.nextafter(d, math.inf if now + d < target else -math.inf)
-    raise RuntimeError(f"no delay takes {now!r} to {target!r} (a kvsim bug)")
+    if now + d == target:
+        return (d,)
+    first = (target - now) * 0.75
+    t = now + first
+    if not target / 2 <= t <= target or t + (target - t) != target:
+        raise RuntimeError(f"no delays take {now!r} to {target!r} (a kvsim bug)")
+    return first, target - t
 
 
 def _check(sched: Scheduler, where: str) -> None:

@@ -37,21 +37,21 @@ groups (samples or beams in vLLM V0 share partly filled blocks).
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from kvsim.allocators import Breakdown, InvariantError, NextSeq
 from kvsim.allocators.base import split_used
-from kvsim.cost.model import Decodes
+from kvsim.cost.model import Decodes, StepBatch
 from kvsim.scheduler import Scheduler, Seq, Step
 
 COUNTED = ("room", "slots_of", "pool_free")
 
 
-def applies(allocator, rules, options: dict) -> bool:
+def applies(allocator, rules, options: dict, cost_block_size: int | None = None) -> bool:
     """Whether a run of these settings can use the lazy scheduler (see the module docstring)."""
     single = rules.split_samples or options.get("width", 1) == 1
+    blocks = getattr(allocator, "block_size", None)
     return (single and not options.get("beam") and options.get("sliding_window") is None
-            and all(hasattr(allocator, m) for m in COUNTED))
+            and all(hasattr(allocator, m) for m in COUNTED)
+            and cost_block_size in (None, blocks))
 
 
 class LazyScheduler(Scheduler):
@@ -61,19 +61,29 @@ class LazyScheduler(Scheduler):
     def __init__(self, allocator, rules, *, cost_block_size: int | None = None, **options):
         super().__init__(allocator, rules, **options)
         self.cost_block_size = cost_block_size
+        # Block boundaries (an allocator of blocks): a lazy request whose held tokens reach
+        # a multiple of `bs` takes a block at the next tick (where its block room allows
+        # it; elsewhere its laziness ends first). hist[r]: lazy requests with
+        # (held - tick) % bs == r when they went lazy, so tick k's crossings are
+        # hist[(1 - k) % bs]; their blocks are taken in bulk and attached when caught up.
+        self.bs = getattr(allocator, "block_size", None)
+        self.bulk = hasattr(allocator, "block_room")
+        self.hist = [0] * (self.bs or 1)
+        self.owed: list[int] = []  # blocks taken for lazy requests' crossings, not yet attached
         self.tick = 0              # decode ticks planned so far
         self.pending = False       # the last tick planned has not completed yet
-        # seq -> (tick, held, generated, cost blocks, due tick) when it went lazy
-        self.lazy: dict[Seq, tuple[int, int, int, int, int]] = {}
+        # seq -> (tick, held, generated, due tick) when it went lazy
+        self.lazy: dict[Seq, tuple[int, int, int, int]] = {}
         self.due: dict[int, list[tuple[Seq, tuple]]] = {}
         self.explicit: dict[Seq, None] = {}    # running requests not lazy
         self.order: dict[Seq, int] = {}        # running order: admissions counted
         self._admissions = 0
         self.lazy_held = 0         # sum over lazy requests of held - tick when they went lazy
-        self.lazy_blocks = 0       # sum of their contexts' cost blocks (constant while lazy)
+        self.lazy_blocks = 0       # sum of their contexts' cost blocks at the last tick
         # The breakdown's per-request shares, summed over running requests at their true
         # counts: seq -> (reservation, internal, padding, slots) at its last update (for a
-        # lazy request, when it went lazy: its reservation falls by one per tick since).
+        # lazy request, when it went lazy: its reservation falls by one per tick since and
+        # rises by a block per crossing, as its slots do).
         self.share: dict[Seq, tuple[int, int, int, int]] = {}
         self.reservation = self.internal = self.padding = self.logical = 0
         self.version = 0           # counts changes to the pool, for the pool_free memo
@@ -83,36 +93,44 @@ class LazyScheduler(Scheduler):
     # --- lazy requests ---------------------------------------------------------------
     def _enter(self, seq: Seq) -> None:
         """After a step: let a decoding request go lazy for as many ticks as it can."""
-        span = min(self.allocator.room(seq.ids[0]), seq.shape.output_tokens - seq.generated - 1)
-        blocks, bs = 0, self.cost_block_size
-        if bs:     # its contexts must stay within the same number of cost blocks
-            blocks = -(-(seq.held + 1) // bs)
-            span = min(span, blocks * bs - seq.held)
+        sid = seq.ids[0]
+        room = self.allocator.block_room(sid) if self.bulk else self.allocator.room(sid)
+        span = min(room, seq.shape.output_tokens - seq.generated - 1)
         if span <= 0:
             return
-        entry = (self.tick, seq.held, seq.generated, blocks, self.tick + span + 1)
-        self._go_lazy(seq, entry)
+        self._go_lazy(seq, (self.tick, seq.held, seq.generated, self.tick + span + 1))
 
     def _go_lazy(self, seq: Seq, entry: tuple) -> None:
         self.lazy[seq] = entry
         self.explicit.pop(seq, None)
-        self.due.setdefault(entry[4], []).append((seq, entry))
+        self.due.setdefault(entry[3], []).append((seq, entry))
         self.lazy_held += entry[1] - entry[0]
-        self.lazy_blocks += entry[3]
+        if self.bs:
+            self.hist[(entry[1] - entry[0]) % self.bs] += 1
+            if self.cost_block_size:
+                self.lazy_blocks += -(-entry[1] // self.bs)
 
     def _catch_up(self, seq: Seq) -> tuple:
-        """Bring a lazy request's fields, its allocator count and its share up to date;
-        it leaves the lazy set (returns its entry)."""
+        """Bring a lazy request's fields, its allocator count and blocks, and its share
+        up to date; it leaves the lazy set (returns its entry)."""
         entry = self.lazy.pop(seq)
-        tick0, held0, gen0, blocks, _ = entry
+        tick0, held0, gen0, _ = entry
         k = self.tick - tick0
         seq.held, seq.generated = held0 + k, gen0 + k - self.pending
-        for sid in seq.ids:
-            self.allocator.grow(sid, seq.held)         # a count only: within its room
+        sid = seq.ids[0]
         res, internal, pad, slots = self.share[seq]
-        self.share[seq] = (res - k, internal, pad, slots)
+        new_slots = slots
+        if self.bs:
+            self.hist[(held0 - tick0) % self.bs] -= 1
+            if self.cost_block_size:
+                self.lazy_blocks -= -(-seq.held // self.bs)
+            new_slots = max(slots, -(-seq.held // self.bs) * self.bs)
+        if new_slots > slots:
+            self.allocator.extend(sid, seq.held, [self.owed.pop() for _ in range((new_slots - slots) // self.bs)])
+        else:
+            self.allocator.grow(sid, seq.held)         # a count only: within its room
+        self.share[seq] = (res - k + new_slots - slots, internal, pad, new_slots)
         self.lazy_held -= held0 - tick0
-        self.lazy_blocks -= blocks
         return entry
 
     def _materialize(self, seq: Seq) -> None:
@@ -124,11 +142,22 @@ class LazyScheduler(Scheduler):
         for seq in list(self.lazy):
             self._materialize(seq)
         self.due.clear()
+        if self.owed:
+            raise InvariantError(f"{len(self.owed)} blocks taken for lazy requests were never attached")
+
+    def _rebase(self, seq: Seq) -> None:
+        """Catch a lazy request up in place: it stays lazy, due at the same tick (a tick
+        planned but not completed stays its own: the request decodes in it)."""
+        entry = self._catch_up(seq)
+        self._go_lazy(seq, (self.tick, seq.held, seq.generated + self.pending, entry[3]))
 
     def _resync(self) -> None:
-        """After plain moves: every running request explicit, every share recounted."""
-        self.materialize_all()
-        self.explicit = dict.fromkeys(self.running)
+        """After plain moves (a preemption, a swap, a rejection): every share recounted."""
+        for seq in list(self.lazy):
+            self._rebase(seq)
+        if self.owed:
+            raise InvariantError(f"{len(self.owed)} blocks taken for lazy requests were never attached")
+        self.explicit = dict.fromkeys(seq for seq in self.running if seq not in self.lazy)
         self.order = {seq: self.order[seq] for seq in self.running}
         self.share.clear()
         self.reservation = self.internal = self.padding = self.logical = 0
@@ -184,7 +213,7 @@ class LazyScheduler(Scheduler):
         if not self.lazy:
             return loop(budget)
         work, demand, needed = [], len(self.lazy), 0
-        for seq in self._explicit_in_order():
+        for seq in (self._explicit_in_order() if self.explicit else ()):
             if seq.prefilling and budget is None:      # a pass that only decodes: the engine's
                 work = None
                 break
@@ -192,9 +221,18 @@ class LazyScheduler(Scheduler):
             demand += n
             needed += sum(self.allocator.slots_to_grow(sid, self._held_after(seq, n)) for sid in seq.ids)
             work.append((seq, n))
-        if work is None or (budget is not None and demand > budget) or needed > self.free_slots():
+        crossing = self._crossing(self.tick + 1)
+        if (work is None or (budget is not None and demand > budget)
+                or needed + crossing * (self.bs or 0) > self.free_slots()):
             self.materialize_all()
             return loop(budget)
+        if crossing:      # the lazy requests' new blocks first: which id goes where does not matter
+            self.owed += self.allocator.take_free(crossing)
+            self.version += 1
+            self.reservation += crossing * self.bs
+            self.logical += crossing * self.bs
+            if self.cost_block_size:
+                self.lazy_blocks += crossing
         for seq, n in work:
             if not self.run(seq, n, step, now) or step.preempted:
                 raise InvariantError(f"request {seq.spec.id} could not grow in a step that had room "
@@ -204,12 +242,17 @@ class LazyScheduler(Scheduler):
         self.reservation -= len(self.lazy)
         return None if budget is None else budget - demand
 
+    def _crossing(self, tick: int) -> int:
+        """Lazy requests that take a block at `tick` (their held tokens fill their last block)."""
+        return self.hist[(1 - tick) % self.bs] if self.bs else 0
+
     def prefilling_running(self) -> list[Seq]:
         return [q for q in self._explicit_in_order() if q.prefilling]
 
     def decode_slots_needed(self) -> int:
         needed = sum(self.allocator.slots_to_grow(k, q.held + 1)
                      for q in self.explicit if not q.prefilling for k in q.ids)
+        needed += self._crossing(self.tick + 1) * (self.bs or 0)
         if needed > self.free_slots():     # the engine will look at every decoding request
             self.materialize_all()
         return needed
@@ -257,8 +300,9 @@ class LazyScheduler(Scheduler):
         step = super().schedule(now)
         if self.tick != tick and self.lazy:
             n = step.lazy = len(self.lazy)
-            step.cost = replace(step.cost, extra=Decodes(n, self.lazy_held + n * self.tick,
-                                                         self.lazy_blocks, self.cost_block_size))
+            step.cost = StepBatch(step.cost.prefills, step.cost.decode_contexts,
+                                  Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks,
+                                          self.cost_block_size))
         if self.dirty:
             self._resync()
         elif step.work:
@@ -284,8 +328,7 @@ class LazyScheduler(Scheduler):
         """The plain checks on every request's true counts (lazy ones are caught up in
         place and stay lazy), then this scheduler's sums against the allocator."""
         for seq in list(self.lazy):
-            entry = self._catch_up(seq)
-            self._go_lazy(seq, (self.tick, seq.held, seq.generated + self.pending, entry[3], entry[4]))
+            self._rebase(seq)
         super().check()
         head = self.waiting[0] if self.waiting else None
         nxt = None if head is None else (head.shape, head.target + 1, self.keep_free)
@@ -295,5 +338,10 @@ class LazyScheduler(Scheduler):
         if set(self.running) != set(self.lazy) | set(self.explicit) or set(self.lazy) & set(self.explicit):
             raise InvariantError("a running request is neither lazy nor explicit, or both")
         held = sum(e[1] - e[0] for e in self.lazy.values())
-        if held != self.lazy_held or sum(e[3] for e in self.lazy.values()) != self.lazy_blocks:
+        blocks = sum(-(-e[1] // self.bs) for e in self.lazy.values()) if self.cost_block_size else 0
+        if held != self.lazy_held or blocks != self.lazy_blocks:
             raise InvariantError("the lazy requests' sums are stale")
+        for seq in self.running:
+            slots, pad = self.allocator.slots_of(seq.ids[0])
+            if self.share[seq] != (*split_used(seq.held, slots, seq.shape.final_tokens)[1:], pad, slots):
+                raise InvariantError(f"request {seq.spec.id}'s share of the breakdown is stale")

@@ -191,6 +191,34 @@ class PagedAllocator:
             return 0
         return max(0, min(seq.logical_blocks() * bs, seq.shape.final_tokens) - seq.tokens)
 
+    def block_room(self, seq_id: int) -> int:
+        """Tokens the sequence can gain where each token only counts or, on a full last
+        block, takes the next block of the free queue for itself (`take_free` and `extend`
+        do that later, in bulk), each new block ending within its final length: past its
+        room, as far as its last full block."""
+        seq = self._seqs[seq_id]
+        room = self.room(seq_id)
+        if self.window is not None or (seq.tokens % self.block_size and self._ref[seq.table[-1]] > 1):
+            return room
+        return max(room, seq.shape.final_tokens // self.block_size * self.block_size - seq.tokens)
+
+    def take_free(self, count: int) -> list[int]:
+        """`count` blocks off the free queue's head, for growth the caller attaches later
+        (`extend`); until then they are in no table, which check_invariants reports."""
+        return self._take(count)
+
+    def extend(self, seq_id: int, num_tokens: int, blocks: list[int]) -> None:
+        """Grow a sequence to `num_tokens` tokens with `blocks` from take_free, in order."""
+        seq = self._seqs[seq_id]
+        check_growth(seq_id, seq.tokens, num_tokens)
+        if blocks_for(num_tokens, self.block_size) - seq.logical_blocks() != len(blocks):
+            raise ValueError(f"sequence {seq_id} needs {blocks_for(num_tokens, self.block_size)} "
+                             f"blocks for {num_tokens} tokens; it has {seq.logical_blocks()} and "
+                             f"was given {len(blocks)}")
+        seq.table.extend(blocks)
+        seq.tokens = num_tokens
+        self._grown(seq)
+
     def slots_of(self, seq_id: int) -> tuple[int, int]:
         """(slots of the sequence's blocks, placement padding): its part of `breakdown`."""
         return len(self._seqs[seq_id].table) * self.block_size, 0

@@ -176,6 +176,10 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         seq = self._seqs[seq_id]
         return room - 1 if room and seq.tokens + room == seq.logical_blocks() * self.block_size else room
 
+    def block_room(self, seq_id: int) -> int:
+        """Only the room: a block taken off the queue may be a cached one (an eviction)."""
+        return self.room(seq_id)
+
     def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
         return self._new_blocks_needed(shape, num_tokens)[1]
 
