@@ -70,10 +70,14 @@ class LazyScheduler(Scheduler):
         self.bulk = hasattr(allocator, "block_room")
         self.hist = [0] * (self.bs or 1)
         self.owed: list[int] = []  # blocks taken for lazy requests' crossings, not yet attached
+        # A crossing adds a block's slots to the reservation, except into a last block that
+        # ends past the final length: those slots are internal. tick -> such slots.
+        self.excess: dict[int, int] = {}
         self.tick = 0              # decode ticks planned so far
         self.pending = False       # the last tick planned has not completed yet
-        # seq -> (tick, held, generated, due tick) when it went lazy
-        self.lazy: dict[Seq, tuple[int, int, int, int]] = {}
+        # seq -> (tick, held, generated, due tick, tick of its last crossing) when it went
+        # lazy (the last field 0 unless that crossing is into a block ending past its final length)
+        self.lazy: dict[Seq, tuple[int, int, int, int, int]] = {}
         self.due: dict[int, list[tuple[Seq, tuple]]] = {}
         self.explicit: dict[Seq, None] = {}    # running requests not lazy
         self.order: dict[Seq, int] = {}        # running order: admissions counted
@@ -101,35 +105,52 @@ class LazyScheduler(Scheduler):
         self._go_lazy(seq, (self.tick, seq.held, seq.generated, self.tick + span + 1))
 
     def _go_lazy(self, seq: Seq, entry: tuple) -> None:
+        tick, held, _, due = entry[:4]
+        last = 0
+        if self.bs:
+            self.hist[(held - tick) % self.bs] += 1
+            if self.cost_block_size:
+                self.lazy_blocks += -(-held // self.bs)
+            start = (seq.shape.final_tokens - 1) // self.bs * self.bs    # where its last block starts
+            if self._excess_of(seq) and held <= start and tick + start - held + 1 < due:
+                last = tick + start - held + 1
+                self.excess[last] = self.excess.get(last, 0) + self._excess_of(seq)
+        entry = (*entry[:4], last)
         self.lazy[seq] = entry
         self.explicit.pop(seq, None)
-        self.due.setdefault(entry[3], []).append((seq, entry))
-        self.lazy_held += entry[1] - entry[0]
-        if self.bs:
-            self.hist[(entry[1] - entry[0]) % self.bs] += 1
-            if self.cost_block_size:
-                self.lazy_blocks += -(-entry[1] // self.bs)
+        self.due.setdefault(due, []).append((seq, entry))
+        self.lazy_held += held - tick
+
+    def _excess_of(self, seq: Seq) -> int:
+        """Slots of a request's last block past its final length."""
+        return -seq.shape.final_tokens % self.bs
 
     def _catch_up(self, seq: Seq) -> tuple:
         """Bring a lazy request's fields, its allocator count and blocks, and its share
         up to date; it leaves the lazy set (returns its entry)."""
         entry = self.lazy.pop(seq)
-        tick0, held0, gen0, _ = entry
+        tick0, held0, gen0, _, last = entry
         k = self.tick - tick0
         seq.held, seq.generated = held0 + k, gen0 + k - self.pending
         sid = seq.ids[0]
-        res, internal, pad, slots = self.share[seq]
+        slots, pad = self.share[seq][3], self.share[seq][2]
         new_slots = slots
         if self.bs:
             self.hist[(held0 - tick0) % self.bs] -= 1
             if self.cost_block_size:
                 self.lazy_blocks -= -(-seq.held // self.bs)
             new_slots = max(slots, -(-seq.held // self.bs) * self.bs)
+            if last > self.tick:                       # its last crossing will not be lazy
+                self.excess[last] -= self._excess_of(seq)
+                if not self.excess[last]:
+                    del self.excess[last]
         if new_slots > slots:
             self.allocator.extend(sid, seq.held, [self.owed.pop() for _ in range((new_slots - slots) // self.bs)])
         else:
             self.allocator.grow(sid, seq.held)         # a count only: within its room
-        self.share[seq] = (res - k + new_slots - slots, internal, pad, new_slots)
+        # the totals have followed it tick by tick; its own share is now where they put it
+        _, res, internal = split_used(seq.held, new_slots, seq.shape.final_tokens)
+        self.share[seq] = (res, internal, pad, new_slots)
         self.lazy_held -= held0 - tick0
         return entry
 
@@ -240,6 +261,9 @@ class LazyScheduler(Scheduler):
         self.tick += 1
         self.pending = True
         self.reservation -= len(self.lazy)
+        excess = self.excess.pop(self.tick, 0)        # crossings into a last, partly used block
+        self.reservation -= excess
+        self.internal += excess
         return None if budget is None else budget - demand
 
     def _crossing(self, tick: int) -> int:

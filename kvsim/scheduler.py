@@ -125,13 +125,7 @@ class Scheduler:
         outputs of their own."""
         if not self.rules.split_samples or width == 1:
             return [Seq(r, r.shape) for r in requests]
-        seqs = []
-        for r in requests:
-            s = r.shape
-            own = s.prompt_tokens - sum(n for _, n in s.segments)
-            segments = s.segments + (((s.tail_id, own),) if own > 0 else ())
-            seqs += [Seq(r, SeqShape(s.prompt_tokens, s.output_tokens, segments, -1)) for _ in range(width)]
-        return seqs
+        return [Seq(r, sample_shape(r)) for r in requests for _ in range(width)]
 
     def arrive(self, seq: Seq, now: float, index: int) -> None:
         """Queue `seq` (the index-th of the run) or reject it at once with the reason."""
@@ -395,6 +389,14 @@ class Scheduler:
         if b.token > held:
             raise InvariantError(f"the pool counts {b.token} token slots; running requests hold "
                                  f"only {held}")
+
+
+def sample_shape(r: RequestSpec) -> SeqShape:
+    """One sample of a request run as a request of its own: the prompt's own part is a
+    shared segment, its output its own (content -1)."""
+    s = r.shape
+    own = s.prompt_tokens - sum(n for _, n in s.segments)
+    return SeqShape(s.prompt_tokens, s.output_tokens, s.segments + (((s.tail_id, own),) if own > 0 else ()), -1)
 
 
 def with_limit(step: Step, limit: str, head: Seq | None = None, tokens: int = 0, keep_free: int = 0) -> Step:

@@ -194,13 +194,12 @@ class PagedAllocator:
     def block_room(self, seq_id: int) -> int:
         """Tokens the sequence can gain where each token only counts or, on a full last
         block, takes the next block of the free queue for itself (`take_free` and `extend`
-        do that later, in bulk), each new block ending within its final length: past its
-        room, as far as its last full block."""
+        do that later, in bulk): up to its final length, unless a window or a shared
+        last block limits it to its room."""
         seq = self._seqs[seq_id]
-        room = self.room(seq_id)
         if self.window is not None or (seq.tokens % self.block_size and self._ref[seq.table[-1]] > 1):
-            return room
-        return max(room, seq.shape.final_tokens // self.block_size * self.block_size - seq.tokens)
+            return self.room(seq_id)
+        return max(0, seq.shape.final_tokens - seq.tokens)
 
     def take_free(self, count: int) -> list[int]:
         """`count` blocks off the free queue's head, for growth the caller attaches later

@@ -47,9 +47,14 @@ def cli():
 @click.option("--exact-steps", is_flag=True, envvar="KVSIM_EXACT_STEPS",
               help="Visit every running request in every step, each step its own SimPy event "
                    "(the plain path; the default fast path gives the same results).")
+@click.option("--timeseries-bucket", "bucket_s", type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="Write the time series as sums per SECONDS of simulated time "
+              "instead of one row per step (bounded memory for long runs; the summary is the same "
+              "up to the last bits of its time-weighted means).")
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 @click.option("--profile", metavar="NAME_OR_DIR", help="Step costs from this profile (overrides cost_model).")
-def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, exact_steps, force, profile):
+def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, exact_steps, bucket_s,
+        force, profile):
     """Run every policy of SCENARIO on one request stream and write results and plots."""
     from kvsim.runner import run_scenario
     from kvsim.scenario import load_scenario
@@ -70,7 +75,8 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, ex
     bar = Progress(len(scn.policies), enabled=not quiet and sys.stderr.isatty())
     try:
         results = run_scenario(scn, base_dir, str(scenario), on_progress=bar.update,
-                               check_invariants=check_invariants, exact_steps=exact_steps)
+                               check_invariants=check_invariants, exact_steps=exact_steps,
+                               bucket_s=bucket_s)
     finally:
         bar.close()
     meta = {
