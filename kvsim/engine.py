@@ -168,8 +168,10 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec], allocator: K
                 _check(sched, f"{name}: step {len(run.steps) - 1} completed at t={now:.6f}s")
             if on_step:
                 on_step(state["ended"])
-            if synced:
-                yield env.timeout(0)     # let arrivals at this instant join first
+            # let arrivals at this instant join first (with the next one already later,
+            # there is none left, except where the time limit's event may be pending)
+            if synced and (exact_steps or state["next"] <= now or now >= limit):
+                yield env.timeout(0)
 
     env.process(arrivals())
     done = env.process(engine())
@@ -205,8 +207,6 @@ def _check(sched: Scheduler, where: str) -> None:
 
 
 def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:
-    b = sched.breakdown(step.head_need)
     prefill = sum(n for n, _ in step.cost.prefills)
     run.steps.append((now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,
-                      step.cost.decodes, b.token, b.reservation, b.internal, b.external,
-                      b.free, b.allocated, b.shared, LIMITS.index(step.limit)))
+                      step.cost.decodes, *sched.recorded_parts(step.head_need), LIMITS.index(step.limit)))

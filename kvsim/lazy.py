@@ -75,10 +75,13 @@ class LazyScheduler(Scheduler):
         self.excess: dict[int, int] = {}
         self.tick = 0              # decode ticks planned so far
         self.pending = False       # the last tick planned has not completed yet
-        # seq -> (tick, held, generated, due tick, tick of its last crossing) when it went
-        # lazy (the last field 0 unless that crossing is into a block ending past its final length)
-        self.lazy: dict[Seq, tuple[int, int, int, int, int]] = {}
-        self.due: dict[int, list[tuple[Seq, tuple]]] = {}
+        # seq -> (tick, held, generated, due tick, finishes, tick of its last crossing) when
+        # it went lazy: due is the first tick it is not lazy in; finishes, whether it
+        # completes in the tick before; the last field is 0 unless that crossing is into a
+        # block ending past its final length.
+        self.lazy: dict[Seq, tuple[int, int, int, int, bool, int]] = {}
+        self.due: dict[int, list[tuple[Seq, tuple]]] = {}         # made explicit at that tick
+        self.finishing: dict[int, list[tuple[Seq, tuple]]] = {}   # completed with that tick
         self.explicit: dict[Seq, None] = {}    # running requests not lazy
         self.order: dict[Seq, int] = {}        # running order: admissions counted
         self._admissions = 0
@@ -96,16 +99,19 @@ class LazyScheduler(Scheduler):
 
     # --- lazy requests ---------------------------------------------------------------
     def _enter(self, seq: Seq) -> None:
-        """After a step: let a decoding request go lazy for as many ticks as it can."""
+        """After a step: let a decoding request go lazy for as many ticks as it can, to
+        the tick that completes it if its room reaches that far."""
         sid = seq.ids[0]
         room = self.allocator.block_room(sid) if self.bulk else self.allocator.room(sid)
-        span = min(room, seq.shape.output_tokens - seq.generated - 1)
+        left = seq.shape.output_tokens - seq.generated
+        finishes = room >= left
+        span = left if finishes else min(room, left - 1)
         if span <= 0:
             return
-        self._go_lazy(seq, (self.tick, seq.held, seq.generated, self.tick + span + 1))
+        self._go_lazy(seq, (self.tick, seq.held, seq.generated, self.tick + span + 1, finishes))
 
     def _go_lazy(self, seq: Seq, entry: tuple) -> None:
-        tick, held, _, due = entry[:4]
+        tick, held, _, due, finishes = entry[:5]
         last = 0
         if self.bs:
             self.hist[(held - tick) % self.bs] += 1
@@ -115,10 +121,11 @@ class LazyScheduler(Scheduler):
             if self._excess_of(seq) and held <= start and tick + start - held + 1 < due:
                 last = tick + start - held + 1
                 self.excess[last] = self.excess.get(last, 0) + self._excess_of(seq)
-        entry = (*entry[:4], last)
+        entry = (*entry[:5], last)
         self.lazy[seq] = entry
         self.explicit.pop(seq, None)
-        self.due.setdefault(due, []).append((seq, entry))
+        # a request that finishes lazily does so in the completion of tick due - 1
+        (self.finishing if finishes else self.due).setdefault(due - finishes, []).append((seq, entry))
         self.lazy_held += held - tick
 
     def _excess_of(self, seq: Seq) -> int:
@@ -129,7 +136,7 @@ class LazyScheduler(Scheduler):
         """Bring a lazy request's fields, its allocator count and blocks, and its share
         up to date; it leaves the lazy set (returns its entry)."""
         entry = self.lazy.pop(seq)
-        tick0, held0, gen0, _, last = entry
+        tick0, held0, gen0, _, _, last = entry
         k = self.tick - tick0
         seq.held, seq.generated = held0 + k, gen0 + k - self.pending
         sid = seq.ids[0]
@@ -163,6 +170,7 @@ class LazyScheduler(Scheduler):
         for seq in list(self.lazy):
             self._materialize(seq)
         self.due.clear()
+        self.finishing.clear()
         if self.owed:
             raise InvariantError(f"{len(self.owed)} blocks taken for lazy requests were never attached")
 
@@ -170,7 +178,7 @@ class LazyScheduler(Scheduler):
         """Catch a lazy request up in place: it stays lazy, due at the same tick (a tick
         planned but not completed stays its own: the request decodes in it)."""
         entry = self._catch_up(seq)
-        self._go_lazy(seq, (self.tick, seq.held, seq.generated + self.pending, entry[3]))
+        self._go_lazy(seq, (self.tick, seq.held, seq.generated + self.pending, entry[3], entry[4]))
 
     def _resync(self) -> None:
         """After plain moves (a preemption, a swap, a rejection): every share recounted."""
@@ -220,6 +228,13 @@ class LazyScheduler(Scheduler):
         return Breakdown(used - self.reservation - self.internal - self.padding, self.reservation,
                          self.internal, self.padding, unusable, free,
                          shared=self.logical + self.padding - used, starved=starved)
+
+    def recorded_parts(self, next_seq: NextSeq | None) -> tuple[int, ...]:
+        """As `breakdown` splits the pool, without making a Breakdown."""
+        unusable, free, _ = self._pool_free(next_seq)
+        used = self.allocator.capacity - unusable - free
+        res, internal, pad = self.reservation, self.internal, self.padding
+        return used - res - internal - pad, res, internal, pad + unusable, free, used, self.logical + pad - used
 
     def fits(self, seq: Seq, tokens: int, keep_free: int) -> bool:
         return not self._pool_free((seq.shape, tokens, keep_free))[2]
@@ -336,6 +351,15 @@ class LazyScheduler(Scheduler):
         return step
 
     def complete(self, step: Step, now: float) -> list[Seq]:
+        """The plain completion, with the lazy requests this tick completes made explicit
+        and put among the step's work in running order (where the plain pass has them)."""
+        if self.pending:
+            done = [seq for seq, entry in self.finishing.pop(self.tick, ()) if self.lazy.get(seq) is entry]
+            if done:
+                for seq in done:
+                    self._materialize(seq)
+                step.work = sorted([*step.work, *((seq, 1) for seq in done)],
+                                   key=lambda work: self.order[work[0]])
         self.pending = False
         finished = super().complete(step, now)
         for seq in finished:

@@ -319,8 +319,14 @@ class Scheduler:
         return step
 
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
-        """The pool now, as the allocator splits it (what a step records)."""
+        """The pool now, as the allocator splits it."""
         return self.allocator.breakdown(next_seq)
+
+    def recorded_parts(self, next_seq: NextSeq | None) -> tuple[int, ...]:
+        """What a step records of the breakdown: token, reservation, internal, external,
+        free, allocated and shared slots."""
+        b = self.breakdown(next_seq)
+        return b.token, b.reservation, b.internal, b.external, b.free, b.allocated, b.shared
 
     def complete(self, step: Step, now: float) -> list[Seq]:
         """Apply a finished step at time `now`; returns the sequences that finished."""
