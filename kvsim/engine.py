@@ -135,7 +135,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec], allocator: K
                 yield state["wake"]
                 now = env.now
                 continue
-            step = sched.schedule(now)
+            step = sched.quiet_tick(now) or sched.schedule(now)
             state["ended"] += len(step.rejected)
             for seq in step.rejected:
                 settle(seq.ids[0] // MAX_WIDTH, seq)

@@ -262,24 +262,47 @@ class LazyScheduler(Scheduler):
                 or needed + crossing * (self.bs or 0) > self.free_slots()):
             self.materialize_all()
             return loop(budget)
-        if crossing:      # the lazy requests' new blocks first: which id goes where does not matter
+        # The lazy requests' grows first: in the plain pass they only count, and their
+        # blocks may come off the queue in any order (no output depends on which id).
+        self._lazy_tick(crossing)
+        for seq, n in work:
+            if not self.run(seq, n, step, now) or step.preempted:
+                raise InvariantError(f"request {seq.spec.id} could not grow in a step that had room "
+                                     "for every running request (a kvsim bug)")
+        return None if budget is None else budget - demand
+
+    def quiet_tick(self, now: float) -> Step | None:
+        """The next step where it can only be every running request decoding lazily
+        (nothing waiting or swapped out, no request explicit or due to be, the free slots
+        cover the tick's crossings): what the engine's rules would plan, without asking
+        them but for their own state (`rules.decode_only`). None otherwise."""
+        tick = self.tick + 1
+        if (self.waiting or self.swapped or self.explicit or self.dirty or not self.lazy
+                or tick in self.due or self._crossing(tick) * (self.bs or 0) > self.free_slots()):
+            return None
+        self.rules.decode_only(self)
+        step = Step(limit="arrivals")
+        self._lazy_tick(self._crossing(tick))
+        n = step.lazy = len(self.lazy)
+        step.cost = StepBatch((), (), Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks,
+                                              self.cost_block_size))
+        return step
+
+    def _lazy_tick(self, crossing: int) -> None:
+        """Every lazy request decodes one token; `crossing` of them take a block."""
+        if crossing:      # their new blocks, in bulk: which id goes where does not matter
             self.owed += self.allocator.take_free(crossing)
             self.version += 1
             self.reservation += crossing * self.bs
             self.logical += crossing * self.bs
             if self.cost_block_size:
                 self.lazy_blocks += crossing
-        for seq, n in work:
-            if not self.run(seq, n, step, now) or step.preempted:
-                raise InvariantError(f"request {seq.spec.id} could not grow in a step that had room "
-                                     "for every running request (a kvsim bug)")
         self.tick += 1
         self.pending = True
         self.reservation -= len(self.lazy)
         excess = self.excess.pop(self.tick, 0)        # crossings into a last, partly used block
         self.reservation -= excess
         self.internal += excess
-        return None if budget is None else budget - demand
 
     def _crossing(self, tick: int) -> int:
         """Lazy requests that take a block at `tick` (their held tokens fill their last block)."""

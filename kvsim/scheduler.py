@@ -300,6 +300,10 @@ class Scheduler:
         return b.free + b.unusable
 
     # --- one step ------------------------------------------------------------------------
+    def quiet_tick(self, now: float) -> Step | None:
+        """A step planned without the rules where nothing can happen but decoding (kvsim.lazy)."""
+        return None
+
     def schedule(self, now: float) -> Step:
         step = self.rules.schedule(self, now)
         if not self.waiting and not self.swapped:

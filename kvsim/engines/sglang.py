@@ -58,6 +58,10 @@ class SGLang:
         """The admission test reads every decoding request's remaining output."""
         return not s.waiting
 
+    def decode_only(self, s: Scheduler) -> None:
+        """A decode step with memory to spare: the new-token ratio decays."""
+        self.ratio = max(self.ratio - self.decay, self.min_ratio)
+
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         self._prefill(s, step, now)
@@ -136,7 +140,7 @@ class SGLang:
             decoded = sum(q.generated for q in victims)
             self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(victims)) / max_new)
         else:
-            self.ratio = max(self.ratio - self.decay, self.min_ratio)
+            self.decode_only(s)
         s.run_running(step, now, None, lambda b: self._decode_all(s, step, now))
 
     def _decode_all(self, s: Scheduler, step: Step, now: float) -> None:

@@ -46,6 +46,9 @@ class VllmV0:
         """Decoding requests matter to a step only through the running pass."""
         return True
 
+    def decode_only(self, s: Scheduler) -> None:
+        """A step that only decodes every running request changes nothing else here."""
+
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         if s.chunked:

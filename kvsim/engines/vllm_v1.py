@@ -38,6 +38,9 @@ class VllmV1:
         """Decoding requests matter to a step only through the running pass."""
         return True
 
+    def decode_only(self, s: Scheduler) -> None:
+        """A step that only decodes every running request changes nothing else here."""
+
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         budget = s.run_running(step, now, s.budget, lambda b: self._running(s, step, now, b))
