@@ -1,35 +1,43 @@
 """The fast path: running requests that only decode advance without being visited.
 
-In most steps most running requests only decode: each gains one token of KV, and for
-most of them the allocator does nothing but count it (the token fills a slot already
-reserved in the request's last block or region). `LazyScheduler` keeps such a request
-*lazy*: it stays in the running list, but nothing touches it until a step where its
-next token needs more than a count. Decode steps in which every lazy request decodes
-are numbered (`tick`); a lazy request's held and generated tokens are the values it
-had when it went lazy plus the ticks since. When it goes lazy, the two ticks that end
-its laziness are known: the one whose token its allocator room no longer covers (the
-token needs a new block, a copy, a cache entry: `CountedAllocator.room`) and the one
-that completes it. It is made explicit before the first of them is planned, and is
-then scheduled, grown and completed by the engine's own code like any request.
+In most steps most running requests only decode: each gains one token of KV, and the
+allocator does nothing but count it (the token fills a slot reserved in the request's
+last block or region) or, at a block boundary, hand it the next free block.
+`LazyScheduler` keeps such a request *lazy*: it stays in the running list, but nothing
+touches it until a step where its next token needs more. Decode steps in which every
+lazy request decodes are numbered (`tick`); a lazy request's held and generated tokens
+are the values it had when it went lazy plus the ticks since. When it goes lazy, the
+tick that ends its laziness is known: the one whose token its allocator room no longer
+covers (a copy, a window, a cache entry: `CountedAllocator.room`, `block_room`), or the
+one that completes it. Before the first it is made explicit, then scheduled and grown
+by the engine's own code like any request; in the second it completes through the
+plain completion, in its running-order place among the step's work.
 
 What a step needs from the lazy requests is kept in sums: how many decode and the
 tokens and blocks their contexts hold (for the cost model, kvsim.cost.model.Decodes),
 and the memory breakdown's per-request shares (reservation, internal, padding, slots)
-summed over all running requests; the allocator gives the free part (`pool_free`). A
-step therefore costs time in proportion to the requests it changes, not to the batch.
+summed over all running requests; the allocator gives the free part (`pool_free`).
+Block boundaries are counted with a histogram of (held - tick) mod block_size: tick k's
+crossings are one bucket, their blocks taken off the free queue in one call and handed
+to each request when it is caught up (`take_free`, `extend`). A step therefore costs
+time in proportion to the requests it changes, not to the batch; a step that can only
+be every request decoding lazily (a quiet tick) is planned without the rules' pass.
 
 Exactness. The engines' rules are the same code in both paths; only the running pass
 (`run_running`) differs, and it goes lazy only where the engine's own pass would give
 every running request its whole demand with no preemption: the budget covers every
 decode and every prefill chunk, and the free slots cover every explicit request's
-growth (lazy ones need none). Then the explicit requests are run in running order,
-which is the order in which the engine's pass would have grown them, so blocks are
-taken in the same order; the lazy requests' grows would only have counted. Everything
-else (admission, preemption, completion) runs as in the plain scheduler, on explicit
-requests; where an engine's rule reads the state of every decoding request (SGLang's
-admission test) or a pass could preempt, every lazy request is made explicit first and
-the engine's plain pass runs. Sums of integers are exact, so every step's batch,
-breakdown and time are the plain path's to the last bit.
+growth and the tick's crossings. Then the explicit requests are run in running order,
+the order in which the engine's pass would have grown them. The lazy requests' grows
+would only have counted, or taken blocks of which it does not matter which: the plain
+paged allocator has no cache and no window here, and nothing kvsim reports depends on
+block ids (a prefix cache's room stops short of a block boundary, so its blocks are
+taken one by one as in the plain path). Everything else (admission, preemption,
+completion) runs as in the plain scheduler, on explicit requests; where an engine's
+rule reads the state of every decoding request (SGLang's admission test) or a pass
+could preempt, every lazy request is made explicit first and the engine's plain pass
+runs. Sums of integers are exact, so every step's batch, breakdown and time are the
+plain path's to the last bit (tests/test_fast_path.py).
 
 Not lazy (their runs go step by step, as in the plain path): the radix cache (every
 token takes a free slot), sliding windows (blocks leave the window), and sequence
@@ -40,6 +48,7 @@ from __future__ import annotations
 from kvsim.allocators import Breakdown, InvariantError, NextSeq
 from kvsim.allocators.base import split_used
 from kvsim.cost.model import Decodes, StepBatch
+from kvsim.pool_sums import PoolSums
 from kvsim.scheduler import Scheduler, Seq, Step
 
 COUNTED = ("room", "slots_of", "pool_free")
@@ -87,14 +96,11 @@ class LazyScheduler(Scheduler):
         self._admissions = 0
         self.lazy_held = 0         # sum over lazy requests of held - tick when they went lazy
         self.lazy_blocks = 0       # sum of their contexts' cost blocks at the last tick
-        # The breakdown's per-request shares, summed over running requests at their true
-        # counts: seq -> (reservation, internal, padding, slots) at its last update (for a
-        # lazy request, when it went lazy: its reservation falls by one per tick since and
-        # rises by a block per crossing, as its slots do).
-        self.share: dict[Seq, tuple[int, int, int, int]] = {}
-        self.reservation = self.internal = self.padding = self.logical = 0
-        self.version = 0           # counts changes to the pool, for the pool_free memo
-        self._pool_key = self._pool = None
+        # The breakdown in sums over running requests at their true counts; a lazy
+        # request's own share stays as it went lazy (the sums move for it: its
+        # reservation falls by one per tick and rises by a block per crossing, as its
+        # slots do) until it is caught up.
+        self.sums = PoolSums(allocator)
         self.dirty = False         # a plain move (preemption, swap, rejection) ran: resync
 
     # --- lazy requests ---------------------------------------------------------------
@@ -140,7 +146,7 @@ class LazyScheduler(Scheduler):
         k = self.tick - tick0
         seq.held, seq.generated = held0 + k, gen0 + k - self.pending
         sid = seq.ids[0]
-        slots, pad = self.share[seq][3], self.share[seq][2]
+        _, _, pad, slots = self.sums.share[seq]
         new_slots = slots
         if self.bs:
             self.hist[(held0 - tick0) % self.bs] -= 1
@@ -155,9 +161,9 @@ class LazyScheduler(Scheduler):
             self.allocator.extend(sid, seq.held, [self.owed.pop() for _ in range((new_slots - slots) // self.bs)])
         else:
             self.allocator.grow(sid, seq.held)         # a count only: within its room
-        # the totals have followed it tick by tick; its own share is now where they put it
+        # the sums have followed it tick by tick; its own share is now where they put it
         _, res, internal = split_used(seq.held, new_slots, seq.shape.final_tokens)
-        self.share[seq] = (res, internal, pad, new_slots)
+        self.sums.share[seq] = (res, internal, pad, new_slots)
         self.lazy_held -= held0 - tick0
         return entry
 
@@ -188,59 +194,24 @@ class LazyScheduler(Scheduler):
             raise InvariantError(f"{len(self.owed)} blocks taken for lazy requests were never attached")
         self.explicit = dict.fromkeys(seq for seq in self.running if seq not in self.lazy)
         self.order = {seq: self.order[seq] for seq in self.running}
-        self.share.clear()
-        self.reservation = self.internal = self.padding = self.logical = 0
-        for seq in self.running:
-            self._update_share(seq)
-        self.version += 1
+        self.sums.recount(self.running)
         self.dirty = False
-
-    def _update_share(self, seq: Seq) -> None:
-        slots, pad = self.allocator.slots_of(seq.ids[0])
-        _, res, internal = split_used(seq.held, slots, seq.shape.final_tokens)
-        old = self.share.get(seq, (0, 0, 0, 0))
-        self.reservation += res - old[0]
-        self.internal += internal - old[1]
-        self.padding += pad - old[2]
-        self.logical += slots - old[3]
-        self.share[seq] = (res, internal, pad, slots)
-
-    def _drop_share(self, seq: Seq) -> None:
-        res, internal, pad, slots = self.share.pop(seq)
-        self.reservation -= res
-        self.internal -= internal
-        self.padding -= pad
-        self.logical -= slots
 
     def _explicit_in_order(self) -> list[Seq]:
         return sorted(self.explicit, key=self.order.__getitem__)
 
     # --- the pool ------------------------------------------------------------------
-    def _pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
-        key = (self.version, None) if next_seq is None else (self.version, id(next_seq[0]), *next_seq[1:])
-        if key != self._pool_key:
-            self._pool_key, self._pool = key, self.allocator.pool_free(next_seq)
-        return self._pool
-
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
-        unusable, free, starved = self._pool_free(next_seq)
-        used = self.allocator.capacity - unusable - free
-        return Breakdown(used - self.reservation - self.internal - self.padding, self.reservation,
-                         self.internal, self.padding, unusable, free,
-                         shared=self.logical + self.padding - used, starved=starved)
+        return self.sums.breakdown(next_seq)
 
     def recorded_parts(self, next_seq: NextSeq | None) -> tuple[int, ...]:
-        """As `breakdown` splits the pool, without making a Breakdown."""
-        unusable, free, _ = self._pool_free(next_seq)
-        used = self.allocator.capacity - unusable - free
-        res, internal, pad = self.reservation, self.internal, self.padding
-        return used - res - internal - pad, res, internal, pad + unusable, free, used, self.logical + pad - used
+        return self.sums.recorded_parts(next_seq)
 
     def fits(self, seq: Seq, tokens: int, keep_free: int) -> bool:
-        return not self._pool_free((seq.shape, tokens, keep_free))[2]
+        return not self.sums.pool_free((seq.shape, tokens, keep_free))[2]
 
     def free_slots(self) -> int:
-        unusable, free, _ = self._pool_free(None)
+        unusable, free, _ = self.sums.pool_free(None)
         return unusable + free
 
     # --- the engines' hooks --------------------------------------------------------
@@ -290,19 +261,20 @@ class LazyScheduler(Scheduler):
 
     def _lazy_tick(self, crossing: int) -> None:
         """Every lazy request decodes one token; `crossing` of them take a block."""
+        sums = self.sums
         if crossing:      # their new blocks, in bulk: which id goes where does not matter
             self.owed += self.allocator.take_free(crossing)
-            self.version += 1
-            self.reservation += crossing * self.bs
-            self.logical += crossing * self.bs
+            sums.version += 1
+            sums.reservation += crossing * self.bs
+            sums.slots += crossing * self.bs
             if self.cost_block_size:
                 self.lazy_blocks += crossing
         self.tick += 1
         self.pending = True
-        self.reservation -= len(self.lazy)
+        sums.reservation -= len(self.lazy)
         excess = self.excess.pop(self.tick, 0)        # crossings into a last, partly used block
-        self.reservation -= excess
-        self.internal += excess
+        sums.reservation -= excess
+        sums.internal += excess
 
     def _crossing(self, tick: int) -> int:
         """Lazy requests that take a block at `tick` (their held tokens fill their last block)."""
@@ -321,12 +293,12 @@ class LazyScheduler(Scheduler):
 
     def run(self, seq: Seq, n: int, step: Step, now: float) -> bool:
         ran = super().run(seq, n, step, now)
-        self.version += 1
+        self.sums.version += 1
         return ran
 
     def _start(self, seq: Seq, n: int, step: Step, now: float) -> None:
         super()._start(seq, n, step, now)
-        self.version += 1
+        self.sums.version += 1
         self._admissions += 1
         self.order[seq] = self._admissions
         self.explicit[seq] = None
@@ -336,12 +308,12 @@ class LazyScheduler(Scheduler):
             self._materialize(seq)
         super().preempt(seq, step, mode)
         self.dirty = True
-        self.version += 1
+        self.sums.version += 1
 
     def reject(self, seq: Seq, now: float, reason: str, step: Step) -> None:
         super().reject(seq, now, reason, step)
         self.dirty = True
-        self.version += 1
+        self.sums.version += 1
 
     def swap_in(self, seq: Seq, step: Step, now: float, keep_free: int = 0) -> bool:
         self.dirty = True
@@ -369,8 +341,8 @@ class LazyScheduler(Scheduler):
             self._resync()
         elif step.work:
             for seq, n in step.work:
-                self._update_share(seq)
-            self.version += 1
+                self.sums.update(seq)
+            self.sums.version += 1
         return step
 
     def complete(self, step: Step, now: float) -> list[Seq]:
@@ -386,10 +358,10 @@ class LazyScheduler(Scheduler):
         self.pending = False
         finished = super().complete(step, now)
         for seq in finished:
-            self._drop_share(seq)
+            self.sums.drop(seq)
             del self.explicit[seq], self.order[seq]
         if finished:
-            self.version += 1
+            self.sums.version += 1
         for seq, n in step.work:
             if not seq.outcome and not seq.prefilling and seq in self.explicit:
                 self._enter(seq)
@@ -414,5 +386,5 @@ class LazyScheduler(Scheduler):
             raise InvariantError("the lazy requests' sums are stale")
         for seq in self.running:
             slots, pad = self.allocator.slots_of(seq.ids[0])
-            if self.share[seq] != (*split_used(seq.held, slots, seq.shape.final_tokens)[1:], pad, slots):
+            if self.sums.share[seq] != (*split_used(seq.held, slots, seq.shape.final_tokens)[1:], pad, slots):
                 raise InvariantError(f"request {seq.spec.id}'s share of the breakdown is stale")

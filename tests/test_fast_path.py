@@ -138,7 +138,7 @@ def test_check_mode_catches_a_stale_lazy_sum(monkeypatch):
     def off_by_one(self, step, now, budget, loop):
         left = original(self, step, now, budget, loop)
         if self.tick == 50:
-            self.reservation += 1               # what a bug in the sums would do
+            self.sums.reservation += 1          # what a bug in the sums would do
         return left
 
     monkeypatch.setattr(lazy.LazyScheduler, "run_running", off_by_one)

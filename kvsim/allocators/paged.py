@@ -95,9 +95,10 @@ class PagedAllocator:
 
     def _take(self, count: int) -> list[int]:
         """Hand out `count` blocks from the queue head."""
-        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
+        pop, ref = self._free.popitem, self._ref
+        blocks = [pop(False)[0] for _ in range(count)]
         for b in blocks:
-            self._ref[b] = 1
+            ref[b] = 1
         return blocks
 
     def _share(self, block: int) -> None:
@@ -109,6 +110,13 @@ class PagedAllocator:
 
     def _drop(self, blocks) -> None:
         """One reference fewer on each block; blocks nobody holds rejoin the queue."""
+        if not self._shared:      # no block has two holders: each of these had one, its last
+            blocks = list(blocks)
+            ref = self._ref
+            for b in blocks:
+                ref[b] = 0
+            self._free.update(dict.fromkeys(blocks))
+            return
         for b in blocks:
             self._ref[b] -= 1
             self._shared -= self._ref[b] == 1
