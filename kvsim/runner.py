@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 
-from kvsim.allocators import make_allocator
+from kvsim.allocators import SeqShape, make_allocator
 from kvsim.cost.model import describe, make_cost_model
 from kvsim.engine import simulate
 from kvsim.engines import EngineSettings
@@ -20,7 +21,7 @@ from kvsim.report.metrics import request_table, step_table, summarize, tidy
 from kvsim.scenario import Scenario
 from kvsim.scheduler import SwapSpace
 from kvsim.specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
-from kvsim.workload.requests import generate_requests
+from kvsim.workload.requests import RequestTable, generate_requests
 
 
 MAX_UNITS = 1 << 26    # blocks (or slots) a simulated pool may have: beyond, memory runs out
@@ -85,10 +86,21 @@ def effective_columns(s: EngineSettings, kind: str, options: dict) -> dict:
             "watermark": s.watermark}
 
 
+def total_footprint(allocator, requests: RequestTable) -> int:
+    """The sum of every request's footprint (allocator.footprint), asked once per distinct
+    (prompt, output) pair: a footprint depends on a shape's lengths alone."""
+    pairs, counts = np.unique(np.stack([requests.prompt_tokens, requests.output_tokens], axis=1),
+                              axis=0, return_counts=True)
+    return sum(allocator.footprint(SeqShape(int(p), int(o))) * int(c) for (p, o), c in zip(pairs, counts))
+
+
 def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                  on_progress: Callable[[str, int, int], None] | None = None,
-                 check_invariants: bool = False) -> Results:
-    """Run every policy of `scn`; on_progress(policy, finished, total) reports progress."""
+                 check_invariants: bool = False, exact_steps: bool = False,
+                 bucket_s: float | None = None) -> Results:
+    """Run every policy of `scn`; on_progress(policy, finished, total) reports progress.
+    exact_steps: the plain step-by-step path (kvsim.engine.simulate); same results.
+    bucket_s: the time series in buckets of that many simulated seconds, not steps."""
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
     pool = plan_pool(scn, model, gpu, src)
     requests = generate_requests(scn, base_dir, src)
@@ -117,9 +129,10 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
         run = simulate(policy.name, requests, allocator, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
+                       exact_steps=exact_steps, bucket_s=bucket_s,
                        **scheduler_options(scn, kv, gpu, settings))
         table = request_table(run)
-        mean_footprint = sum(allocator.footprint(r.shape) for r in requests) * width / len(requests)
+        mean_footprint = total_footprint(allocator, requests) * width / len(requests)
         summaries.append({
             "policy": policy.name, "allocator": policy.allocator,
             "kv_cache_dtype": kv.kv_cache_dtype, **effective_columns(settings, kind, options),

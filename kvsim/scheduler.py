@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.allocators import InvariantError, KVAllocator, NextSeq, SeqShape
+from kvsim.allocators import Breakdown, InvariantError, KVAllocator, NextSeq, SeqShape
 from kvsim.cost.model import StepBatch
 from kvsim.workload.requests import RequestSpec
 
@@ -71,6 +71,7 @@ class Seq:
 class Step:
     """What one step computes: (sequence, new tokens) pairs, and the PCIe copies it waits for."""
     work: list[tuple[Seq, int]] = field(default_factory=list)
+    lazy: int = 0                        # decoding requests advanced in sum (kvsim.lazy)
     cost: StepBatch | None = None
     swap_bytes: float = 0.0
     rejected: list[Seq] = field(default_factory=list)   # found unable to fit even alone
@@ -124,13 +125,7 @@ class Scheduler:
         outputs of their own."""
         if not self.rules.split_samples or width == 1:
             return [Seq(r, r.shape) for r in requests]
-        seqs = []
-        for r in requests:
-            s = r.shape
-            own = s.prompt_tokens - sum(n for _, n in s.segments)
-            segments = s.segments + (((s.tail_id, own),) if own > 0 else ())
-            seqs += [Seq(r, SeqShape(s.prompt_tokens, s.output_tokens, segments, -1)) for _ in range(width)]
-        return seqs
+        return [Seq(r, sample_shape(r)) for r in requests for _ in range(width)]
 
     def arrive(self, seq: Seq, now: float, index: int) -> None:
         """Queue `seq` (the index-th of the run) or reject it at once with the reason."""
@@ -284,7 +279,31 @@ class Scheduler:
         done = seq.prefilled + n
         return done + 1 if done == seq.target else done
 
+    # --- what the fast path (kvsim.lazy) does without visiting every request; here plainly
+    def run_running(self, step: Step, now: float, budget, loop):
+        """The running requests' part of a step: `loop(budget)` is the engine's pass over
+        them, which returns the budget left (None: no budget)."""
+        return loop(budget)
+
+    def prefilling_running(self) -> list[Seq]:
+        """Running requests still being prefilled, in running order."""
+        return [q for q in self.running if q.prefilling]
+
+    def decode_slots_needed(self) -> int:
+        """Free slots one more token for every decoding request would take."""
+        return sum(self.allocator.slots_to_grow(k, q.held + 1)
+                   for q in self.running if not q.prefilling for k in q.ids)
+
+    def free_slots(self) -> int:
+        """Free slots in the pool (with a radix cache, evictable ones too)."""
+        b = self.allocator.breakdown(None)
+        return b.free + b.unusable
+
     # --- one step ------------------------------------------------------------------------
+    def quiet_tick(self, now: float) -> Step | None:
+        """A step planned without the rules where nothing can happen but decoding (kvsim.lazy)."""
+        return None
+
     def schedule(self, now: float) -> Step:
         step = self.rules.schedule(self, now)
         if not self.waiting and not self.swapped:
@@ -306,6 +325,16 @@ class Scheduler:
             seq.held = self._held_after(seq, n)
         return step
 
+    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
+        """The pool now, as the allocator splits it."""
+        return self.allocator.breakdown(next_seq)
+
+    def recorded_parts(self, next_seq: NextSeq | None) -> tuple[int, ...]:
+        """What a step records of the breakdown: token, reservation, internal, external,
+        free, allocated and shared slots."""
+        b = self.breakdown(next_seq)
+        return b.token, b.reservation, b.internal, b.external, b.free, b.allocated, b.shared
+
     def complete(self, step: Step, now: float) -> list[Seq]:
         """Apply a finished step at time `now`; returns the sequences that finished."""
         finished = []
@@ -326,9 +355,8 @@ class Scheduler:
                 finished.append(seq)
             elif self.beam:
                 self._branch(seq)
-        if finished:
-            done = set(map(id, finished))
-            self.running = [s for s in self.running if id(s) not in done]
+        for seq in finished:
+            self.running.remove(seq)
         return finished
 
     def _branch(self, seq: Seq) -> None:
@@ -375,6 +403,14 @@ class Scheduler:
         if b.token > held:
             raise InvariantError(f"the pool counts {b.token} token slots; running requests hold "
                                  f"only {held}")
+
+
+def sample_shape(r: RequestSpec) -> SeqShape:
+    """One sample of a request run as a request of its own: the prompt's own part is a
+    shared segment, its output its own (content -1)."""
+    s = r.shape
+    own = s.prompt_tokens - sum(n for _, n in s.segments)
+    return SeqShape(s.prompt_tokens, s.output_tokens, s.segments + (((s.tail_id, own),) if own > 0 else ()), -1)
 
 
 def with_limit(step: Step, limit: str, head: Seq | None = None, tokens: int = 0, keep_free: int = 0) -> Step:

@@ -521,10 +521,11 @@ def test_paged_block_1_and_oracle_hold_the_same_tokens_at_every_step(chunked):
 BURST = [(0.0, 24, 2 + 3 * i) for i in range(6)]
 
 
-def _burst_run(alloc, check=True, cost=None):
+def _burst_run(alloc, check=True, cost=None, exact_steps=False):
     requests = [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(BURST)]
     return simulate("p", requests, alloc, cost or OneSecondSteps(), max_model_len=64, max_num_seqs=256,
-                    max_num_batched_tokens=256, chunked_prefill=False, check_invariants=check)
+                    max_num_batched_tokens=256, chunked_prefill=False, check_invariants=check,
+                    exact_steps=exact_steps)
 
 
 def _corrupt_nth(monkeypatch, cls, method: str, n: int, damage):
@@ -570,6 +571,8 @@ STEP_AT = r"p: step (\d+) (planned|completed) at t=(\d+\.\d+)s: "
     ("grow", _forget_growth, r".*\b(request|seq) \d+\b.*", "planned"),
 ], ids=["leak", "double-free", "lost-token"])
 def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, culprit, phase):
+    """On the plain path (--exact-steps), whose allocator calls are counted here: the
+    fast path grows lazy requests at other times (the next test)."""
     steps = []
     cost = OneSecondSteps()
     real_price = cost.price
@@ -582,7 +585,7 @@ def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, cul
 
     _corrupt_nth(monkeypatch, PagedAllocator, method, 3, damage_and_note)
     with pytest.raises(InvariantError) as info:
-        _burst_run(PagedAllocator(64, 4), cost=cost)
+        _burst_run(PagedAllocator(64, 4), cost=cost, exact_steps=True)
     message = str(info.value)
     match = re.fullmatch(STEP_AT + culprit, message)
     assert match, message
@@ -590,6 +593,39 @@ def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, cul
     step = int(match[1])
     assert (step, match[2]) == (damaged_in[0], phase) and steps[-1] == step
     assert float(match[3]) == (step + 1 if phase == "completed" else step)   # one-second steps
+
+
+@pytest.mark.parametrize("n", [3, 10, 20])
+def test_check_mode_on_the_fast_path_catches_a_lost_token_where_it_was_lost(monkeypatch, n):
+    """The fast path grows a lazy request's count when it catches it up, in planning or
+    in completing a step: a token lost there is caught in that same step and phase."""
+    from kvsim import lazy
+    where = {"step": -1, "phase": ""}
+    quiet, complete = lazy.LazyScheduler.quiet_tick, lazy.LazyScheduler.complete
+
+    def planning(self, now):        # asked first in every step's planning
+        where["step"] += 1
+        where["phase"] = "planned"
+        return quiet(self, now)
+
+    def completing(self, step, now):
+        where["phase"] = "completed"
+        return complete(self, step, now)
+
+    monkeypatch.setattr(lazy.LazyScheduler, "quiet_tick", planning)
+    monkeypatch.setattr(lazy.LazyScheduler, "complete", completing)
+    damaged_in = []
+
+    def damage(alloc, seq_id, *args):
+        damaged_in.append((where["step"], where["phase"]))
+        _forget_growth(alloc, seq_id)
+
+    _corrupt_nth(monkeypatch, PagedAllocator, "grow", n, damage)
+    with pytest.raises(InvariantError) as info:
+        _burst_run(PagedAllocator(64, 4))
+    match = re.fullmatch(STEP_AT + r".*\b(request|seq) \d+\b.*", str(info.value))
+    assert match, info.value
+    assert (int(match[1]), match[2]) == damaged_in[0]
 
 
 def test_check_mode_catches_overlapping_contiguous_regions(monkeypatch):

@@ -154,6 +154,25 @@ class KVAllocator(Protocol):
         """Raise InvariantError if the internal structures disagree."""
 
 
+class CountedAllocator(KVAllocator, Protocol):
+    """An allocator the fast path (kvsim.lazy) can advance decoding sequences in: it
+    says how far a sequence may grow by counting alone, and splits its breakdown into
+    per-sequence shares and the free part, so that a step's breakdown is kept up to
+    date without a walk over every sequence. (The radix cache takes a free slot per
+    token, so it has no room: its runs go step by step.)"""
+
+    def room(self, seq_id: int) -> int:
+        """Tokens the sequence can still gain by `grow` that change nothing in the
+        allocator but its token count, each turning one reserved slot into a token slot."""
+
+    def slots_of(self, seq_id: int) -> tuple[int, int]:
+        """(slots assigned to the sequence, padding its placement added): its share of
+        `breakdown` is split_used(tokens, slots, final) plus the padding."""
+
+    def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
+        """(unusable, free, starved) as `breakdown(next_seq)` gives them."""
+
+
 def check_growth(seq_id: int, held: int, num_tokens: int) -> None:
     """grow() only grows: asking a sequence to hold fewer tokens is a caller's bug."""
     if num_tokens < held:

@@ -273,25 +273,43 @@ class ContiguousAllocator:
         r = self._regions.pop(seq_id)
         self._placement.release(r.start, r.placed)
 
-    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
-        """Holes too small for the next sequence's region are unusable; all of them are
-        when the region would eat into the watermark."""
-        token = reservation = internal = padding = 0
-        for r in self._regions.values():
-            t, res, i = split_used(r.tokens, r.requested, r.shape.final_tokens)
-            token, reservation, internal = token + t, reservation + res, internal + i
-            padding += r.placed - r.requested
+    # -- what the fast path asks (kvsim.lazy): one sequence's share, the pool alone ----
+
+    def room(self, seq_id: int) -> int:
+        """Tokens the sequence can still gain by `grow` that change nothing but its token
+        count: up to its reservation (or its final length, if that comes first)."""
+        r = self._regions[seq_id]
+        return max(0, min(r.requested, r.shape.final_tokens) - r.tokens)
+
+    def slots_of(self, seq_id: int) -> tuple[int, int]:
+        """(slots the sequence asked for, placement padding): its part of `breakdown`."""
+        r = self._regions[seq_id]
+        return r.requested, r.placed - r.requested
+
+    def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
+        """(unusable, free, starved): holes too small for the next sequence's region are
+        unusable; all of them are when the region would eat into the watermark."""
         sizes = [size for _, size in self.holes()]
         if next_seq is None:
-            return Breakdown(token, reservation, internal, padding, 0, sum(sizes))
+            return 0, sum(sizes), False
         shape, tokens, keep_free = next_seq
         need = self._placement.placed_size(self._request(shape, tokens))
         unusable = sum(size for size in sizes if size < need)
         starved = unusable == sum(sizes) or sum(sizes) - need < keep_free
         if starved:
             unusable = sum(sizes)
-        return Breakdown(token, reservation, internal, padding, unusable, sum(sizes) - unusable,
-                         starved=starved)
+        return unusable, sum(sizes) - unusable, starved
+
+    def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
+        """Each region split by split_used, its placement padding, and the holes
+        (`pool_free`)."""
+        token = reservation = internal = padding = 0
+        for r in self._regions.values():
+            t, res, i = split_used(r.tokens, r.requested, r.shape.final_tokens)
+            token, reservation, internal = token + t, reservation + res, internal + i
+            padding += r.placed - r.requested
+        unusable, free, starved = self.pool_free(next_seq)
+        return Breakdown(token, reservation, internal, padding, unusable, free, starved=starved)
 
     def check_invariants(self) -> None:
         pieces = [(r.start, r.placed, f"seq {s}") for s, r in self._regions.items()]

@@ -129,9 +129,10 @@ class PagedAllocator:
 
     def _take(self, count: int) -> list[int]:
         """Hand out `count` blocks from the queue head."""
-        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
+        pop, ref = self._free.popitem, self._ref
+        blocks = [pop(False)[0] for _ in range(count)]
         for b in blocks:
-            self._ref[b] = 1
+            ref[b] = 1
         return blocks
 
     def _share(self, block: int) -> None:
@@ -144,6 +145,13 @@ class PagedAllocator:
     def _drop(self, blocks) -> None:
         """One reference fewer on each block, in the order given; blocks nobody holds
         rejoin the queue at the end FREE_ORDERS says, one after the other."""
+        if not self._shared and not self._order.to_head:   # each had one holder, its last
+            blocks = list(blocks)
+            ref = self._ref
+            for b in blocks:
+                ref[b] = 0
+            self._free.update(dict.fromkeys(blocks))
+            return
         for b in blocks:
             self._ref[b] -= 1
             self._shared -= self._ref[b] == 1
@@ -223,6 +231,60 @@ class PagedAllocator:
     def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
         """Nothing to do: vLLM caches a full block when it allocates it (prefix.py)."""
 
+    # -- what the fast path asks (kvsim.lazy): one sequence's share, the pool alone ----
+
+    def room(self, seq_id: int) -> int:
+        """Tokens the sequence can still gain by `grow` that change nothing here but its
+        token count, each filling a reserved slot of its last block. 0 with a sliding
+        window or a shared, partly filled last block: the next token slides or copies."""
+        seq = self._seqs[seq_id]
+        bs = self.block_size
+        if self.window is not None or (seq.tokens % bs and self._ref[seq.table[-1]] > 1):
+            return 0
+        return max(0, min(seq.logical_blocks() * bs, seq.shape.final_tokens) - seq.tokens)
+
+    def block_room(self, seq_id: int) -> int:
+        """Tokens the sequence can gain where each token only counts or, on a full last
+        block, takes the next block of the free queue for itself (`take_free` and `extend`
+        do that later, in bulk): up to its final length, unless a window or a shared
+        last block limits it to its room."""
+        seq = self._seqs[seq_id]
+        if self.window is not None or (seq.tokens % self.block_size and self._ref[seq.table[-1]] > 1):
+            return self.room(seq_id)
+        return max(0, seq.shape.final_tokens - seq.tokens)
+
+    def take_free(self, count: int) -> list[int]:
+        """`count` blocks off the free queue's head, for growth the caller attaches later
+        (`extend`); until then they are in no table, which check_invariants reports."""
+        return self._take(count)
+
+    def extend(self, seq_id: int, num_tokens: int, blocks: list[int]) -> None:
+        """Grow a sequence to `num_tokens` tokens with `blocks` from take_free, in order."""
+        seq = self._seqs[seq_id]
+        check_growth(seq_id, seq.tokens, num_tokens)
+        if blocks_for(num_tokens, self.block_size) - seq.logical_blocks() != len(blocks):
+            raise ValueError(f"sequence {seq_id} needs {blocks_for(num_tokens, self.block_size)} "
+                             f"blocks for {num_tokens} tokens; it has {seq.logical_blocks()} and "
+                             f"was given {len(blocks)}")
+        seq.table.extend(blocks)
+        seq.tokens = num_tokens
+        self._grown(seq)
+
+    def slots_of(self, seq_id: int) -> tuple[int, int]:
+        """(slots of the sequence's blocks, placement padding): its part of `breakdown`."""
+        return len(self._seqs[seq_id].table) * self.block_size, 0
+
+    def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
+        """(unusable, free, starved): the free part of `breakdown`, without the walk over
+        sequences (O(1); O(cache hits) with a prefix cache and a next sequence)."""
+        free_slots = len(self._free) * self.block_size
+        if next_seq is None:
+            return 0, free_slots, False
+        shape, tokens, keep_free = next_seq
+        if self._blocks_short(shape, tokens) + blocks_for(keep_free, self.block_size) > 0:
+            return free_slots, 0, True
+        return 0, free_slots, False
+
     def _slide(self, seq: _Seq) -> None:
         """Release leading blocks whose tokens are all outside the attention window."""
         if self.window is None:
@@ -261,14 +323,9 @@ class PagedAllocator:
                 _, r, i = split_used(seq.tokens - gone, allocated, seq.shape.final_tokens - gone)
                 reservation, internal = reservation + r, internal + i
         used = (self.num_blocks - len(self._free)) * bs
-        free_slots = len(self._free) * bs
-        starved = False
-        if next_seq is not None:
-            shape, tokens, keep_free = next_seq
-            starved = self._blocks_short(shape, tokens) + blocks_for(keep_free, bs) > 0
+        unusable, free_slots, starved = self.pool_free(next_seq)
         return Breakdown(used - reservation - internal, reservation, internal, padding=0,
-                         unusable=free_slots if starved else 0,
-                         free=0 if starved else free_slots, shared=logical - used, starved=starved)
+                         unusable=unusable, free=free_slots, shared=logical - used, starved=starved)
 
     def check_invariants(self) -> None:
         """Checks per table and over the pool at C speed (check mode runs this after

@@ -55,6 +55,7 @@ from kvsim.allocators.paged import PagedAllocator, _Seq, blocks_for
 from kvsim.allocators.runs import full_block_runs
 
 _ROOT = -1   # the "parent key" of a table's first block
+CHAINS_KEPT = 256   # shapes whose key chains are kept for lookups
 
 
 @dataclass
@@ -80,6 +81,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # and chains below an evicted block stay valid; it grows with the distinct
         # shareable blocks ever seen, not with traffic.
         self._keys: dict[tuple, int] = {}
+        self._chains: dict[SeqShape, list[int]] = {}     # shape -> its keys, by recency
 
     @property
     def cached_blocks(self) -> list[int]:
@@ -93,32 +95,55 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     # -- keys -----------------------------------------------------------------------
 
+    _memo: tuple = (None, ())     # (shape, its full_block_runs): lookups walk one shape
+
     def _block_id(self, shape: SeqShape, parent: int, index: int) -> tuple | None:
         """The (parent key, runs) identity of full block `index`, None if uncacheable."""
-        blocks = full_block_runs(shape, self.block_size)
+        if shape is not self._memo[0]:
+            self._memo = (shape, full_block_runs(shape, self.block_size))
+        blocks = self._memo[1]
         return (parent, blocks[index]) if index < len(blocks) else None
+
+    def _chain(self, shape: SeqShape, blocks: int) -> list[int]:
+        """Keys of the shape's full blocks, at least its first `blocks` (fewer where one is
+        uncacheable).
+        A shape's keys never change (keys are never pruned), so the chains of the shapes
+        looked up lately are kept: a waiting request is looked up every step."""
+        chain = self._chains.pop(shape, None) or []
+        while len(chain) < blocks:
+            ident = self._block_id(shape, chain[-1] if chain else _ROOT, len(chain))
+            if ident is None:
+                break
+            chain.append(self._keys.setdefault(ident, len(self._keys)))
+        self._chains[shape] = chain          # most recent last
+        if len(self._chains) > CHAINS_KEPT:
+            del self._chains[next(iter(self._chains))]
+        return chain
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""
-        hits, parent = [], _ROOT
-        for index in range(max(num_tokens - 1, 0) // self.block_size):
-            ident = self._block_id(shape, parent, index)
-            key = None if ident is None else self._keys.get(ident)
-            if key is None or key not in self._cached:
+        hits = []
+        cached = self._cached
+        blocks = max(num_tokens - 1, 0) // self.block_size
+        for key in self._chain(shape, blocks)[:blocks]:
+            copies = cached.get(key)
+            if copies is None:
                 break
-            hits.append(next(iter(self._cached[key])))   # the first copy still cached
-            parent = key
+            hits.append(next(iter(copies)))   # the first copy still cached
         return hits
 
     def _cache_full_blocks(self, seq: _CachedSeq) -> None:
         """Give keys to the blocks the sequence has filled since the last call."""
         full = seq.tokens // self.block_size
+        if seq.hashed >= full or len(seq.keys) != seq.hashed:   # nothing new, or uncacheable
+            seq.hashed = max(seq.hashed, full)
+            return
+        chain = self._chain(seq.shape, full)
         while seq.hashed < full and len(seq.keys) == seq.hashed:
-            ident = self._block_id(seq.shape, seq.keys[-1] if seq.keys else _ROOT, seq.hashed)
             seq.hashed += 1
-            if ident is None:
+            if seq.hashed > len(chain):
                 break           # this block and every later one stay uncached
-            key = self._keys.setdefault(ident, len(self._keys))
+            key = chain[seq.hashed - 1]
             seq.keys.append(key)
             block = seq.table[seq.hashed - 1]
             if self._key_of[block] is None:     # a hit keeps the key it has: this one
@@ -166,6 +191,17 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table)
         self._cache_full_blocks(seq)
         return True
+
+    def room(self, seq_id: int) -> int:
+        """The paged room, short of the token that fills the last block: filling a block
+        caches it, which is more than a count."""
+        room = super().room(seq_id)
+        seq = self._seqs[seq_id]
+        return room - 1 if room and seq.tokens + room == seq.logical_blocks() * self.block_size else room
+
+    def block_room(self, seq_id: int) -> int:
+        """Only the room: a block taken off the queue may be a cached one (an eviction)."""
+        return self.room(seq_id)
 
     def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
         return self._new_blocks_needed(shape, num_tokens)[1]

@@ -63,12 +63,19 @@ def full_block_runs(shape: SeqShape, block_size: int) -> tuple[Runs, ...]:
     bounded; the value depends on the arguments alone)."""
     pieces = [(content, length) for content, length in shape.segments if length]
     pieces.append((shape.tail_id, shape.final_tokens))       # the tail runs to the end
+    total = shape.final_tokens // block_size
     blocks, block, room = [], [], block_size
     for content, length in pieces:
         offset = 0
-        while offset < length and len(blocks) < shape.final_tokens // block_size:
+        while offset < length and len(blocks) < total:
             if content == -1:
                 return tuple(blocks)
+            if not block and length - offset >= block_size:   # whole blocks of one content
+                n = min((length - offset) // block_size, total - len(blocks))
+                end = offset + n * block_size
+                blocks.extend(((content, o, block_size),) for o in range(offset, end, block_size))
+                offset = end
+                continue
             take = min(room, length - offset)
             block.append((content, offset, take))
             offset, room = offset + take, room - take

@@ -58,12 +58,20 @@ def cli():
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--check-invariants", is_flag=True, envvar="KVSIM_CHECK_INVARIANTS",
               help="Verify the allocator and scheduler after every step (slower).")
+@click.option("--exact-steps", is_flag=True, envvar="KVSIM_EXACT_STEPS",
+              help="Visit every running request in every step, each step its own SimPy event "
+                   "(the plain path; the default fast path gives the same results).")
+@click.option("--timeseries-bucket", "bucket_s", type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="Write the time series as sums per SECONDS of simulated time "
+              "instead of one row per step (bounded memory for long runs; the summary is the same "
+              "up to the last bits of its time-weighted means).")
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 @click.option("--profile", metavar="NAME_OR_DIR", help="Step costs from this profile (overrides cost_model).")
 @click.option("--rates", metavar="R1,R2,..|START:STOP:STEP",
               help="Rerun at each arrival rate (req/s) into DIR/rate-R/, and draw latency and "
                    "throughput against rate (rate_sweep.png, rates.csv).")
-def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, force, profile, rates):
+def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, exact_steps, bucket_s,
+        force, profile, rates):
     """Run every policy of SCENARIO on one request stream and write results and plots.
 
     With --rates, run it once per arrival rate and add the sweep's curves and the highest
@@ -89,12 +97,13 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, fo
     out = out or Path("results") / scn.name
     if not force:
         _refuse_foreign(out, scn.name)
+    how = dict(exact_steps=exact_steps, bucket_s=bucket_s)
     if rate_list is not None:
         from kvsim.cli.report import run_rates
         run_rates(scn, base_dir, str(scenario), rate_list, out, quiet=quiet,
-                  check_invariants=check_invariants, started=started)
+                  check_invariants=check_invariants, started=started, **how)
         return
-    results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants)
+    results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **how)
     _write_results(results, scn, out, run_meta(scn, str(scenario), results, started))
     if not quiet:
         print_table(results.summary, scn)

@@ -65,7 +65,7 @@ def reproduce(quick, out, only, scenarios, force):
 
 
 def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: bool,
-              check_invariants: bool, started: float) -> None:
+              check_invariants: bool, started: float, **how) -> None:
     """`kvsim run --rates`: one run folder per rate under `out`, then the sweep's curves."""
     from kvsim.report.figures import rate_sweep
     from kvsim.report.plots import save
@@ -76,7 +76,7 @@ def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: 
     for i, rate in enumerate(rates):
         at = with_rate(scn, rate, src)
         results = simulate_with_progress(at, base_dir, src, quiet, check_invariants,
-                                         label=f"{rate:g} req/s ({i + 1}/{len(rates)}) ")
+                                         label=f"{rate:g} req/s ({i + 1}/{len(rates)}) ", **how)
         runs.append((rate, at, results, run_meta(at, src, results, started)))
     table = sweep_table([(rate, r.summary, r.requests) for rate, _, r, _ in runs])
 

@@ -28,34 +28,68 @@ from kvsim.specs import GPUSpec, KVSpec, ModelSpec
 
 
 @dataclass(frozen=True)
+class Decodes:
+    """Decoding sequences given only in sum (kvsim.lazy's): how many, the tokens their
+    contexts hold together, and how many blocks of `block_size` those contexts fill
+    (each context rounded up; 0 when block_size is None)."""
+    count: int
+    total: int
+    blocks: int = 0
+    block_size: int | None = None
+
+
+@dataclass(frozen=True)
 class StepBatch:
     """One step's work.
 
     prefills: (chunk tokens, tokens already cached before the chunk) per prefilling
     sequence; decode_contexts: the tokens each decoding sequence attends to (its KV,
-    the new token's included).
+    the new token's included); extra: further decoding sequences, in sum. Cost models
+    read the decodes only through `decodes`, `decode_total` and `decode_blocks`, which
+    are exact integers however the decodes are given.
     """
     prefills: tuple[tuple[int, int], ...]
     decode_contexts: tuple[int, ...]
+    extra: Decodes | None = None
 
     @classmethod
-    def build(cls, prefills, decode_contexts) -> "StepBatch":
-        return cls(tuple(map(tuple, prefills)), tuple(decode_contexts))
+    def build(cls, prefills, decode_contexts, extra: Decodes | None = None) -> "StepBatch":
+        return cls(tuple(map(tuple, prefills)), tuple(decode_contexts), extra)
+
+    @property
+    def decodes(self) -> int:
+        """Decoding sequences."""
+        return len(self.decode_contexts) + (self.extra.count if self.extra else 0)
+
+    @property
+    def decode_total(self) -> int:
+        """Tokens of context the decoding sequences attend to, together."""
+        return sum(self.decode_contexts) + (self.extra.total if self.extra else 0)
+
+    def decode_blocks(self, block_size: int) -> int:
+        """Blocks of `block_size` the decoding sequences' contexts fill."""
+        blocks = sum(-(-c // block_size) for c in self.decode_contexts)
+        if self.extra and self.extra.count:
+            if self.extra.block_size != block_size:
+                raise ValueError(f"decodes counted in blocks of {self.extra.block_size}, "
+                                 f"asked for blocks of {block_size}")
+            blocks += self.extra.blocks
+        return blocks
 
     @property
     def new_tokens(self) -> int:
         """Prefill tokens plus one per decoding sequence."""
-        return sum(n for n, _ in self.prefills) + len(self.decode_contexts)
+        return sum(n for n, _ in self.prefills) + self.decodes
 
     @property
     def attended_pairs(self) -> float:
         """(query, key) pairs attention computes: causal within a chunk, full to its cache."""
-        return sum(n * (ctx + (n + 1) / 2) for n, ctx in self.prefills) + sum(self.decode_contexts)
+        return sum(n * (ctx + (n + 1) / 2) for n, ctx in self.prefills) + self.decode_total
 
     @property
     def kv_tokens_read(self) -> int:
         """KV tokens attention reads: each sequence's whole context."""
-        return sum(ctx + n for n, ctx in self.prefills) + sum(self.decode_contexts)
+        return sum(ctx + n for n, ctx in self.prefills) + self.decode_total
 
 
 class CostModel(Protocol):
@@ -177,7 +211,8 @@ class Profiled:
 
     def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
         """Seconds per part of one step (they sum to step_time), and why it extrapolated."""
-        n, seqs = batch.new_tokens, len(batch.prefills) + len(batch.decode_contexts)
+        n, decodes = batch.new_tokens, batch.decodes
+        seqs = len(batch.prefills) + decodes
         why: list[str] = []
         if n not in self._linear:
             self._linear[n] = (*self._ops(n, [o for o in LINEAR_OPS if o not in ("emb", "lm_head")]),
@@ -191,16 +226,16 @@ class Profiled:
         cached = sum(c * (ctx + (c + 1) / 2) for c, ctx in batch.prefills if ctx) * self.flops_per_pair
         prefill = ((self._ramp("prefill_fresh", fresh, self.peak, why=why) if fresh else 0.0)
                    + (self._ramp("prefill_cached", cached, self.peak, why=why) if cached else 0.0))
-        decode, ctxs = 0.0, batch.decode_contexts
-        if ctxs:
+        decode = 0.0
+        if decodes:
             d = self.decode_fit
-            blocks = (sum(-(-c // self.block_size) for c in ctxs) if self.block_size else len(ctxs))
-            decode = self._ramp("decode", sum(ctxs) * self.kv_per_token, self.bw, why=why,
-                                extra=d.get("per_seq_s", 0.0) * len(ctxs) + d.get("per_block_s", 0.0) * blocks)
+            blocks = batch.decode_blocks(self.block_size) if self.block_size else decodes
+            decode = self._ramp("decode", batch.decode_total * self.kv_per_token, self.bw, why=why,
+                                extra=d.get("per_seq_s", 0.0) * decodes + d.get("per_block_s", 0.0) * blocks)
         w = self.att.get("kv_write") or {}
-        pre_tokens = n - len(ctxs)
+        pre_tokens = n - decodes
         kv_write = (w.get("a_s", 0.0) + w.get("per_prefill_token_s", 0.0) * pre_tokens
-                    + w.get("per_decode_token_s", 0.0) * len(ctxs)) if w else 0.0
+                    + w.get("per_decode_token_s", 0.0) * decodes) if w else 0.0
         if n not in self._comm:
             self._comm[n] = self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], n)
         if (seqs, n) not in self._outside:

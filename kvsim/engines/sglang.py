@@ -51,6 +51,14 @@ class SGLang:
     def requeue(self, s: Scheduler, seq: Seq) -> None:
         s.waiting.append(seq)
 
+    def lazy_ok(self, s: Scheduler) -> bool:
+        """The admission test reads every decoding request's remaining output."""
+        return not s.waiting
+
+    def decode_only(self, s: Scheduler) -> None:
+        """A decode step with memory to spare: the new-token ratio decays."""
+        self.ratio = max(self.ratio - self.decay, self.min_ratio)
+
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         self._prefill(s, step, now)
@@ -59,18 +67,18 @@ class SGLang:
         return step
 
     def _available(self, s: Scheduler) -> int:
-        b = s.allocator.breakdown(None)
-        return b.free + b.unusable       # free and evictable (cached, unreferenced) slots
+        return s.free_slots()            # free and evictable (cached, unreferenced) slots
 
     def _prefill(self, s: Scheduler, step: Step, now: float) -> None:
         chunk_left = s.budget if s.chunked else None
         input_left = MAX_PREFILL_TOKENS
-        chunked = [q for q in s.running if q.prefilling]
-        for seq in chunked:                      # the request prefilled in chunks goes on
+        for seq in s.prefilling_running():       # the request prefilled in chunks goes on
             n = seq.target - seq.prefilled if chunk_left is None else min(seq.target - seq.prefilled, chunk_left)
             if n > 0 and s.run(seq, n, step, now):
                 chunk_left = None if chunk_left is None else chunk_left - n
                 input_left -= n
+        if not s.waiting:
+            return
         decoding = [q for q in s.running if not q.prefilling]
         reserved = sum(min(q.shape.output_tokens - q.generated, CLIP_MAX_NEW_TOKENS) * self.ratio
                        for q in decoding)
@@ -118,9 +126,8 @@ class SGLang:
         return sorted(s.waiting, key=lambda q: -hits[id(q)])
 
     def _decode(self, s: Scheduler, step: Step, now: float) -> None:
-        decoding = [q for q in s.running if not q.prefilling]
-        needed = sum(s.allocator.slots_to_grow(k, q.held + 1) for q in decoding for k in q.ids)
-        if needed > self._available(s):
+        if s.decode_slots_needed() > self._available(s):
+            decoding = [q for q in s.running if not q.prefilling]
             victims = sorted(decoding, key=lambda q: (q.generated, -q.shape.prompt_tokens), reverse=True)
             first = True
             while len(victims) > 1 and (first or self._available(s) < RETRACT_DECODE_STEPS * len(victims)):
@@ -130,7 +137,10 @@ class SGLang:
             decoded = sum(q.generated for q in victims)
             self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(victims)) / max_new)
         else:
-            self.ratio = max(self.ratio - self.decay, self.min_ratio)
+            self.decode_only(s)
+        s.run_running(step, now, None, lambda b: self._decode_all(s, step, now))
+
+    def _decode_all(self, s: Scheduler, step: Step, now: float) -> None:
         for seq in [q for q in s.running if not q.prefilling]:
             if seq in s.running:
                 s.run(seq, 1, step, now)

@@ -39,10 +39,17 @@ class VllmV0:
     def requeue(self, s: Scheduler, seq: Seq) -> None:
         (s.swapped.append if seq.swapped else s.waiting.appendleft)(seq)
 
+    def lazy_ok(self, s: Scheduler) -> bool:
+        """Decoding requests matter to a step only through the running pass."""
+        return True
+
+    def decode_only(self, s: Scheduler) -> None:
+        """A step that only decodes every running request changes nothing else here."""
+
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         if s.chunked:
-            budget = self._running(s, step, now, s.budget)
+            budget = s.run_running(step, now, s.budget, lambda b: self._running(s, step, now, b))
             if not step.preempted:
                 budget = self._swapped(s, step, now, budget)
             if s.swapped:
@@ -56,7 +63,7 @@ class VllmV0:
             self._prefills(s, step, now, s.budget)
         if step.work:
             return step
-        self._running(s, step, now, None)
+        s.run_running(step, now, None, lambda b: self._running(s, step, now, b))
         if not step.preempted:
             self._swapped(s, step, now, None)
         return step

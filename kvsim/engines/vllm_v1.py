@@ -31,16 +31,16 @@ class VllmV1:
     def requeue(self, s: Scheduler, seq: Seq) -> None:
         s.waiting.appendleft(seq)
 
+    def lazy_ok(self, s: Scheduler) -> bool:
+        """Decoding requests matter to a step only through the running pass."""
+        return True
+
+    def decode_only(self, s: Scheduler) -> None:
+        """A step that only decodes every running request changes nothing else here."""
+
     def schedule(self, s: Scheduler, now: float) -> Step:
-        step, budget = Step(), s.budget
-        i = 0
-        while i < len(s.running) and budget > 0:
-            seq = s.running[i]
-            n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
-            if not s.run(seq, n, step, now):
-                break
-            budget -= n
-            i += 1
+        step = Step()
+        budget = s.run_running(step, now, s.budget, lambda b: self._running(s, step, now, b))
         if step.preempted:
             return step
         skipped = []
@@ -65,3 +65,14 @@ class VllmV1:
         if s.waiting and budget <= 0:
             with_limit(step, "token_budget")
         return step
+
+    def _running(self, s: Scheduler, step: Step, now: float, budget: int) -> int:
+        i = 0
+        while i < len(s.running) and budget > 0:
+            seq = s.running[i]
+            n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
+            if not s.run(seq, n, step, now):
+                break
+            budget -= n
+            i += 1
+        return budget

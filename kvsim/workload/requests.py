@@ -22,6 +22,7 @@ from kvsim.errors import InputError
 from kvsim.scenario import Burst, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
 
 MAX_REDRAW_ROUNDS = 200
+NO_TAIL = np.iinfo(np.int64).min     # a RequestTable's tail id for "the request's own id"
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,59 @@ class RequestSpec:
         return SeqShape(self.prompt_tokens, self.output_tokens, self.segments, tail)
 
 
-def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> list[RequestSpec]:
+class RequestTable:
+    """The request stream as columns, one row per request: what a run of a million
+    requests holds instead of a million objects. A row becomes a RequestSpec only when
+    asked for (`table[i]`, iteration), as the engine does at its arrival.
+
+    segments: each request's shared runs (None: none has any); tail_ids: each request's
+    tail content (None: its id); ids: request ids (None: 0, 1, 2, ...)."""
+
+    def __init__(self, arrival_s, prompt_tokens, output_tokens, segments=None, tail_ids=None, ids=None):
+        self.arrival_s = np.asarray(arrival_s, dtype=np.float64)
+        self.prompt_tokens = np.asarray(prompt_tokens, dtype=np.int64)
+        self.output_tokens = np.asarray(output_tokens, dtype=np.int64)
+        self.segments = segments
+        self.tail_ids = None if tail_ids is None else np.asarray(tail_ids, dtype=np.int64)
+        self.ids = None if ids is None else np.asarray(ids, dtype=np.int64)
+
+    @classmethod
+    def of(cls, specs) -> "RequestTable":
+        """A table of RequestSpecs (a table is returned as it is)."""
+        if isinstance(specs, RequestTable):
+            return specs
+        specs = list(specs)
+        tails = [s.tail_id for s in specs]
+        return cls([s.arrival_s for s in specs], [s.prompt_tokens for s in specs],
+                   [s.output_tokens for s in specs], [s.segments for s in specs],
+                   None if all(t is None for t in tails) else [NO_TAIL if t is None else t for t in tails],
+                   [s.id for s in specs])
+
+    def id_column(self) -> np.ndarray:
+        return np.arange(len(self), dtype=np.int64) if self.ids is None else self.ids
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def __getitem__(self, i: int) -> RequestSpec:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        rid = i if self.ids is None else int(self.ids[i])
+        tail = None if self.tail_ids is None or self.tail_ids[i] == NO_TAIL else int(self.tail_ids[i])
+        return RequestSpec(rid, float(self.arrival_s[i]), int(self.prompt_tokens[i]),
+                           int(self.output_tokens[i]), self.segments[i] if self.segments else (), tail)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+    __hash__ = None
+
+
+def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> RequestTable:
     wl = scn.workload
     arrival_ss, length_ss, sharing_ss = np.random.SeedSequence(scn.seed).spawn(3)
     if wl.trace is not None:
@@ -47,9 +100,7 @@ def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> l
         df = read_trace(base_dir / wl.trace)
         if wl.num_requests is not None:
             df = df.iloc[: wl.num_requests]
-        arrivals, prompt, output = (df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens"))
-        return [RequestSpec(i, float(a), int(p), int(o))
-                for i, (a, p, o) in enumerate(zip(arrivals, prompt, output))]
+        return RequestTable(*(df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens")))
     n = wl.num_requests
     arrivals = draw_arrivals(wl.arrival, n, np.random.default_rng(arrival_ss))
     length_rng = np.random.default_rng(length_ss)
@@ -60,11 +111,11 @@ def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> l
     prompt, output = _draw_lengths(scn, n, length_rng, base_dir, src, scn.max_model_len - shared)
     if isinstance(wl.sharing, Conversation):
         turns = share.conversations(wl.sharing, arrivals, prompt, output, scn.max_model_len)
-        return [RequestSpec(i, a, p, o, seg, tail) for i, (a, p, o, seg, tail) in enumerate(turns)]
+        a, p, o, seg, tail = zip(*turns) if turns else ((),) * 5
+        return RequestTable(a, p, o, list(seg), tail)
     segments = (share.shared_segments(wl.sharing, n, np.random.default_rng(sharing_ss))
-                if wl.sharing else [()] * n)
-    return [RequestSpec(i, float(a), int(p) + shared, int(o), seg)
-            for i, (a, p, o, seg) in enumerate(zip(arrivals, prompt, output, segments))]
+                if wl.sharing else None)
+    return RequestTable(arrivals, prompt + shared, output, segments)
 
 
 def draw_arrivals(arrival: Poisson | Gamma | Burst, n: int, rng: np.random.Generator) -> np.ndarray:
