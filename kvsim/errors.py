@@ -17,3 +17,14 @@ class InputError(Exception):
         source, field, message = (_one_line(str(x)) for x in (source, field, message))
         super().__init__(f"{source}: {field}: {message}")
         self.source, self.field, self.message = source, field, message
+
+
+def positive_number(text: str, src: str, field: str, message: str) -> float:
+    """`text` as a positive finite number, else InputError(src, field, message)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):     # NaN fails the first test
+        raise InputError(src, field, message)
+    return value

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from kvsim.errors import InputError
+from kvsim.errors import InputError, positive_number
 
 DIVERGENCE = 4.0
 MAX_RATES = 64
@@ -26,13 +26,7 @@ MAX_RATES = 64
 def parse_rates(text: str, src: str = "command line", field: str = "--rates") -> list[float]:
     """'0.5,1,2,4' or 'START:STOP:STEP' (STOP included) -> sorted distinct rates."""
     def number(item: str) -> float:
-        try:
-            value = float(item)
-        except ValueError:
-            value = math.nan
-        if not (value > 0 and math.isfinite(value)):
-            raise InputError(src, field, f"'{item}' is not a positive number of requests per second")
-        return value
+        return positive_number(item, src, field, f"'{item}' is not a positive number of requests per second")
 
     text = text.strip()
     if ":" in text:

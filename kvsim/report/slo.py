@@ -22,7 +22,7 @@ def misses(row: Mapping, targets: Mapping[str, float]) -> list[str]:
 
 def parse_targets(text: str, src: str = "command line", field: str = "--slo") -> dict[str, float]:
     """'ttft_p99_s=2,tpot_p50_s=0.1' -> {column: seconds}, validated against the SLO block."""
-    from kvsim.errors import InputError
+    from kvsim.errors import InputError, positive_number
     from kvsim.scenario import SLO
     targets = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -30,13 +30,8 @@ def parse_targets(text: str, src: str = "command line", field: str = "--slo") ->
         if not sep or name.strip() not in SLO.model_fields:
             raise InputError(src, field, f"'{item}' is not NAME=SECONDS with NAME one of "
                              f"{', '.join(SLO.model_fields)}")
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = math.nan
-        if not (seconds > 0 and math.isfinite(seconds)):
-            raise InputError(src, field, f"'{item}': the target must be a positive number of seconds")
-        targets[name.strip()] = seconds
+        targets[name.strip()] = positive_number(value, src, field,
+                                                f"'{item}': the target must be a positive number of seconds")
     if not targets:
         raise InputError(src, field, "give at least one target, e.g. ttft_p99_s=2,tpot_p50_s=0.1")
     return targets
