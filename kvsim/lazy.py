@@ -187,7 +187,7 @@ class LazyScheduler(Scheduler):
         self._go_lazy(seq, (self.tick, seq.held, seq.generated + self.pending, entry[3], entry[4]))
 
     def _resync(self) -> None:
-        """After plain moves (a preemption, a swap, a rejection): every share recounted."""
+        """After a swap-in (the plain move the sums do not follow): every share recounted."""
         for seq in list(self.lazy):
             self._rebase(seq)
         if self.owed:
