@@ -17,8 +17,8 @@ What a step needs from the lazy requests is kept in sums: how many decode and th
 tokens and blocks their contexts hold (for the cost model, kvsim.cost.model.Decodes),
 and the memory breakdown's per-request shares (reservation, internal, padding, slots)
 summed over all running requests; the allocator gives the free part (`pool_free`).
-Block boundaries are counted with a histogram of (held - tick) mod block_size: tick k's
-crossings are one bucket, their blocks taken off the free queue in one call and handed
+Block boundaries are counted by (held - tick) mod block_size: tick k's crossings are
+one residue, their blocks taken off the free queue in one call and handed
 to each request when it is caught up (`take_free`, `extend`). A step therefore costs
 time in proportion to the requests it changes, not to the batch; a step that can only
 be every request decoding lazily (a quiet tick) is planned without the rules' pass.
@@ -72,12 +72,12 @@ class LazyScheduler(Scheduler):
         self.cost_block_size = cost_block_size
         # Block boundaries (an allocator of blocks): a lazy request whose held tokens reach
         # a multiple of `bs` takes a block at the next tick (where its block room allows
-        # it; elsewhere its laziness ends first). hist[r]: lazy requests with
+        # it; elsewhere its laziness ends first). by_residue[r]: lazy requests with
         # (held - tick) % bs == r when they went lazy, so tick k's crossings are
-        # hist[(1 - k) % bs]; their blocks are taken in bulk and attached when caught up.
+        # by_residue[(1 - k) % bs]; their blocks are taken in bulk and attached when caught up.
         self.bs = getattr(allocator, "block_size", None)
         self.bulk = hasattr(allocator, "block_room")
-        self.hist = [0] * (self.bs or 1)
+        self.by_residue: list[dict[Seq, None]] = [{} for _ in range(self.bs or 1)]
         self.owed: list[int] = []  # blocks taken for lazy requests' crossings, not yet attached
         # A crossing adds a block's slots to the reservation, except into a last block that
         # ends past the final length: those slots are internal. tick -> such slots.
@@ -101,7 +101,7 @@ class LazyScheduler(Scheduler):
         # reservation falls by one per tick and rises by a block per crossing, as its
         # slots do) until it is caught up.
         self.sums = PoolSums(allocator)
-        self.dirty = False         # a plain move (preemption, swap, rejection) ran: resync
+        self.dirty = False         # a swap-in ran: recount the sums
 
     # --- lazy requests ---------------------------------------------------------------
     def _enter(self, seq: Seq) -> None:
@@ -120,7 +120,7 @@ class LazyScheduler(Scheduler):
         tick, held, _, due, finishes = entry[:5]
         last = 0
         if self.bs:
-            self.hist[(held - tick) % self.bs] += 1
+            self.by_residue[(held - tick) % self.bs][seq] = None
             if self.cost_block_size:
                 self.lazy_blocks += -(-held // self.bs)
             start = (seq.shape.final_tokens - 1) // self.bs * self.bs    # where its last block starts
@@ -149,7 +149,7 @@ class LazyScheduler(Scheduler):
         _, _, pad, slots = self.sums.share[seq]
         new_slots = slots
         if self.bs:
-            self.hist[(held0 - tick0) % self.bs] -= 1
+            del self.by_residue[(held0 - tick0) % self.bs][seq]
             if self.cost_block_size:
                 self.lazy_blocks -= -(-seq.held // self.bs)
             new_slots = max(slots, -(-seq.held // self.bs) * self.bs)
@@ -187,7 +187,7 @@ class LazyScheduler(Scheduler):
         self._go_lazy(seq, (self.tick, seq.held, seq.generated + self.pending, entry[3], entry[4]))
 
     def _resync(self) -> None:
-        """After plain moves (a preemption, a swap, a rejection): every share recounted."""
+        """After a swap-in (the plain move the sums do not follow): every share recounted."""
         for seq in list(self.lazy):
             self._rebase(seq)
         if self.owed:
@@ -229,10 +229,11 @@ class LazyScheduler(Scheduler):
             needed += sum(self.allocator.slots_to_grow(sid, self._held_after(seq, n)) for sid in seq.ids)
             work.append((seq, n))
         crossing = self._crossing(self.tick + 1)
-        if (work is None or (budget is not None and demand > budget)
-                or needed + crossing * (self.bs or 0) > self.free_slots()):
+        if work is None or (budget is not None and demand > budget):
             self.materialize_all()
             return loop(budget)
+        if needed + crossing * (self.bs or 0) > self.free_slots():
+            return self._short_pass(step, now, budget)
         # The lazy requests' grows first: in the plain pass they only count, and their
         # blocks may come off the queue in any order (no output depends on which id).
         self._lazy_tick(crossing)
@@ -241,6 +242,27 @@ class LazyScheduler(Scheduler):
                 raise InvariantError(f"request {seq.spec.id} could not grow in a step that had room "
                                      "for every running request (a kvsim bug)")
         return None if budget is None else budget - demand
+
+    def _short_pass(self, step: Step, now: float, budget):
+        """The running pass where the free slots do not cover every request's growth: the
+        requests that need slots (the explicit ones, and the lazy ones at a block boundary,
+        made explicit) run in running order through the plain `run`, which preempts from
+        the back of the running list as the engine's pass does (a lazy victim is caught up
+        first); the others only count, as in the plain pass, so they decode lazily. A
+        request that cannot run ends the pass, as in the engines' loops: every request
+        after it has been preempted."""
+        for seq in list(self.by_residue[(1 - (self.tick + 1)) % self.bs] if self.bs else ()):
+            self._materialize(seq)
+        ran = 0
+        for seq in self._explicit_in_order():
+            if seq not in self.explicit:          # preempted by a request before it
+                continue
+            n = seq.target - seq.prefilled if seq.prefilling else 1
+            if not self.run(seq, n, step, now):
+                break
+            ran += n
+        self._lazy_tick(0)
+        return None if budget is None else budget - ran - len(self.lazy)
 
     def quiet_tick(self, now: float) -> Step | None:
         """The next step where it can only be every running request decoding lazily
@@ -278,7 +300,7 @@ class LazyScheduler(Scheduler):
 
     def _crossing(self, tick: int) -> int:
         """Lazy requests that take a block at `tick` (their held tokens fill their last block)."""
-        return self.hist[(1 - tick) % self.bs] if self.bs else 0
+        return len(self.by_residue[(1 - tick) % self.bs]) if self.bs else 0
 
     def prefilling_running(self) -> list[Seq]:
         return [q for q in self._explicit_in_order() if q.prefilling]
@@ -307,12 +329,18 @@ class LazyScheduler(Scheduler):
         if seq in self.lazy:
             self._materialize(seq)
         super().preempt(seq, step, mode)
-        self.dirty = True
-        self.sums.version += 1
+        self._leave(seq)
 
     def reject(self, seq: Seq, now: float, reason: str, step: Step) -> None:
         super().reject(seq, now, reason, step)
-        self.dirty = True
+        if seq in self.explicit:                  # a running request found unable to grow
+            self._leave(seq)
+        self.sums.version += 1
+
+    def _leave(self, seq: Seq) -> None:
+        """A running request left the running list (its KV freed): out of the sums."""
+        self.sums.drop(seq)
+        del self.explicit[seq], self.order[seq]
         self.sums.version += 1
 
     def swap_in(self, seq: Seq, step: Step, now: float, keep_free: int = 0) -> bool:
@@ -341,7 +369,8 @@ class LazyScheduler(Scheduler):
             self._resync()
         elif step.work:
             for seq, n in step.work:
-                self.sums.update(seq)
+                if seq in self.explicit:
+                    self.sums.update(seq)
             self.sums.version += 1
         return step
 

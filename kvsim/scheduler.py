@@ -44,7 +44,7 @@ BEAM_REPLACE = 0.5    # chance that a beam is replaced by a fork of another each
 LIMITS = ("memory", "watermark", "max_num_seqs", "token_budget", "preemption", "arrivals")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Seq:
     """The mutable life of one request (or one sample of it) in one policy's run."""
     spec: RequestSpec

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SeqShape:
     """What the allocator may know of a request: its lengths and its tokens' identity.
 

@@ -110,11 +110,12 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         A shape's keys never change (keys are never pruned), so the chains of the shapes
         looked up lately are kept: a waiting request is looked up every step."""
         chain = self._chains.pop(shape, None) or []
-        while len(chain) < blocks:
-            ident = self._block_id(shape, chain[-1] if chain else _ROOT, len(chain))
-            if ident is None:
-                break
-            chain.append(self._keys.setdefault(ident, len(self._keys)))
+        if len(chain) < blocks:
+            runs = full_block_runs(shape, self.block_size)     # a key per full block, chained
+            keys, key = self._keys, chain[-1] if chain else _ROOT
+            for index in range(len(chain), min(blocks, len(runs))):
+                key = keys.setdefault((key, runs[index]), len(keys))
+                chain.append(key)
         self._chains[shape] = chain          # most recent last
         if len(self._chains) > CHAINS_KEPT:
             del self._chains[next(iter(self._chains))]

@@ -7,6 +7,7 @@ Content -1 means "unique, never shared": no cache stores or matches it.
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import repeat
 
 from kvsim.allocators.base import SeqShape
 
@@ -73,7 +74,8 @@ def full_block_runs(shape: SeqShape, block_size: int) -> tuple[Runs, ...]:
             if not block and length - offset >= block_size:   # whole blocks of one content
                 n = min((length - offset) // block_size, total - len(blocks))
                 end = offset + n * block_size
-                blocks.extend(((content, o, block_size),) for o in range(offset, end, block_size))
+                # ((content, o, block_size),) for each o, made in C
+                blocks.extend(zip(zip(repeat(content), range(offset, end, block_size), repeat(block_size))))
                 offset = end
                 continue
             take = min(room, length - offset)

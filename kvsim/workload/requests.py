@@ -25,7 +25,7 @@ MAX_REDRAW_ROUNDS = 200
 NO_TAIL = np.iinfo(np.int64).min     # a RequestTable's tail id for "the request's own id"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RequestSpec:
     id: int
     arrival_s: float
