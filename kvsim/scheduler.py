@@ -157,7 +157,15 @@ class Scheduler:
 
     def fits(self, seq: Seq, tokens: int, keep_free: int) -> bool:
         """Whether `seq` could be admitted with `tokens` of KV now (nothing changes)."""
-        return not self.allocator.breakdown((seq.shape, tokens, keep_free)).starved
+        return not self._pool_free((seq.shape, tokens, keep_free))[2]
+
+    def _pool_free(self, next_seq) -> tuple[int, int, bool]:
+        """(unusable, free, starved) of the breakdown, without its walk over the sequences
+        where the allocator offers that (pool_free; the radix cache does not)."""
+        if hasattr(self.allocator, "pool_free"):
+            return self.allocator.pool_free(next_seq)
+        b = self.allocator.breakdown(next_seq)
+        return b.unusable, b.free, b.starved
 
     def blocked_by(self, seq: Seq, tokens: int, keep_free: int) -> str:
         """Why `seq` cannot be admitted: the watermark, if it would fit without it; else memory."""
@@ -296,8 +304,8 @@ class Scheduler:
 
     def free_slots(self) -> int:
         """Free slots in the pool (with a radix cache, evictable ones too)."""
-        b = self.allocator.breakdown(None)
-        return b.free + b.unusable
+        unusable, free, _ = self._pool_free(None)
+        return free + unusable
 
     # --- one step ------------------------------------------------------------------------
     def quiet_tick(self, now: float) -> Step | None:
