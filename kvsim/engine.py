@@ -8,6 +8,11 @@ Two processes share one environment per policy:
 Order of simultaneous events: requests arriving at the instant a step ends are queued
 before the next step is planned (the engine yields one zero-delay timeout after each
 step, which SimPy runs after every event already scheduled for that instant).
+A fleet (`replicas: N`) runs N engine processes, each with its own scheduler and KV
+pool, in the same environment; `arrivals` asks the router (kvsim.engines.router) which
+one gets each request, at its arrival, as the replicas stand then. A request arriving
+at the instant a step of some replica ends sees that step finished or not as SimPy
+orders the two events.
 
 `simulate` runs one policy and returns plain records; kvsim.report.metrics turns them into
 tables. Nothing here writes files or reads a clock.
@@ -16,15 +21,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import simpy
 
 from kvsim import lazy
 from kvsim.allocators import InvariantError, KVAllocator
 from kvsim.cost.model import CostModel
 from kvsim.engines import make_rules
-from kvsim.records import BucketLog, SeqLog, SeqRecord, StepLog
+from kvsim.engines.router import make_router
+from kvsim.records import BucketLog, MergedLog, SeqLog, SeqRecord, StepLog
 from kvsim.scheduler import LIMITS, MAX_WIDTH, Scheduler, sample_shape
 from kvsim.workload.requests import RequestSpec, RequestTable
 
@@ -51,7 +58,7 @@ class PolicyRun:
     requests: RequestTable
     per: int = 1               # sequences per request (an engine that runs samples as requests)
     records: SeqLog | None = None   # each sequence's outcome, request-major
-    steps: StepLog = field(default_factory=step_log)
+    steps: StepLog | MergedLog = field(default_factory=step_log)
     preemptions: int = 0
     swaps: int = 0
     prompt_tokens: int = 0     # tokens to prefill at admissions, and those found cached
@@ -59,6 +66,8 @@ class PolicyRun:
     width: int = 1             # sequences per request
     extrapolated: int = 0      # steps the cost model priced beyond its measured ranges ...
     extrapolation_reasons: set[str] = field(default_factory=set)   # ... and why
+    parts: list["PolicyRun"] = field(default_factory=list)   # a fleet's replicas' runs ...
+    replica: np.ndarray | None = None     # ... and the replica each request was sent to
 
     @property
     def seqs(self) -> list[SeqRecord]:
@@ -68,10 +77,12 @@ class PolicyRun:
                 for i, r in enumerate(specs)]
 
 
-def simulate(name: str, requests: RequestTable | list[RequestSpec], allocator: KVAllocator, cost: CostModel, *,
+def simulate(name: str, requests: RequestTable | list[RequestSpec],
+             allocator: KVAllocator | Sequence[KVAllocator], cost: CostModel, *,
              engine: str = "vllm-v1", on_step: Callable[[int], None] | None = None,
              check_invariants: bool = False, time_limit_s: float | None = None,
-             exact_steps: bool = False, bucket_s: float | None = None, **scheduler_options) -> PolicyRun:
+             exact_steps: bool = False, bucket_s: float | None = None,
+             router: str = "round-robin", **scheduler_options) -> PolicyRun:
     """Replay `requests` against one allocator under `engine`'s rules (kvsim.engines);
     `on_step(finished_so_far)` reports progress.
 
@@ -87,58 +98,85 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec], allocator: K
     records are the same to the last bit (tests/test_fast_path.py).
     bucket_s: record steps as sums per bucket of that many simulated seconds (a long
     run's memory then holds its buckets, not its steps); None: every step.
+    allocator: a list of several allocators runs a fleet, one engine per allocator in
+    one environment, each request sent to one of them by `router`
+    (kvsim.engines.router) when it arrives; the run returned is the fleet's, with each
+    replica's run in `parts` and each request's replica in `replica`.
     """
     env = simpy.Environment()
-    rules = make_rules(engine)
-    cost_blocks = getattr(cost, "block_size", None)
-    if not exact_steps and lazy.applies(allocator, rules, scheduler_options, cost_blocks):
-        sched = lazy.LazyScheduler(allocator, rules, cost_block_size=cost_blocks, **scheduler_options)
-    else:
-        sched = Scheduler(allocator, rules, **scheduler_options)
     requests = RequestTable.of(requests)
+    fleet = list(allocator) if isinstance(allocator, (list, tuple)) else [allocator]
+    cost_blocks = getattr(cost, "block_size", None)
     width = scheduler_options.get("width", 1)
-    per = width if rules.split_samples else 1
-    run = PolicyRun(name, allocator.capacity, requests, per, SeqLog(len(requests) * per), step_log(bucket_s))
-    total = len(run.records)
-    settle = run.records.settle
+    reps = []
+    for alloc in fleet:
+        rules = make_rules(engine)
+        if not exact_steps and lazy.applies(alloc, rules, scheduler_options, cost_blocks):
+            sched = lazy.LazyScheduler(alloc, rules, cost_block_size=cost_blocks, **scheduler_options)
+        else:
+            sched = Scheduler(alloc, rules, **scheduler_options)
+        reps.append(_Replica(sched, env))
+    per = width if reps[0].sched.rules.split_samples else 1
+    records = SeqLog(len(requests) * per)
+    for rep in reps:
+        rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records, step_log(bucket_s))
+    pick = make_router(router, len(reps)).pick if len(reps) > 1 else None
+    served = np.full(len(requests), -1, dtype=np.int64)   # each request's replica
+    left = np.full(len(requests), per, dtype=np.int64)    # its sequences not ended yet
     limit = math.inf if time_limit_s is None else time_limit_s
     # `next`: when SimPy will hand over the next arrival (the time its timeout fires)
-    state = {"ended": 0, "wake": env.event(), "next": 0.0}
+    state = {"ended": 0, "next": 0.0}
+
+    def settle(rep: _Replica, index: int, seq) -> None:
+        records.settle(index, seq)
+        state["ended"] += 1
+        left[index // per] -= 1
+        if not left[index // per]:
+            rep.load -= 1
 
     def arrivals():
-        # A request's sequences are made when it arrives, numbered in arrival order.
+        # A request's sequences are made when it arrives, numbered in arrival order; it
+        # is routed when its first sequence arrives.
         index = 0
         for i in range(len(requests)):
-            for seq in sched.expand([requests[i]], width):
+            for k, seq in enumerate(reps[0].sched.expand([requests[i]], width)):
                 delay = seq.spec.arrival_s - env.now
                 if delay > 0:
                     state["next"] = env.now + delay      # as SimPy computes the timeout's time
                     yield env.timeout(delay)
-                sched.arrive(seq, env.now, index)
+                if k == 0:
+                    served[i] = pick(seq.spec, [r.load for r in reps]) if pick else 0
+                    rep = reps[served[i]]
+                    rep.load += 1
+                rep.sched.arrive(seq, env.now, index)
                 if seq.outcome:          # rejected on arrival
-                    state["ended"] += 1
-                    settle(index, seq)
-                if not state["wake"].triggered:
-                    state["wake"].succeed()
+                    settle(rep, index, seq)
+                if not rep.wake.triggered:
+                    rep.wake.succeed()
                 index += 1
         state["next"] = math.inf
+        for rep in reps:                 # idle replicas see that nothing more comes
+            if not rep.wake.triggered:
+                rep.wake.succeed()
 
-    def engine():
+    def engine(rep: _Replica):
         # `now` runs ahead of SimPy's clock between arrivals (never with exact_steps):
         # nothing but an arrival or the time limit can happen before the next step.
+        sched, run = rep.sched, rep.run
         now = env.now
-        while state["ended"] < total:
+        while True:
             if not sched.running and not sched.waiting and not sched.swapped:
+                if state["next"] == math.inf:
+                    return
                 for delay in (_delays(env.now, now) if now != env.now else ()):
                     yield env.timeout(delay)
-                state["wake"] = env.event()
-                yield state["wake"]
+                rep.wake = env.event()
+                yield rep.wake
                 now = env.now
                 continue
             step = sched.quiet_tick(now) or sched.schedule(now)
-            state["ended"] += len(step.rejected)
             for seq in step.rejected:
-                settle(seq.ids[0] // MAX_WIDTH, seq)
+                settle(rep, seq.ids[0] // MAX_WIDTH, seq)
             if not step.work and not step.lazy and not sched.running and not sched.waiting \
                     and not sched.swapped:
                 continue
@@ -153,19 +191,17 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec], allocator: K
                 dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
             _record(run, sched, step, now, dt)
             if check_invariants:
-                _check(sched, f"{name}: step {len(run.steps) - 1} planned at t={now:.6f}s")
+                _check(sched, f"{rep.label(name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
             end = now + dt           # SimPy's time for a timeout of dt from now
             synced = exact_steps or state["next"] <= end or end >= limit
             if synced:
                 for delay in ((dt,) if now == env.now else _delays(env.now, end)):
                     yield env.timeout(delay)
             now = end
-            finished = sched.complete(step, now)
-            state["ended"] += len(finished)
-            for seq in finished:
-                settle(seq.ids[0] // MAX_WIDTH, seq)
+            for seq in sched.complete(step, now):
+                settle(rep, seq.ids[0] // MAX_WIDTH, seq)
             if check_invariants:
-                _check(sched, f"{name}: step {len(run.steps) - 1} completed at t={now:.6f}s")
+                _check(sched, f"{rep.label(name)}step {len(run.steps) - 1} completed at t={now:.6f}s")
             if on_step:
                 on_step(state["ended"])
             # let arrivals at this instant join first (with the next one already later,
@@ -174,13 +210,53 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec], allocator: K
                 yield env.timeout(0)
 
     env.process(arrivals())
-    done = env.process(engine())
+    for i, rep in enumerate(reps):
+        rep.index = i if len(reps) > 1 else None
+    done = env.all_of([env.process(engine(rep)) for rep in reps])
     env.run(until=done if time_limit_s is None else env.any_of([done, env.timeout(time_limit_s)]))
-    for seq in [*sched.running, *sched.waiting, *sched.swapped]:    # unfinished
-        settle(seq.ids[0] // MAX_WIDTH, seq)
-    run.preemptions, run.swaps = sched.preemptions, sched.swaps
-    run.prompt_tokens, run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
-    run.width = sched.width
+    for rep in reps:
+        sched = rep.sched
+        for seq in [*sched.running, *sched.waiting, *sched.swapped]:    # unfinished
+            records.settle(seq.ids[0] // MAX_WIDTH, seq)
+        rep.run.preemptions, rep.run.swaps = sched.preemptions, sched.swaps
+        rep.run.prompt_tokens, rep.run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
+        rep.run.width = sched.width
+    if len(reps) == 1:
+        return reps[0].run
+    return fleet_run(name, [rep.run for rep in reps], served)
+
+
+@dataclass
+class _Replica:
+    """One engine of a fleet: its scheduler, what it records, its unfinished requests
+    (the router's load) and the event that wakes it when idle."""
+    sched: Scheduler
+    env: simpy.Environment
+    load: int = 0
+    index: int | None = None
+    run: PolicyRun | None = None
+    wake: simpy.Event = None
+
+    def __post_init__(self):
+        self.wake = self.env.event()
+
+    def label(self, name: str) -> str:
+        return f"{name}: " if self.index is None else f"{name}: replica {self.index}: "
+
+
+def fleet_run(name: str, parts: list[PolicyRun], served: np.ndarray) -> PolicyRun:
+    """The fleet as one run: every request, the replicas' steps read as one log (so
+    time-weighted figures are over replica-time) and their counts summed."""
+    first = parts[0]
+    run = PolicyRun(name, first.capacity_slots, first.requests, first.per, first.records,
+                    MergedLog([p.steps for p in parts]), width=first.width, parts=parts, replica=served)
+    for p in parts:
+        run.preemptions += p.preemptions
+        run.swaps += p.swaps
+        run.prompt_tokens += p.prompt_tokens
+        run.cached_tokens += p.cached_tokens
+        run.extrapolated += p.extrapolated
+        run.extrapolation_reasons |= p.extrapolation_reasons
     return run
 
 

@@ -21,6 +21,7 @@ CHUNK = 4096
 
 class StepLog:
     """Rows of `fields`, the ones named in `ints` integers, in the order appended."""
+    bucketed = False
 
     def __init__(self, fields: Sequence[str], ints: Sequence[str] = ()):
         self.fields = tuple(fields)
@@ -77,6 +78,7 @@ class BucketLog(StepLog):
     time-weighted means over the run are those of the steps, up to the order of
     floating-point additions. `limit_field` names the field holding a limit code, of
     `limits` codes; `memory` is the code whose steps are memory-bound."""
+    bucketed = True
 
     def __init__(self, fields: Sequence[str], ints: Sequence[str], bucket_s: float, *,
                  totals: Sequence[str], weighted: Sequence[str], limits: int, memory: int,
@@ -129,6 +131,26 @@ class BucketLog(StepLog):
 
     def array(self) -> np.ndarray:
         raise TypeError("a BucketLog keeps sums per time bucket, not the steps")
+
+
+class MergedLog:
+    """Several replicas' logs read as one (a fleet's): their rows, or their buckets, one
+    replica after another. Sums and time-weighted means over it are over replica-time."""
+
+    def __init__(self, logs: Sequence[StepLog]):
+        self.logs = list(logs)
+        self.bucketed = self.logs[0].bucketed
+        self.bucket_s = getattr(self.logs[0], "bucket_s", None)
+
+    def __len__(self) -> int:
+        return sum(len(log) for log in self.logs)
+
+    def array(self) -> np.ndarray:
+        return np.concatenate([log.array() for log in self.logs])
+
+    def buckets(self) -> dict[str, np.ndarray]:
+        parts = [log.buckets() for log in self.logs]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 OUTCOMES = ("unfinished", "completed", "rejected")

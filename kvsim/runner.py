@@ -33,6 +33,7 @@ class Results:
     timeseries: pd.DataFrame
     requests: pd.DataFrame
     pool: PoolSizing
+    replicas: pd.DataFrame | None = None    # a fleet's rows per (policy, replica)
 
 
 def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:
@@ -124,24 +125,42 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
         setups.append((policy, kv, allocator, cost, settings, kind, options))
     width = max(scn.workload.n, scn.workload.beam_width)
-    summaries, series, tables = [], [], []
+    replicas, router = scn.fleet
+    summaries, series, tables, per_replica = [], [], [], []
     for policy, kv, allocator, cost, settings, kind, options in setups:
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
-        run = simulate(policy.name, requests, allocator, cost, on_step=progress,
+        fleet = [allocator] + [make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options)
+                               for _ in range(replicas - 1)]
+        run = simulate(policy.name, requests, fleet if replicas > 1 else allocator, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
-                       exact_steps=exact_steps, bucket_s=bucket_s,
+                       exact_steps=exact_steps, bucket_s=bucket_s, router=router,
                        **scheduler_options(scn, kv, gpu, settings))
         table = request_table(run)
         mean_footprint = total_footprint(allocator, requests) * width / len(requests)
-        summaries.append({
-            "policy": policy.name, "allocator": policy.allocator,
-            "kv_cache_dtype": kv.kv_cache_dtype, **effective_columns(settings, kind, options),
-            "kv_pool_gib": tidy(pool.pool_bytes / GIB), "kv_capacity_tokens": allocator.capacity,
-            "memory_capacity_requests": tidy(allocator.capacity / mean_footprint),
-            **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
-            "cost_model": describe(cost.label, run.extrapolated, len(run.steps), run.extrapolation_reasons),
-        })
+        fixed = {"policy": policy.name, "allocator": policy.allocator,
+                 "kv_cache_dtype": kv.kv_cache_dtype, **effective_columns(settings, kind, options)}
+        if replicas > 1:
+            fixed.update(replicas=replicas, router=router)
+
+        def row(run, table, share: int) -> dict:
+            """share: the replicas the row's pool and capacity columns add up."""
+            return {**fixed, "kv_pool_gib": tidy(pool.pool_bytes * share / GIB),
+                    "kv_capacity_tokens": allocator.capacity * share,
+                    "memory_capacity_requests": tidy(allocator.capacity * share / mean_footprint),
+                    **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
+                    "cost_model": describe(cost.label, run.extrapolated, len(run.steps),
+                                           run.extrapolation_reasons)}
+        summaries.append(row(run, table, replicas))
+        for r, part in enumerate(run.parts):
+            mine = table[table.replica == r]
+            per_replica.append({"replica": r, "requests_routed": len(mine), **row(part, mine, 1)})
         series.append(step_table(run))
         tables.append(table)
     return Results(pd.DataFrame(summaries), pd.concat(series, ignore_index=True),
-                   pd.concat(tables, ignore_index=True), pool)
+                   pd.concat(tables, ignore_index=True), pool,
+                   _replica_columns(pd.DataFrame(per_replica)) if per_replica else None)
+
+
+def _replica_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """policy, replica first: the rest as in the summary."""
+    return df[["policy", "replica", *[c for c in df.columns if c not in ("policy", "replica")]]]

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from kvsim.errors import InputError
 from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
 
+MAX_REPLICAS = 256
 KVDtype = Literal["auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"]
 assert set(typing.get_args(KVDtype)) - {"auto"} == set(DTYPE_BITS)
 
@@ -325,6 +326,8 @@ class Scenario(Strict):
     max_model_len: int | None = Field(None, ge=1)   # default: the model's context length (filled at load)
     engine: Engine | None = None     # vllm-v0, vllm-v1 (default) or sglang; or under scheduler:
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
+    replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS)   # engines behind a router (default 1)
+    router: Literal["round-robin", "least-loaded", "prefix-aware"] | None = None   # default round-robin
     cost_model: Annotated[Union[Annotated[Literal["roofline", "calibrated"], Tag("preset")],
                                 Annotated[ProfileCost, Tag("profile-ref")]],
                           Discriminator(lambda v: "preset" if isinstance(v, str) else "profile-ref")] = "roofline"
@@ -345,6 +348,11 @@ class Scenario(Strict):
         gpu = self.gpu_spec()
         return resolve(self.engine_name, self.scheduler, max_model_len=self.max_model_len,
                        gpu_name=gpu.name, gpu_memory_gib=gpu.memory_gib, pool_tokens=pool_tokens)
+
+    @property
+    def fleet(self) -> tuple[int, str]:
+        """(replicas, router), defaults filled in."""
+        return self.replicas or 1, self.router or "round-robin"
 
     @property
     def batched_token_budget(self) -> int:

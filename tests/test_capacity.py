@@ -68,7 +68,7 @@ def kvsim(*args) -> tuple[int, str, str]:
 
 def search(start: float, *results: tuple[float, bool]) -> Search:
     s = Search("p", start)
-    s.probes = [Probe("p", rate, 1, met, "", {}) for rate, met in results]
+    s.probes = [Probe("p", rate, 1, 1, met, "", {}) for rate, met in results]
     return s
 
 
@@ -126,15 +126,22 @@ def test_the_highest_rate_matches_the_hand_derived_bracket(tmp_path):
 
 
 def test_the_fewest_gpus_for_a_rate(tmp_path):
-    # 30/s: paged serves 40/s on one GPU; contiguous 20/s on one, and on two (tp 2: steps of
-    # 5 ms, a pool of 838 slots holds 3 regions, max_num_seqs caps it at 2) 2 / 25 ms = 80/s.
+    # 30/s: paged serves 40/s on one GPU; contiguous 20/s on one. Two GPUs serve it both
+    # ways: as tp 2 (steps of 5 ms, a pool of 838 slots holds 3 regions, max_num_seqs caps
+    # it at 2: 2 / 25 ms = 80/s), and as two tp-1 replicas, round-robin sending each an
+    # evenly spaced 15/s, below its 20/s. The smaller tp is reported, the other noted.
     out = tmp_path / "gpus"
     code, stdout, stderr = kvsim("capacity", write(tmp_path), "--rate", "30", "--out", out, "--workers", "2")
     assert code == 0, stderr
     table = pd.read_csv(out / "capacity.csv").set_index("policy")
     assert table.gpus.to_dict() == {"contiguous": 2, "paged": 1}
-    assert "replicas are not simulated yet" in stdout
-    assert len(pd.read_csv(out / "probes.csv")) == 8       # 2 policies x tp 1, 2, 4, 8
+    assert table.loc["contiguous", ["tensor_parallel_size", "replicas"]].tolist() == [1, 2]
+    assert table.note["contiguous"] == "also met: tp 2 x 1"
+    assert "x replicas 1, 2, 3, 4, 6, 8; round-robin router" in stdout
+    probes = pd.read_csv(out / "probes.csv")
+    # paged: 1 GPU (met); contiguous: 1 GPU (missed), then both layouts of 2
+    assert sorted(zip(probes.policy, probes.tensor_parallel_size, probes.replicas, probes.met)) == [
+        ("contiguous", 1, 1, False), ("contiguous", 1, 2, True), ("contiguous", 2, 1, True), ("paged", 1, 1, True)]
 
 
 def test_slo_on_the_command_line_replaces_the_scenarios(tmp_path):

@@ -87,16 +87,25 @@ def write_run(results, scn, folder: Path, meta: dict) -> None:
     from kvsim.report.plots import write_plots
     from kvsim.report.style import context_line
 
-    results.summary.to_csv(folder / "summary.csv", index=False)
-    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in results.summary.to_dict(orient="records")]
-    (folder / "summary.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
+    _write_table(results.summary, folder, "summary")
+    series = results.timeseries
+    if results.replicas is not None:        # a fleet: its rows per replica too
+        _write_table(results.replicas, folder, "replica_summary")
+        series = series[series.replica == 0]
     results.timeseries.to_parquet(folder / "timeseries.parquet", index=False)
     results.requests.to_parquet(folder / "requests.parquet", index=False)
     (folder / "scenario.yaml").write_text(_scenario_yaml(scn))
     context = context_line(scn.model_dump(mode="json", exclude_none=True), results.summary)
-    write_plots(results.summary, results.timeseries, results.requests, folder, context=context)
+    write_plots(results.summary, series, results.requests, folder, context=context)
     (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _write_table(table, folder: Path, name: str) -> None:
+    """NAME.csv and NAME.json (NaN as null) of a summary-like table."""
+    table.to_csv(folder / f"{name}.csv", index=False)
+    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in table.to_dict(orient="records")]
+    (folder / f"{name}.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
 
 
 def _scenario_yaml(scn) -> str:
@@ -137,6 +146,10 @@ def print_table(summary, scn=None) -> None:
     click.echo("fractions and achv batch: " + "; ".join(f"basis '{b}': {BASIS.get(b, b)}" for b in bases))
     if "engine" in summary:
         click.echo("engine: " + ", ".join(dict.fromkeys(summary["engine"].astype(str))))
+    if "replicas" in summary:
+        n, router = summary["replicas"].iloc[0], summary["router"].iloc[0]
+        click.echo(f"fleet: {n} replicas behind a {router} router; rows are the fleet's (batch and "
+                   "fractions per replica, over replica-time); each replica in replica_summary.csv")
     costs = dict(zip(summary.policy.astype(str), summary.cost_model.astype(str)))
     if len(set(costs.values())) == 1:
         click.echo(f"step costs: {next(iter(costs.values()))}")

@@ -180,9 +180,12 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
         head = (f"highest arrival rate within {shown} ({scn.workload.num_requests} requests per probe, "
                 f"seed {scn.seed}; rates within {tolerance:.0%})")
     else:
-        meta.update(question="gpus", rate_per_s=rate, tensor_parallel_sizes=list(cap.TP_SIZES))
-        head = (f"fewest GPUs serving {rate:g} requests/s within {shown} (tensor_parallel_size "
-                f"{', '.join(map(str, cap.TP_SIZES))}; replicas are not simulated yet, so GPUs = tp)")
+        replicas, router = scn.fleet
+        meta.update(question="gpus", rate_per_s=rate, tensor_parallel_sizes=list(cap.TP_SIZES),
+                    replicas=list(cap.REPLICAS), router=router)
+        head = (f"fewest GPUs serving {rate:g} requests/s within {shown} (GPUs = tensor_parallel_size "
+                f"{', '.join(map(str, cap.TP_SIZES))} x replicas {', '.join(map(str, cap.REPLICAS))}; "
+                f"{router} router)")
     _write(out, table, cap.probe_table(probes, targets), targets, meta, rate is None)
     if not quiet:
         click.echo(head)
@@ -199,6 +202,6 @@ def _write(out: Path, table, probes, targets, meta, forward: bool) -> None:
         table.to_csv(tmp / "capacity.csv", index=False)
         probes.to_csv(tmp / "probes.csv", index=False)
         write_capacity_plot(table, probes, targets, "max_rate_per_s" if forward else "gpus",
-                            "rate_per_s" if forward else "tensor_parallel_size", tmp)
+                            "rate_per_s" if forward else "gpus", tmp)
         (tmp / "capacity.json").write_text(json.dumps(meta, indent=2) + "\n")
     swap_in(out, write)

@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 
 from kvsim.engine import STEP_FIELDS, PolicyRun
-from kvsim.records import BucketLog
 from kvsim.scheduler import LIMITS
 
 PARTS = ("token", "reservation", "internal", "external", "free")
@@ -42,7 +41,11 @@ def tidy(x: float) -> float:
 
 
 def step_table(run: PolicyRun) -> pd.DataFrame:
-    if isinstance(run.steps, BucketLog):
+    """One row per step (or bucket); a fleet's, each replica's rows in turn with its index."""
+    if run.parts:
+        return pd.concat([step_table(p).assign(replica=r) for r, p in enumerate(run.parts)],
+                         ignore_index=True)
+    if run.steps.bucketed:
         return bucket_table(run)
     df = pd.DataFrame(run.steps.columns())
     cap = float(run.capacity_slots)
@@ -114,6 +117,8 @@ def request_table(run: PolicyRun) -> pd.DataFrame:
                np.repeat(req.output_tokens, per), np.full(len(rec), run.width, dtype=np.int64),
                rec.preemptions, rec.names(), rec.reason_column())
     df = pd.DataFrame(dict(zip(REQUEST_COLUMNS, columns)))
+    if run.replica is not None:
+        df["replica"] = np.repeat(run.replica, per)
     if df.request_id.duplicated().any():
         rank = df.outcome.map({"rejected": 2, "unfinished": 1, "completed": 0})
         df = (df.assign(rank=rank).groupby("request_id", sort=True)
@@ -121,7 +126,8 @@ def request_table(run: PolicyRun) -> pd.DataFrame:
                    first_token_s=("first_token_s", "min"), finish_s=("finish_s", "max"),
                    prompt_tokens=("prompt_tokens", "first"), output_tokens=("output_tokens", "first"),
                    sequences=("sequences", "size"), preemptions=("preemptions", "sum"),
-                   rank=("rank", "max"), reason=("reason", "max"))
+                   rank=("rank", "max"), reason=("reason", "max"),
+                   **({"replica": ("replica", "first")} if run.replica is not None else {}))
               .reset_index())
         df.insert(len(REQUEST_COLUMNS) - 2, "outcome", df.pop("rank").map({2: "rejected", 1: "unfinished", 0: "completed"}))
     df.insert(0, "policy", run.name)
@@ -165,7 +171,7 @@ def _savings(col: dict, dt: np.ndarray) -> float:
 
 def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) -> dict:
     """One policy's summary row; scale_share = scale bytes / bytes per token slot."""
-    figures = _bucket_figures(run) if isinstance(run.steps, BucketLog) else _step_figures(run)
+    figures = _bucket_figures(run) if run.steps.bucketed else _step_figures(run)
     limits, fractions = figures["limits"], figures["fractions"]
 
     done = requests[requests.outcome == "completed"]

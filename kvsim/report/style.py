@@ -122,7 +122,7 @@ def context_line(scenario: dict | None, summary: pd.DataFrame | None = None, swe
     arrival = (scenario.get("workload") or {}).get("arrival") or {}
     parts = [str(scenario.get("name", "?")),
              f"{_name(scenario.get('model'), 'model')} on {_name(scenario.get('gpu'), 'gpu')}, "
-             f"tp {scenario.get('tensor_parallel_size', 1)}",
+             f"tp {scenario.get('tensor_parallel_size', 1)}" + _fleet_text(scenario),
              f"{arrival.get('process', '?')} arrivals, rate swept" if swept else _arrival_text(scenario)]
     engines = _distinct(summary, "engine") or ([scenario["engine"]] if scenario.get("engine") else [])
     if engines:
@@ -133,6 +133,12 @@ def context_line(scenario: dict | None, summary: pd.DataFrame | None = None, swe
     elif costs:
         parts.append("step costs differ per policy (see the summary)")
     return " · ".join(parts)
+
+
+def _fleet_text(scenario: dict) -> str:
+    n = scenario.get("replicas") or 1
+    return f", {n} replicas ({scenario.get('router') or 'round-robin'} router; time series: replica 0)" \
+        if n > 1 else ""
 
 
 def _distinct(summary: pd.DataFrame | None, column: str) -> list[str]:

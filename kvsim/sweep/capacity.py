@@ -41,7 +41,8 @@ from kvsim.sweep.backends import Outcome, Task
 from kvsim.sweep.grid import scenario_id
 
 EXPAND = 20                      # doublings (or halvings) from the starting rate
-TP_SIZES = (1, 2, 4, 8)          # tensor-parallel degrees tried for --rate
+TP_SIZES = (1, 2, 4, 8)          # tensor-parallel degrees tried for --rate ...
+REPLICAS = (1, 2, 3, 4, 6, 8)    # ... and replicas of each (GPUs = tp x replicas)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Probe:
     policy: str
     rate_per_s: float
     tensor_parallel_size: int
+    replicas: int
     met: bool
     why: str                     # the targets missed, or the error; empty when met
     values: dict                 # the targets' columns at this rate
@@ -112,37 +114,37 @@ def arrival_rate(scn: Scenario, src: str) -> float:
     return arrival.rate_per_s
 
 
-def probe_scenario(scn: Scenario, policy, rate: float, tp: int) -> Scenario:
+def probe_scenario(scn: Scenario, policy, rate: float, tp: int, replicas: int | None) -> Scenario:
     wl = scn.workload
     arrival = wl.arrival.model_copy(update={"rate_per_s": rate})
-    return scn.model_copy(update={"policies": [policy], "tensor_parallel_size": tp,
+    return scn.model_copy(update={"policies": [policy], "tensor_parallel_size": tp, "replicas": replicas,
                                   "workload": wl.model_copy(update={"arrival": arrival})})
 
 
-def judge(outcome: Outcome, policy: str, rate: float, tp: int, targets: dict) -> Probe:
+def judge(outcome: Outcome, policy: str, rate: float, tp: int, replicas: int, targets: dict) -> Probe:
     if outcome.summary is None:
-        return Probe(policy, rate, tp, False, outcome.error, {})
+        return Probe(policy, rate, tp, replicas, False, outcome.error, {})
     row = outcome.summary.iloc[0].to_dict()
     missed = misses(row, targets)
     if row["requests_unfinished"]:
         missed.append(f"{row['requests_unfinished']} requests unfinished at time_limit_s")
-    return Probe(policy, rate, tp, not missed, "; ".join(missed), {k: row[k] for k in targets})
+    return Probe(policy, rate, tp, replicas, not missed, "; ".join(missed), {k: row[k] for k in targets})
 
 
 def _run(backend, jobs: dict[str, tuple], scn, base_dir, src, targets, on_probe,
          fatal_input: bool) -> list[Probe]:
-    """jobs: task id -> (policy, rate, tp); runs them all and judges each. With fatal_input,
-    bad input stops the search (the scenario is wrong); without, it is a missed probe
-    (a tensor-parallel degree whose weights do not fit, say)."""
+    """jobs: task id -> (policy, rate, tp, replicas); runs them all and judges each. With
+    fatal_input, bad input stops the search (the scenario is wrong); without, it is a
+    missed probe (a tensor-parallel degree whose weights do not fit, say)."""
     tasks, probes = [], []
-    for tid, (policy, rate, tp) in jobs.items():
-        tasks.append(Task(tid, probe_scenario(scn, policy, rate, tp), base_dir, src))
+    for tid, job in jobs.items():
+        tasks.append(Task(tid, probe_scenario(scn, *job), base_dir, src))
 
     def collect(outcome: Outcome) -> None:
-        policy, rate, tp = jobs[outcome.id]
+        policy, rate, tp, replicas = jobs[outcome.id]
         if outcome.input_error and fatal_input:
             raise InputError(*outcome.input_error)
-        probes.append(judge(outcome, policy.name, rate, tp, targets))
+        probes.append(judge(outcome, policy.name, rate, tp, replicas or 1, targets))
         on_probe(probes[-1])
 
     backend.run(tasks, collect)
@@ -164,8 +166,8 @@ def max_rates(scn: Scenario, base_dir, src: str, targets: dict, backend, toleran
         jobs = {}
         for s in active:
             for rate in s.next_rates(k):
-                probe = probe_scenario(scn, policies[s.policy], rate, scn.tensor_parallel_size)
-                jobs[scenario_id(probe)] = (policies[s.policy], rate, scn.tensor_parallel_size)
+                job = (policies[s.policy], rate, scn.tensor_parallel_size, scn.replicas)
+                jobs[scenario_id(probe_scenario(scn, *job))] = job
         for probe in _run(backend, jobs, scn, base_dir, src, targets, on_probe, fatal_input=True):
             searches[probe.policy].probes.append(probe)
     table = pd.DataFrame([s.row() for s in searches.values()])
@@ -174,26 +176,43 @@ def max_rates(scn: Scenario, base_dir, src: str, targets: dict, backend, toleran
 
 def fewest_gpus(scn: Scenario, base_dir, src: str, targets: dict, backend, rate: float,
                 on_probe=lambda p: None) -> tuple[pd.DataFrame, list[Probe]]:
-    """The smallest tensor-parallel degree (of TP_SIZES) at which each policy serves `rate`."""
+    """The fewest GPUs (tensor_parallel_size x replicas, of TP_SIZES x REPLICAS) with which
+    each policy serves `rate`: GPU counts are tried in rising order, every layout of a
+    count at once, until one meets the targets. Of several layouts of that count that
+    meet, the one with the smallest tp is reported and the others named in the note.
+    The fleet routes with the scenario's router (default round-robin)."""
     arrival_rate(scn, src)
-    jobs = {}
-    for policy in scn.policies:
-        for tp in TP_SIZES:
-            jobs[scenario_id(probe_scenario(scn, policy, rate, tp))] = (policy, rate, tp)
-    probes = _run(backend, jobs, scn, base_dir, src, targets, on_probe, fatal_input=False)
-    rows = []
-    for policy in scn.policies:
-        mine = sorted((p for p in probes if p.policy == policy.name), key=lambda p: p.tensor_parallel_size)
-        best = next((p.tensor_parallel_size for p in mine if p.met), None)
-        note = "" if best else f"not met with tensor_parallel_size up to {TP_SIZES[-1]}"
-        rows.append({"policy": policy.name, "rate_per_s": rate, "gpus": best,
-                     "tensor_parallel_size": best, "replicas": 1, "note": note})
-    table = pd.DataFrame(rows).astype({"gpus": "Int64", "tensor_parallel_size": "Int64"})
+    layouts = sorted((tp * r, tp, r) for tp in TP_SIZES for r in REPLICAS)
+    open_policies, probes, rows = list(scn.policies), [], {}
+    for gpus in dict.fromkeys(g for g, _, _ in layouts):
+        jobs = {}
+        for policy in open_policies:
+            for _, tp, r in (x for x in layouts if x[0] == gpus):
+                job = (policy, rate, tp, r)
+                jobs[scenario_id(probe_scenario(scn, *job))] = job
+        found = _run(backend, jobs, scn, base_dir, src, targets, on_probe, fatal_input=False)
+        probes += found
+        for policy in list(open_policies):
+            met = sorted((p for p in found if p.policy == policy.name and p.met), key=lambda p: p.tensor_parallel_size)
+            if met:
+                also = ", ".join(f"tp {p.tensor_parallel_size} x {p.replicas}" for p in met[1:])
+                rows[policy.name] = (gpus, met[0].tensor_parallel_size, met[0].replicas,
+                                     f"also met: {also}" if also else "")
+                open_policies.remove(policy)
+        if not open_policies:
+            break
+    most = f"not met with up to {layouts[-1][0]} GPUs (tp {TP_SIZES[-1]} x {REPLICAS[-1]} replicas)"
+    table = pd.DataFrame([{"policy": p.name, "rate_per_s": rate,
+                           **dict(zip(("gpus", "tensor_parallel_size", "replicas", "note"),
+                                      rows.get(p.name, (None, None, None, most))))}
+                          for p in scn.policies])
+    table = table.astype({"gpus": "Int64", "tensor_parallel_size": "Int64", "replicas": "Int64"})
     return table, probes
 
 
 def probe_table(probes: list[Probe], targets: dict) -> pd.DataFrame:
-    rows = [{"policy": p.policy, "rate_per_s": tidy(p.rate_per_s), "tensor_parallel_size": p.tensor_parallel_size,
+    rows = [{"policy": p.policy, "rate_per_s": tidy(p.rate_per_s), "gpus": p.tensor_parallel_size * p.replicas,
+             "tensor_parallel_size": p.tensor_parallel_size, "replicas": p.replicas,
              "met": p.met, **{k: p.values.get(k, math.nan) for k in targets}, "why": p.why} for p in probes]
-    return pd.DataFrame(rows).sort_values(["policy", "tensor_parallel_size", "rate_per_s"],
+    return pd.DataFrame(rows).sort_values(["policy", "gpus", "tensor_parallel_size", "rate_per_s"],
                                           kind="stable").reset_index(drop=True)

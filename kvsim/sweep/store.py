@@ -99,7 +99,8 @@ class Store:
                 head = params.iloc[[i] * len(rows)].reset_index(drop=True)
                 head.insert(len(head.columns), "seed", point.seed)
                 head.insert(len(head.columns), "point", point.id)
-                parts.append(pd.concat([head, rows], axis=1))
+                # a swept field the summary also reports (engine, router, ...) is one column
+                parts.append(pd.concat([head, rows.drop(columns=[c for c in head if c in rows])], axis=1))
         rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         errors = pd.DataFrame([{**params.iloc[i].to_dict(), "seed": p.seed, "point": p.id,
                                 "error": self.error(p.id)["error"]}
