@@ -33,7 +33,7 @@ class Results:
     timeseries: pd.DataFrame
     requests: pd.DataFrame
     pool: PoolSizing
-    replicas: pd.DataFrame | None = None    # a fleet's rows per (policy, replica)
+    per_replica: pd.DataFrame | None = None    # a fleet's rows per (policy, replica)
 
 
 def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:

@@ -89,8 +89,8 @@ def write_run(results, scn, folder: Path, meta: dict) -> None:
 
     _write_table(results.summary, folder, "summary")
     series = results.timeseries
-    if results.replicas is not None:        # a fleet: its rows per replica too
-        _write_table(results.replicas, folder, "replica_summary")
+    if results.per_replica is not None:        # a fleet: its rows per replica too
+        _write_table(results.per_replica, folder, "replica_summary")
         series = series[series.replica == 0]
     results.timeseries.to_parquet(folder / "timeseries.parquet", index=False)
     results.requests.to_parquet(folder / "requests.parquet", index=False)
