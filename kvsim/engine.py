@@ -122,7 +122,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
         rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records, step_log(bucket_s))
     pick = make_router(router, len(reps)).pick if len(reps) > 1 else None
     served = np.full(len(requests), -1, dtype=np.int64)   # each request's replica
-    left = np.full(len(requests), per, dtype=np.int64)    # its sequences not ended yet
+    left = [per] * len(requests) if pick else None         # its sequences not ended yet
     limit = math.inf if time_limit_s is None else time_limit_s
     # `next`: when SimPy will hand over the next arrival (the time its timeout fires)
     state = {"ended": 0, "next": 0.0}
@@ -130,9 +130,10 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     def settle(rep: _Replica, index: int, seq) -> None:
         records.settle(index, seq)
         state["ended"] += 1
-        left[index // per] -= 1
-        if not left[index // per]:
-            rep.load -= 1
+        if left is not None:
+            left[index // per] -= 1
+            if not left[index // per]:
+                rep.load -= 1
 
     def arrivals():
         # A request's sequences are made when it arrives, numbered in arrival order; it
