@@ -49,7 +49,7 @@ def test_quick_profile_reports_and_drives_a_run(quick_profile, tmp_path):
     # the quick profile measured shapes 8x narrower, so the real model's KV reads lie beyond it
     label = json.loads(out)["cost_model"]
     # the profile's all-reduce is measured (two gloo workers) unless this machine has one core
-    assert label.startswith("profile:cpu-llama-3-8b-quick (measured on cpu) + overhead:splitwise-a100-v1 (")
+    assert label.startswith("profile:cpu-llama-3-8b-quick (measured on cpu) + overhead:splitwise-a100-v2 (")
     assert label.endswith(") [extrapolated in 1/1 steps: decode attention beyond measured work; "
                           "engine overhead at tp 1 (measured 2-8)]")
     scn = tmp_path / "s.yaml"

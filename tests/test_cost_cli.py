@@ -18,12 +18,12 @@ def test_cost_json_has_step_time_and_parts_that_sum_to_it():
     assert (code, err) == (0, "")
     res = json.loads(out)
     # the shipped overhead was measured at tp 2-8: a tp-1 step is priced beyond it, and says so
-    assert res["cost_model"] == ("profile:a100-llama-3-8b + overhead:splitwise-a100-v1 [extrapolated in 1/1 "
+    assert res["cost_model"] == ("profile:a100-llama-3-8b + overhead:splitwise-a100-v2 [extrapolated in 1/1 "
                                  "steps: engine overhead at tp 1 (measured 2-8)]")
     assert res["extrapolated"] == ["engine overhead at tp 1 (measured 2-8)"]
     assert res["step_time_s"] == pytest.approx(sum(res["parts_s"].values()))
     assert res["step_time_s"] == pytest.approx(sum(res["groups_s"].values()))
-    assert res["roofline_s"] < res["step_time_s"] < 0.05
+    assert res["roofline_s"] < res["step_time_s"] < 0.1        # tens of ms, not the roofline's few
 
 
 def test_cost_text_shows_each_part():
@@ -31,12 +31,12 @@ def test_cost_text_shows_each_part():
                          "--prefill-tokens", "2048")
     assert code == 0
     lines = out.splitlines()
-    assert lines[1] == ("cost model: profile:h100-llama-2-70b + overhead:splitwise-a100-v1 "
+    assert lines[1] == ("cost model: profile:h100-llama-2-70b + overhead:splitwise-a100-v2 "
                         "(on h100-80gb: links x1.5)")
     assert lines[2].startswith("step time:")
     assert [ln.split()[0] for ln in lines[3:]] == ["linear", "attention_prefill", "attention_decode", "kv_write",
                                                    "allreduce", "embedding", "lm_head", "overhead_step",
-                                                   "overhead_seqs", "overhead_prompt_tokens", "of"]
+                                                   "overhead_seqs", "overhead_prompt_tokens", "overhead_launch", "of"]
     assert lines[-1].startswith("of which kernels ") and "engine overhead" in lines[-1]
 
 
@@ -93,7 +93,7 @@ SCENARIO = {
 }
 
 
-TP1_LABEL = re.compile(r"profile:a100-llama-3-8b \+ overhead:splitwise-a100-v1 \[extrapolated in (\d+)/\1 "
+TP1_LABEL = re.compile(r"profile:a100-llama-3-8b \+ overhead:splitwise-a100-v2 \[extrapolated in (\d+)/\1 "
                        r"steps: engine overhead at tp 1 \(measured 2-8\)\]")   # every step: tp 1
 
 

@@ -128,7 +128,7 @@ def test_breakdown_sums_to_step_time_and_parts_behave():
     longer = c.breakdown(StepBatch.build([], [4096] * 64))["attention_decode"]
     fp8 = cost(kv_dtype="fp8").breakdown(decode)["attention_decode"]
     assert fp8 < parts["attention_decode"] < longer
-    assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v1"
+    assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v2"
     tp2 = cost(tp=2).breakdown(decode)
     assert tp2["allreduce"] > 0 and tp2["linear"] < parts["linear"]
 
@@ -146,9 +146,9 @@ def test_extrapolation_is_named_per_step_and_described_for_a_run():
     assert inside == () and set(beyond) == {"linear ops beyond 32768 measured tokens (scaled in proportion)",
                                             "engine overhead at more tokens than measured (1-32768)",
                                             "prefill_fresh attention beyond measured work"}
-    assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v1"   # no history: fixed
+    assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v2"   # no history: fixed
     assert describe(c.label, 1, 2, beyond) == (
-        "profile:a100-llama-3-8b + overhead:splitwise-a100-v1 [extrapolated in 1/2 steps: engine overhead at "
+        "profile:a100-llama-3-8b + overhead:splitwise-a100-v2 [extrapolated in 1/2 steps: engine overhead at "
         "more tokens than measured (1-32768); linear ops beyond 32768 measured tokens (scaled in proportion); "
         "prefill_fresh attention beyond measured work]")
 
@@ -166,7 +166,7 @@ def test_fallbacks_and_predictions_are_named():
 
 def test_profile_by_name_must_match_the_model():
     assert (cost(choice=ProfileCost(profile="a100-llama-3-8b")).label
-            == "profile:a100-llama-3-8b + overhead:splitwise-a100-v1")
+            == "profile:a100-llama-3-8b + overhead:splitwise-a100-v2")
     with pytest.raises(InputError, match="measured for llama-2-7b"):
         cost(choice=ProfileCost(profile="a100-llama-2-7b"))
     on_h100 = cost(gpu="h100-80gb", choice=ProfileCost(profile="a100-llama-3-8b", step_overhead_ms=2))

@@ -143,7 +143,7 @@ class Profiled:
 
         step = layers x (linear ops(N) + prefill attention + decode attention + KV write
                          + 2 all-reduces when tp > 1) + embedding(N) + LM head(S)
-               + host overhead(S, prompt tokens)
+               + host overhead(S, prompt tokens) + launch wait
 
     N is the step's new tokens, S its sequences (each produces logits). Linear ops are
     interpolated in the profile's table; attention and KV writes use the fitted forms
@@ -151,6 +151,8 @@ class Profiled:
     peaks; whole prompts and chunks on a cache are separate kernels, all decodes one.
     All-reduce is the overhead's fitted communication (kvsim.cost.overhead.Comm) or, when it
     has none, the profile's ring: latency + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth.
+    The launch wait is the CPU time to launch every layer's kernels beyond what the device
+    time above (kernels and all-reduce) hides (kvsim.cost.overhead.Overhead.launch_wait).
     `overhead` None keeps the profile's own fixed step_overhead_s (0 in shipped profiles).
     `price` names what a step left the measured ranges for; the run counts them
     (kvsim.engine), so this object keeps no history and `label` is fixed.
@@ -242,9 +244,12 @@ class Profiled:
             self._outside[seqs, n] = self.overhead.outside(self.tp, seqs, n)
         why += self._outside[seqs, n]
         L = self.layers
-        return {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
-                "kv_write": L * kv_write, "allreduce": self._comm[n], "embedding": emb,
-                "lm_head": lm_head, **self.overhead.host(seqs, pre_tokens)}, tuple(why)
+        parts = {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
+                 "kv_write": L * kv_write, "allreduce": self._comm[n], "embedding": emb,
+                 "lm_head": lm_head}
+        device = sum(parts.values())
+        return {**parts, **self.overhead.host(seqs, pre_tokens),
+                "overhead_launch": self.overhead.launch_wait(L, device)}, tuple(why)
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per part of one step (they sum to step_time)."""

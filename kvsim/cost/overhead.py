@@ -5,26 +5,36 @@ also spends time on the host, scheduling, preparing inputs and block tables, sam
 and launching kernels, and on tensor-parallel communication. kvsim models both as
 parts of the step, added to the kernels:
 
+    step   = host + max(device, launch)
     host   = step_s + per_seq_s x sequences + per_prefill_token_s x prompt tokens
+    device = kernels + comm
     comm   = layers x 2 all-reduces x (latency_s + latency_per_hop_s x (tp - 1)
              + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth
              + the same bytes for the tokens beyond large_step_tokens / large_step_bus)
+    launch = layers x launch_per_layer_s
 
-N is the step's new tokens. The host part is CPU time; the communication part is the
-device's: it moves over the GPU's links. An `Overhead` is fitted on one GPU
+N is the step's new tokens. `host` is CPU work the GPU waits for (scheduling, preparing
+inputs and block tables, sampling). `launch` is the CPU time to issue the layers' kernels:
+the CPU issues them asynchronously while the GPU runs the ones already issued, so it is
+hidden behind device work and shows only when the GPU would otherwise wait, as
+`launch_wait` = max(0, launch - device): an engine without CUDA graphs is launch-bound
+in small decode steps. The host and launch parts are CPU time; the communication part is
+the device's: it moves over the GPU's links. An `Overhead` is fitted on one GPU
 (kvsim.cost.overhead_fit, scripts/derive_overheads.py) and carried to another by
-`for_gpu`: the host part unchanged (the CPU is the host's, not the GPU's; kvsim knows
+`for_gpu`: the host and launch parts unchanged (the CPU is the host's, not the GPU's; kvsim knows
 nothing about other hosts' CPUs), both bandwidths scaled by the ratio of the GPUs'
 datasheet NVLink bandwidths, the latencies unchanged (small all-reduces are bound by
 launch and synchronisation, which datasheets do not give).
 
 Shipped overheads live in kvsim/data/overheads/<name>.json. A file (format
-"kvsim-overhead/1") holds ``name``, ``version``, ``gpu`` (where measured), ``source`` and
-``license``; ``host`` {step_ms, per_seq_ms, per_prefill_token_ms}; ``comm`` {latency_us,
+"kvsim-overhead/2") holds ``name``, ``version``, ``gpu`` (where measured), ``source`` and
+``license``; ``host`` {step_ms, per_seq_ms, per_prefill_token_ms, launch_per_layer_ms};
+``comm`` {latency_us,
 latency_per_hop_us, bus_gb_s, large_step_tokens, large_step_bus_gb_s} (optional: without
 it the profile's all-reduce is used); ``range`` {tp, seqs, new_tokens: [low, high]}, the
 measured steps, beyond which a step is named as extrapolated. The rest (the fit's
-points, rules and error) documents the fit and is not read.
+points, rules and error) documents the fit and is not read. Format "kvsim-overhead/1" is
+the same without ``launch_per_layer_ms`` (read as 0: a purely additive overhead).
 """
 from __future__ import annotations
 
@@ -36,9 +46,10 @@ from pathlib import Path
 from kvsim.errors import InputError
 from kvsim.specs import GPU_PRESETS, GPUSpec
 
-FORMAT = "kvsim-overhead/1"
+FORMAT = "kvsim-overhead/2"
+FORMATS = ("kvsim-overhead/1", FORMAT)     # /1: no launch_per_layer_ms (0)
 SHIPPED = Path(__file__).parent.parent / "data" / "overheads"
-DEFAULT = "splitwise-a100-v1"     # what `calibrated` adds to the kernels
+DEFAULT = "splitwise-a100-v2"     # what `calibrated` adds to the kernels
 ACT_BYTES = 2                     # fp16/bf16 activations
 
 
@@ -70,8 +81,9 @@ class Comm:
 
 @dataclass(frozen=True)
 class Overhead:
-    """Host time per step and, when fitted, tensor-parallel communication (None: keep the
-    profile's all-reduce). `label` names it in a run's cost_model column."""
+    """Host time per step, the CPU time to launch each layer (hidden behind device work
+    when the device is slower) and, when fitted, tensor-parallel communication (None: keep
+    the profile's all-reduce). `label` names it in a run's cost_model column."""
     label: str
     step_s: float = 0.0
     per_seq_s: float = 0.0
@@ -79,6 +91,7 @@ class Overhead:
     comm: Comm | None = None
     gpu: str | None = None        # the GPU it was measured on
     ranges: tuple = ()            # (what, low, high): the measured steps' tp, seqs, new_tokens
+    launch_per_layer_s: float = 0.0
 
     def outside(self, tp: int, seqs: int, tokens: int) -> list[str]:
         """Why a step lies outside the measured steps (linear extrapolation), if it does."""
@@ -95,8 +108,14 @@ class Overhead:
         return {"overhead_step": self.step_s, "overhead_seqs": self.per_seq_s * seqs,
                 "overhead_prompt_tokens": self.per_prefill_token_s * prefill_tokens}
 
+    def launch_wait(self, layers: int, device_s: float) -> float:
+        """Seconds the GPU waits for the CPU to launch a step's kernels: the launches beyond
+        what the step's device time (kernels and communication) hides."""
+        return max(0.0, layers * self.launch_per_layer_s - device_s)
+
     def for_gpu(self, gpu: GPUSpec) -> "Overhead":
-        """The same overhead on `gpu`: host part as fitted, link bandwidths scaled by NVLink."""
+        """The same overhead on `gpu`: host and launch parts as fitted, link bandwidths scaled
+        by NVLink."""
         home = GPU_PRESETS.get(self.gpu or "")
         if self.comm is None or home is None or gpu.name == home.name:
             return self
@@ -111,7 +130,7 @@ NONE = Overhead("overhead:none")
 
 
 def from_file(data: dict) -> Overhead:
-    """An Overhead from a kvsim-overhead/1 document (raises KeyError on a missing field)."""
+    """An Overhead from a kvsim-overhead/1 or /2 document (raises KeyError on a missing field)."""
     host, comm = data["host"], data.get("comm")
     ranges = tuple((k, *data["range"][k]) for k in ("tp", "seqs", "new_tokens") if k in data.get("range", {}))
     return Overhead(
@@ -120,7 +139,8 @@ def from_file(data: dict) -> Overhead:
         comm=None if comm is None else Comm(
             latency_s=comm["latency_us"] * 1e-6, latency_per_hop_s=comm["latency_per_hop_us"] * 1e-6,
             bus_gb_s=comm["bus_gb_s"], large_step_tokens=comm.get("large_step_tokens"),
-            large_step_bus_gb_s=comm.get("large_step_bus_gb_s")), ranges=ranges)
+            large_step_bus_gb_s=comm.get("large_step_bus_gb_s")), ranges=ranges,
+        launch_per_layer_s=host.get("launch_per_layer_ms", 0.0) * 1e-3)
 
 
 def inline(step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0) -> Overhead:
@@ -142,7 +162,7 @@ def shipped_document(name: str) -> dict:
 
 def load_overhead(ref: str, base_dir: Path = Path("."), src: str = "command line",
                   field_name: str = "--overhead") -> Overhead:
-    """A shipped overhead by name, "none", or a kvsim-overhead/1 JSON file (relative to base_dir)."""
+    """A shipped overhead by name, "none", or a kvsim-overhead JSON file (relative to base_dir)."""
     if ref == "none":
         return NONE
     if ref in shipped_names():
@@ -153,8 +173,8 @@ def load_overhead(ref: str, base_dir: Path = Path("."), src: str = "command line
                          f"({', '.join(shipped_names())}) or a file")
     try:
         data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise ValueError(f"format must be '{FORMAT}'")
+        if data.get("format") not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}")
         return from_file(data)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise InputError(src, field_name, f"overhead file {path} cannot be used: {e!r}") from None

@@ -2,19 +2,25 @@
 
 Input: points, one per measured step, with the kernel time kvsim's profile predicts for
 it (no communication, no overhead) and the features the overhead needs: layers, hidden,
-tp, sequences, prompt tokens and new tokens. What is measured beyond the kernels is
+tp, sequences, prompt tokens and new tokens. A measured step is
 
-    extra = step_ms + per_seq_ms x S + per_prefill_token_ms x P                (host)
-          + 2 L x latency_per_hop x (tp - 1)                                  (all-reduce latency)
-          + 2 L x 2 (tp-1)/tp x hidden x 2 B x N / bus                        (all-reduce bytes)
-          + 2 L x 2 (tp-1)/tp x hidden x 2 B x max(N - knee, 0) / large_step_bus
+    measured = host + max(device, L x launch_per_layer)
+    host     = step_ms + per_seq_ms x S + per_prefill_token_ms x P
+    device   = kernel + 2 L x latency_per_hop x (tp - 1)                       (all-reduce latency)
+             + 2 L x 2 (tp-1)/tp x hidden x 2 B x N / bus                      (all-reduce bytes)
+             + 2 L x 2 (tp-1)/tp x hidden x 2 B x max(N - knee, 0) / large_step_bus
 
-All terms are linear in their coefficients except the knee, which is chosen from a grid
-by the fit's own error. Coefficients are fitted by non-negative least squares on relative
-error (each point weighted by 1 / measured), so no part of a step can be negative time.
-The plain bus bandwidth is either fitted or held at a given figure (`bus_gb_s`): when the
-points cannot resolve it (its bytes are small next to the other terms below the knee),
-holding it at a datasheet-based assumption keeps it physical and says so.
+For a given knee and launch time per layer, each point is either device-bound (every term
+above enters) or launch-bound (only the host terms do: the device's are hidden), and
+then every term is linear in its coefficient. The fit alternates: assign each point its
+regime from the current coefficients, refit, until the regimes stop changing. The knee
+and the launch time are chosen from grids by the fit's own error. Coefficients are fitted
+by non-negative least squares on relative error (each point weighted by 1 / measured), so
+no part of a step can be negative time. With launch_per_layer 0 every point is
+device-bound and the model is the purely additive one. The plain bus bandwidth is either
+fitted or held at a given figure (`bus_gb_s`): when the points cannot resolve it (its
+bytes are small next to the other terms below the knee), holding it at a
+datasheet-based assumption keeps it physical and says so.
 
 A per-step fixed cost and an all-reduce latency that does not grow with tp cannot be told
 apart with one layer count per tp: they enter as step_ms + 2 L x latency. The hop form,
@@ -29,6 +35,7 @@ import pandas as pd
 from kvsim.cost.overhead import ACT_BYTES, Comm, Overhead
 
 KNEES = tuple(range(1024, 4097, 512))
+LAUNCHES_MS = tuple(round(0.02 * i, 2) for i in range(41))     # per layer: 0-0.8 ms, refined to 0.002
 HOST = ("step_ms", "per_seq_ms", "per_prefill_token_ms")
 POINT_COLUMNS = ("layers", "hidden", "tp", "seqs", "prefill_tokens", "new_tokens", "kernel_ms", "measured_ms")
 
@@ -56,6 +63,7 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _columns(p: pd.DataFrame, knee: int, free_bus: bool) -> dict[str, np.ndarray]:
+    """Each coefficient's column; the host terms first, then the device terms."""
     tp = p.tp.to_numpy(float)
     gb_per_token = 2 * p.layers.to_numpy(float) * 2 * (tp - 1) / tp * p.hidden.to_numpy(float) * ACT_BYTES / 1e9
     cols = {"step_ms": np.ones(len(p)), "per_seq_ms": p.seqs.to_numpy(float),
@@ -68,11 +76,10 @@ def _columns(p: pd.DataFrame, knee: int, free_bus: bool) -> dict[str, np.ndarray
 
 
 def to_overhead(fit: dict, label: str = "overhead:fitted", gpu: str | None = None) -> Overhead:
-    c = fit["comm"]
-    return Overhead(label, fit["host"]["step_ms"] * 1e-3, fit["host"]["per_seq_ms"] * 1e-3,
-                    fit["host"]["per_prefill_token_ms"] * 1e-3,
+    c, h = fit["comm"], fit["host"]
+    return Overhead(label, h["step_ms"] * 1e-3, h["per_seq_ms"] * 1e-3, h["per_prefill_token_ms"] * 1e-3,
                     Comm(0.0, c["latency_per_hop_us"] * 1e-6, c["bus_gb_s"], c["large_step_tokens"],
-                         c["large_step_bus_gb_s"]), gpu)
+                         c["large_step_bus_gb_s"]), gpu, launch_per_layer_s=h.get("launch_per_layer_ms", 0.0) * 1e-3)
 
 
 def predict(fit: dict, p: pd.DataFrame) -> np.ndarray:
@@ -81,33 +88,64 @@ def predict(fit: dict, p: pd.DataFrame) -> np.ndarray:
     o = to_overhead(fit)
     out = []
     for r in p.itertuples():
-        extra = sum(o.host(r.seqs, r.prefill_tokens).values())
-        extra += o.comm.seconds(int(r.tp), int(r.layers), int(r.hidden), int(r.new_tokens))
-        out.append(r.kernel_ms + extra * 1e3)
+        device = r.kernel_ms * 1e-3 + o.comm.seconds(int(r.tp), int(r.layers), int(r.hidden), int(r.new_tokens))
+        host = sum(o.host(r.seqs, r.prefill_tokens).values())
+        out.append((device + host + o.launch_wait(int(r.layers), device)) * 1e3)
     return np.array(out)
 
 
-def fit_overhead(p: pd.DataFrame, bus_gb_s: float | None = None, knees=KNEES) -> dict:
-    """Fit the overhead to points (POINT_COLUMNS); bus_gb_s None fits the plain bandwidth too."""
+def _fit_at(p: pd.DataFrame, knee: int, launch_ms: float, bus_gb_s: float | None) -> tuple[float, dict]:
+    """(relative error, coefficients) at one knee and launch time per layer; see the module
+    docstring for the alternation between regimes and coefficients."""
     free = bus_gb_s is None
+    cols = _columns(p, knee, free)
+    a = np.column_stack(list(cols.values()))
+    device_terms = np.array([k not in HOST for k in cols])
+    held = 0.0 if free else _columns(p, knee, True)["ms_per_gb"] / bus_gb_s * 1e3
+    measured, kernel = p.measured_ms.to_numpy(float), p.kernel_ms.to_numpy(float)
+    launch = launch_ms * p.layers.to_numpy(float)
+    w = 1 / measured
+    bound = np.zeros(len(p), bool)            # launch-bound points
+    best, seen = None, set()
+    while bound.tobytes() not in seen:        # stops when the regimes repeat
+        seen.add(bound.tobytes())
+        a_here = np.where(bound[:, None] & device_terms[None, :], 0.0, a)
+        y = measured - np.where(bound, launch, kernel + held)
+        c = nnls(a_here * w[:, None], y * w)
+        device = kernel + held + a[:, device_terms] @ c[device_terms]
+        pred = a[:, ~device_terms] @ c[~device_terms] + np.maximum(device, launch)
+        err = float(np.mean(np.abs(pred / measured - 1)))
+        if best is None or err < best[0]:
+            best = (err, dict(zip(cols, c)))
+        bound = launch > device
+    return best
+
+
+def fit_overhead(p: pd.DataFrame, bus_gb_s: float | None = None, knees=KNEES, launches_ms=LAUNCHES_MS) -> dict:
+    """Fit the overhead to points (POINT_COLUMNS); bus_gb_s None fits the plain bandwidth too.
+    The launch time per layer is searched on `launches_ms`, then on a grid 10 times finer
+    around the best (launches_ms (0,) fits the purely additive model)."""
     best = None
     for knee in knees:
-        cols = _columns(p, knee, free)
-        held = 0.0 if free else _columns(p, knee, True)["ms_per_gb"] / bus_gb_s * 1e3
-        y = p.measured_ms.to_numpy(float) - p.kernel_ms.to_numpy(float) - held
-        w = 1 / p.measured_ms.to_numpy(float)
-        a = np.column_stack(list(cols.values()))
-        c = dict(zip(cols, nnls(a * w[:, None], y * w)))
-        fit = {"host": {k: float(c[k]) for k in HOST},
-               "comm": {"latency_per_hop_us": float(c["latency_per_hop_ms"] * 1e3),
-                        "bus_gb_s": (_bandwidth(c["ms_per_gb"]) if free else float(bus_gb_s)),
-                        "large_step_tokens": int(knee),
-                        "large_step_bus_gb_s": _bandwidth(c["ms_per_gb_large"])}}
-        err = np.abs(predict(fit, p) / p.measured_ms.to_numpy(float) - 1)
-        fit["mape"], fit["points"] = float(err.mean()), len(p)
-        if best is None or fit["mape"] < best["mape"]:
-            best = fit
-    return best
+        for launch in launches_ms:
+            err, c = _fit_at(p, knee, launch, bus_gb_s)
+            if best is None or err < best[0]:
+                best = (err, knee, launch, c)
+    err, knee, launch, c = best
+    fine = (launches_ms[1] - launches_ms[0]) / 10 if len(launches_ms) > 1 else 0.0
+    for i in range(-9, 10) if fine else ():
+        here = round(launch + fine * i, 6)
+        if here >= 0 and i:
+            e, cl = _fit_at(p, knee, here, bus_gb_s)
+            if e < err:
+                err, launch, c = e, here, cl
+    fit = {"host": {**{k: float(c[k]) for k in HOST}, "launch_per_layer_ms": float(launch)},
+           "comm": {"latency_per_hop_us": float(c["latency_per_hop_ms"] * 1e3),
+                    "bus_gb_s": (_bandwidth(c["ms_per_gb"]) if bus_gb_s is None else float(bus_gb_s)),
+                    "large_step_tokens": int(knee), "large_step_bus_gb_s": _bandwidth(c["ms_per_gb_large"])}}
+    fit["mape"] = float(np.mean(np.abs(predict(fit, p) / p.measured_ms.to_numpy(float) - 1)))
+    fit["points"] = len(p)
+    return fit
 
 
 def _bandwidth(ms_per_gb: float) -> float:
