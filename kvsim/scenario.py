@@ -280,6 +280,7 @@ class InlineOverhead(Strict):
     step_ms: float = Field(0.0, ge=0)
     per_seq_ms: float = Field(0.0, ge=0)
     per_prefill_token_ms: float = Field(0.0, ge=0)
+    launch_per_layer_ms: float = Field(0.0, ge=0)    # CPU launch time, hidden behind device work
 
 
 class ProfileCost(Strict):

@@ -104,6 +104,11 @@ def test_inline_overhead_and_its_deprecated_spelling():
     assert (parts["overhead_step"], parts["overhead_seqs"]) == pytest.approx((2e-3, 2e-3))
     assert parts["allreduce"] == pytest.approx(160 * (8e-6 + 4 * 8192 * 2 / 240e9))   # the profile's
     assert inline.label == "profile:a100-llama-2-70b + overhead:step 2 ms, per seq 0.5 ms"
+    launched = cost(ProfileCost(overhead=InlineOverhead(launch_per_layer_ms=1)), tp=8)
+    assert launched.label.endswith("overhead:launch per layer 1 ms")
+    step = launched.breakdown(StepBatch.build([], [100]))
+    device = sum(v for k, v in step.items() if not k.startswith("overhead"))
+    assert device < 80e-3 and step["overhead_launch"] == pytest.approx(80e-3 - device)   # 80 layers x 1 ms
     old = cost(ProfileCost(step_overhead_ms=2))
     assert old.breakdown(StepBatch.build([], [100]))["overhead_step"] == pytest.approx(2e-3)
     with pytest.raises(InputError, match="not both"):

@@ -143,12 +143,14 @@ def from_file(data: dict) -> Overhead:
         launch_per_layer_s=host.get("launch_per_layer_ms", 0.0) * 1e-3)
 
 
-def inline(step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0) -> Overhead:
+def inline(step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0,
+           launch_per_layer_ms: float = 0.0) -> Overhead:
     """A host overhead given in a scenario; communication stays the profile's."""
     terms = [f"{k} {v:g} ms" for k, v in (("step", step_ms), ("per seq", per_seq_ms),
-                                          ("per prompt token", per_prefill_token_ms)) if v]
+                                          ("per prompt token", per_prefill_token_ms),
+                                          ("launch per layer", launch_per_layer_ms)) if v]
     return Overhead(f"overhead:{', '.join(terms) or 'zero'}", step_ms * 1e-3, per_seq_ms * 1e-3,
-                    per_prefill_token_ms * 1e-3)
+                    per_prefill_token_ms * 1e-3, launch_per_layer_s=launch_per_layer_ms * 1e-3)
 
 
 def shipped_names() -> list[str]:
