@@ -18,7 +18,7 @@ from kvsim import __version__
 
 def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariants: bool, label: str = "",
                            **how):
-    """run_scenario with a progress bar; `how` is its exact_steps and bucket_s."""
+    """run_scenario with a progress bar; `how` is its exact_steps, bucket_s and workers."""
     from kvsim.runner import run_scenario
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
     try:
@@ -82,11 +82,21 @@ def swap_in(out: Path, write) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_run(results, scn, folder: Path, meta: dict) -> None:
-    """One run's files into `folder` (which must exist)."""
-    from kvsim.report.plots import write_plots
+def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
+    """One run's files into `folder` (which must exist); the tables and each figure are
+    independent jobs, run in up to `workers` processes (kvsim.parallel)."""
+    from kvsim.parallel import ordered_map
+    from kvsim.report.plots import plot_jobs
     from kvsim.report.style import context_line
 
+    context = context_line(scn.model_dump(mode="json", exclude_none=True), results.summary)
+    jobs = [lambda: _write_tables(results, scn, folder),
+            *plot_jobs(results.summary, results.timeseries, results.requests, folder, context=context)]
+    ordered_map(lambda i: jobs[i](), len(jobs), workers)
+    (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _write_tables(results, scn, folder: Path) -> None:
     results.summary.to_csv(folder / "summary.csv", index=False)
     rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
             for r in results.summary.to_dict(orient="records")]
@@ -94,9 +104,6 @@ def write_run(results, scn, folder: Path, meta: dict) -> None:
     results.timeseries.to_parquet(folder / "timeseries.parquet", index=False)
     results.requests.to_parquet(folder / "requests.parquet", index=False)
     (folder / "scenario.yaml").write_text(_scenario_yaml(scn))
-    context = context_line(scn.model_dump(mode="json", exclude_none=True), results.summary)
-    write_plots(results.summary, results.timeseries, results.requests, folder, context=context)
-    (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def _scenario_yaml(scn) -> str:
