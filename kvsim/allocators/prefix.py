@@ -51,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvsim.allocators.base import InvariantError, SeqShape
+from kvsim.allocators.free_queue import LinkedFreeQueue
 from kvsim.allocators.paged import PagedAllocator, _Seq, blocks_for
 
 _ROOT = -1   # the "parent key" of a table's first block
@@ -95,6 +96,10 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         """The cached blocks holding `block`'s key, first cached first ([] if uncached)."""
         key = self._key_of[block]
         return [] if key is None else list(self._cached[key])
+
+    def _make_queue(self) -> LinkedFreeQueue:
+        """A hit on a queued block takes it out of the middle of the queue."""
+        return LinkedFreeQueue(self.num_blocks)
 
     # -- keys -----------------------------------------------------------------------
 
