@@ -99,7 +99,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec], allocator: K
     width = scheduler_options.get("width", 1)
     per = width if rules.split_samples else 1
     # a request deep in a long waiting queue is kept as its index and rebuilt near the head
-    sched.waiting.rebuild = lambda index: sched.arrived(sched.expand([requests[index // per]], width)[0], index)
+    sched.waiting.rebuild = lambda index: sched.arrived(sched.expand([requests[index // per]], per)[0], index)
     run = PolicyRun(name, allocator.capacity, requests, per, SeqLog(len(requests) * per), step_log(bucket_s))
     total = len(run.records)
     settle = run.records.settle

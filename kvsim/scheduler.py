@@ -143,7 +143,8 @@ class Scheduler:
         """`seq` as it arrives, the index-th of the run: its prompt to prefill, its ids.
         (kvsim.waiting rebuilds a request kept as its index with this.)"""
         seq.target = seq.shape.prompt_tokens
-        seq.ids = tuple(index * MAX_WIDTH + k for k in range(self.width))
+        first = index * MAX_WIDTH
+        seq.ids = (first,) if self.width == 1 else tuple(range(first, first + self.width))
         return seq
 
     # --- what the rules use --------------------------------------------------------------
