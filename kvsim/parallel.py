@@ -35,25 +35,32 @@ def can_fork() -> bool:
 
 
 def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence[int] = (),
-                on_result: Callable[[int, T], None] | None = None) -> list[T]:
+                on_result: Callable[[int, T], None] | None = None,
+                meanwhile: Callable[[], None] | None = None) -> list[T]:
     """[fn(i) for i in range(n)], run in up to `workers` forked processes. `first`: jobs to
     start before the others (the longest, so that they do not end the run alone).
-    on_result(i, result) is called in this process as each job's result arrives."""
-    workers = min(workers, n)
-    if workers <= 1 or not can_fork():
+    on_result(i, result) is called in this process as each job's result arrives.
+    meanwhile(): work for this process while the workers run (then even a lone job runs
+    in a worker); serially, it runs after the jobs."""
+    if workers <= 1 or n + (meanwhile is not None) <= 1 or not can_fork():
         results = []
         for i in range(n):
             results.append(fn(i))
             if on_result:
                 on_result(i, results[-1])
+        if meanwhile:
+            meanwhile()
         return results
     global _JOB
     order = [*first, *(i for i in range(n) if i not in first)]
     out: dict[int, T] = {}
     _JOB = fn
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            for i, ok, value in pool.imap_unordered(_run, order, chunksize=1):
+        with multiprocessing.get_context("fork").Pool(min(workers, n)) as pool:
+            pending = pool.imap_unordered(_run, order, chunksize=1)
+            if meanwhile:
+                meanwhile()
+            for i, ok, value in pending:
                 if not ok:
                     raise value
                 out[i] = value

@@ -98,10 +98,12 @@ def total_footprint(allocator, requests: RequestTable) -> int:
 def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                  on_progress: Callable[[str, int, int], None] | None = None,
                  check_invariants: bool = False, exact_steps: bool = False,
-                 bucket_s: float | None = None, workers: int = 1) -> Results:
+                 bucket_s: float | None = None, workers: int = 1,
+                 meanwhile: Callable[[], None] | None = None) -> Results:
     """Run every policy of `scn`; on_progress(policy, finished, total) reports progress.
-    workers: run the policies in up to that many processes (kvsim.parallel; the same
-    results; progress is then reported as each policy ends).
+    workers: simulate the policies in up to that many processes (kvsim.parallel; the
+    same results; progress is then reported as each policy ends); meanwhile: work for
+    this process while they do (a lone policy then runs in a worker too).
     exact_steps: the plain step-by-step path (kvsim.engine.simulate); same results.
     bucket_s: the time series in buckets of that many simulated seconds, not steps."""
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
@@ -127,9 +129,9 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
         setups.append((policy, kv, allocator, cost, settings, kind, options))
     width = max(scn.workload.n, scn.workload.beam_width)
-    parallel = workers > 1 and len(setups) > 1
+    parallel = workers > 1 and (len(setups) > 1 or meanwhile is not None)
 
-    def run_policy(i: int) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    def run_policy(i: int):      # in a worker where parallel: plain records travel back
         policy, kv, allocator, cost, settings, kind, options = setups[i]
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) \
             if on_progress and not parallel else None
@@ -137,24 +139,31 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
                        exact_steps=exact_steps, bucket_s=bucket_s,
                        **scheduler_options(scn, kv, gpu, settings))
-        table = request_table(run)
-        mean_footprint = total_footprint(allocator, requests) * width / len(requests)
-        summary = {
-            "policy": policy.name, "allocator": policy.allocator,
-            "kv_cache_dtype": kv.kv_cache_dtype, **effective_columns(settings, kind, options),
-            "kv_pool_gib": tidy(pool.pool_bytes / GIB), "kv_capacity_tokens": allocator.capacity,
-            "memory_capacity_requests": tidy(allocator.capacity / mean_footprint),
-            **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
-            "cost_model": describe(cost.label, run.extrapolated, len(run.steps), run.extrapolation_reasons),
-        }
-        return summary, step_table(run), table
+        if parallel:
+            run.requests = None       # not sent back: the caller holds the same table
+        return run
 
     def ended(i: int, _) -> None:     # in workers, a policy reports progress only as it ends
         if on_progress and parallel:
             on_progress(setups[i][0].name, len(requests), len(requests))
     # in workers, the prefix caches first: their lookups make them the longest runs
     first = [i for i, setup in enumerate(setups) if setup[6].get("prefix_caching")]
-    summaries, series, tables = zip(*ordered_map(run_policy, len(setups), workers if parallel else 1,
-                                                 first=first, on_result=ended))
-    return Results(pd.DataFrame(list(summaries)), pd.concat(series, ignore_index=True),
+    runs = ordered_map(run_policy, len(setups), workers if parallel else 1, first=first, on_result=ended,
+                       meanwhile=meanwhile)
+    summaries, series, tables = [], [], []
+    for (policy, kv, allocator, cost, settings, kind, options), run in zip(setups, runs):
+        run.requests = requests
+        table = request_table(run)
+        mean_footprint = total_footprint(allocator, requests) * width / len(requests)
+        summaries.append({
+            "policy": policy.name, "allocator": policy.allocator,
+            "kv_cache_dtype": kv.kv_cache_dtype, **effective_columns(settings, kind, options),
+            "kv_pool_gib": tidy(pool.pool_bytes / GIB), "kv_capacity_tokens": allocator.capacity,
+            "memory_capacity_requests": tidy(allocator.capacity / mean_footprint),
+            **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
+            "cost_model": describe(cost.label, run.extrapolated, len(run.steps), run.extrapolation_reasons),
+        })
+        series.append(step_table(run))
+        tables.append(table)
+    return Results(pd.DataFrame(summaries), pd.concat(series, ignore_index=True),
                    pd.concat(tables, ignore_index=True), pool)

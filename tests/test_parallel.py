@@ -96,3 +96,18 @@ def test_an_invariant_broken_in_a_worker_ends_the_run_as_in_one_process(tmp_path
     code, _, err = helpers.kvsim("run", tmp_path / "s.yaml", "--quiet", "--jobs", "2", "--out", tmp_path / "o")
     assert code == 3 and err.startswith("kvsim: invariant violated: ") and "block 3 lost" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_meanwhile_runs_here_while_even_a_lone_job_runs_in_a_worker(monkeypatch):
+    import os
+    here, calls = os.getpid(), []
+    assert ordered_map(lambda i: os.getpid(), 1, 2, meanwhile=lambda: calls.append(os.getpid()))[0] != here
+    assert calls == [here]
+    assert ordered_map(lambda i: os.getpid(), 1, 1, meanwhile=lambda: calls.append("after")) == [here]
+    assert calls == [here, "after"]
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
+    doc = copy.deepcopy(BASE)
+    doc["policies"] = doc["policies"][3:4]
+    scn = validate_scenario(doc, "fast")
+    assert_same(run_scenario(scn, Path("."), "fast"),
+                run_scenario(scn, Path("."), "fast", workers=2, meanwhile=lambda: None))

@@ -23,12 +23,18 @@ def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariant
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
     try:
         results = run_scenario(scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants,
-                               **how)
+                               meanwhile=None if bar.enabled else _import_writing, **how)
     except BaseException:
         bar.close(finished=False)
         raise
     bar.close(finished=True)
     return results
+
+
+def _import_writing() -> None:
+    """What drawing the figures imports (matplotlib): done while the policies run in
+    worker processes (a lone policy too, unless a progress bar follows it here)."""
+    import kvsim.report.plots  # noqa: F401
 
 
 def run_meta(scn, src: str, results, started: float) -> dict:
