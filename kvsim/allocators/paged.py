@@ -220,7 +220,8 @@ class PagedAllocator:
         if cow:
             self._drop([seq.table[-1]])
             seq.table[-1] = self._take(1)[0]
-        seq.table.extend(self._take(extra))
+        if extra:
+            seq.table.extend(self._take(extra))
         seq.tokens = num_tokens
         self._grown(seq)
         return True

@@ -188,15 +188,14 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
         taken = super()._take(count)
         key_of = self._key_of
-        keys = list(map(key_of.__getitem__, taken))
-        if keys.count(None) != len(keys):
-            for block, key in zip(taken, keys):
-                if key is not None:
-                    copies = self._cached[key]
-                    del copies[block]
-                    if not copies:
-                        del self._cached[key]
-                    key_of[block] = None
+        for block in taken:
+            key = key_of[block]
+            if key is not None:
+                copies = self._cached[key]
+                del copies[block]
+                if not copies:
+                    del self._cached[key]
+                key_of[block] = None
         return taken
 
     def _grown(self, seq: _CachedSeq) -> None:
