@@ -252,6 +252,17 @@ def test_block_keys_are_equal_exactly_where_the_prefixes_are(shapes, block):
     assert [alloc._chain(shape) for shape in reversed(shapes)] == chains[::-1]    # kept, or the same again
 
 
+def test_blocks_filled_past_the_final_length_are_cached_too():
+    # Found by test_hash_cache_matches_every_filled_block: a sequence of one token (its
+    # final length) grown to two fills a second block of its tail content, which a
+    # longer request of the same tail then hits.
+    alloc = PrefixCachingPagedAllocator(num_blocks=8, block_size=1)
+    assert alloc.allocate(0, SeqShape(1, 0, (), 5), 1) and alloc.grow(0, 2)
+    assert alloc.cached_blocks == [0, 1]
+    assert alloc.match_prefix(SeqShape(3, 0, (), 5), 3) == 2
+    alloc.check_invariants()
+
+
 @pytest.fixture
 def radix():
     """32 slots; A (6 of content 1, 4 of content 2) was freed into the tree,

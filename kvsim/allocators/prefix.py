@@ -103,21 +103,23 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     # -- keys -----------------------------------------------------------------------
 
-    def _chain(self, shape: SeqShape) -> list[int]:
-        """Keys of the shape's full blocks, up to the first uncacheable one.
+    def _chain(self, shape: SeqShape, blocks: int = 0) -> list[int]:
+        """Keys of the shape's full blocks up to the first uncacheable one: the blocks of
+        its final length, or its first `blocks` where a sequence grew past that length.
         A shape's keys never change (keys are never pruned), so the chains of the shapes
         looked up lately are kept: a waiting request is looked up every step."""
-        chain = self._chains.pop(shape, None)
-        if chain is None:
-            chain = self._make_chain(shape)
-        self._chains[shape] = chain          # most recent last
+        kept = self._chains.pop(shape, None)
+        if kept is None or (len(kept[0]) < blocks and not kept[1]):
+            kept = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
+        self._chains[shape] = kept          # most recent last
         if len(self._chains) > CHAINS_KEPT:
             del self._chains[next(iter(self._chains))]
-        return chain
+        return kept[0]
 
-    def _make_chain(self, shape: SeqShape) -> list[int]:
-        """Every full block's key, in one walk over the shape's content pieces (its
-        segments, then the tail from offset 0).
+    def _make_chain(self, shape: SeqShape, total: int) -> tuple[list[int], bool]:
+        """The keys of the shape's first `total` full blocks, in one walk over its content
+        pieces (its segments, then the tail from offset 0), and whether a block holding
+        content -1 ended them first (no later block is cacheable).
 
         A block that straddles pieces is keyed by (parent key, its runs), interned. A
         stretch of whole blocks inside one piece is keyed as a run: (parent key, content,
@@ -127,16 +129,15 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         starts, follow from the tokens before and in it (an offset restarts at 0 with each
         piece), so equal prefixes get equal keys and unequal ones unequal keys."""
         bs = self.block_size
-        total = shape.final_tokens // bs
         pieces = [(content, length) for content, length in shape.segments if length]
-        pieces.append((shape.tail_id, shape.final_tokens))       # the tail runs to the end
+        pieces.append((shape.tail_id, max(shape.final_tokens, total * bs)))   # the tail runs on
         chain: list[int] = []
         block, room, key = [], bs, _ROOT
         for content, length in pieces:
             offset = 0
             while offset < length and len(chain) < total:
                 if content == -1:
-                    return chain            # this block and every later one stay uncached
+                    return chain, True      # this block and every later one stay uncached
                 if not block and length - offset >= bs:    # whole blocks of one piece
                     n = min((length - offset) // bs, total - len(chain))
                     run = self._runs.setdefault((key, content, offset), [])
@@ -157,12 +158,12 @@ class PrefixCachingPagedAllocator(PagedAllocator):
                         self._next_key += 1
                     chain.append(key)
                     block, room = [], bs
-        return chain
+        return chain, False
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""
         blocks = max(num_tokens - 1, 0) // self.block_size
-        copies = list(map(self._cached.get, self._chain(shape)[:blocks]))
+        copies = list(map(self._cached.get, self._chain(shape, blocks)[:blocks]))
         if None in copies:
             del copies[copies.index(None):]
         return list(map(next, map(iter, copies)))      # the first copy still cached
@@ -175,7 +176,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             seq.hashed = max(start, full)
             return
         # keys up to the first uncacheable block; it and every later one stay uncached
-        keys = self._chain(seq.shape)[start:full]
+        keys = self._chain(seq.shape, full)[start:full]
         seq.keys.extend(keys)
         seq.hashed = full
         key_of, cached = self._key_of, self._cached
