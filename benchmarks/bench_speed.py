@@ -2,13 +2,14 @@
 per wall second and peak memory, for the workloads the issue sets, and where time goes.
 
 Each workload runs the real command (`python -m kvsim.cli.app run ...`: start-up, every
-policy, Parquet files and plots) in a fresh process that reports its own CPU time and
-peak RSS; the wall time is measured around it. Machines here are shared and noisy: read
+policy, Parquet files and plots, with the policies and figures in one worker process per
+core as `kvsim run` does by default) in a fresh process that reports its CPU time and its
+workers', and the peak RSS of the largest of them; the wall time is measured around it. Machines here are shared and noisy: read
 medians (--repeats) and compare runs made in one session.
 
     python benchmarks/bench_speed.py                  # vidur_10k, sharegpt 10k and 100k, rag_8k
     python benchmarks/bench_speed.py --million        # also one million ShareGPT requests
-    python benchmarks/bench_speed.py --only rag_8k --repeats 5 [--exact-steps]
+    python benchmarks/bench_speed.py --only rag_8k --repeats 5 [--exact-steps] [--jobs 1]
     python benchmarks/bench_speed.py --profile sharegpt_10k   # cProfile of one run, in-process
 
 Not part of the test suite: it takes minutes.
@@ -42,12 +43,13 @@ DEFAULT = ["vidur_10k", "sharegpt_10k", "sharegpt_100k", "rag_8k"]
 
 
 def child(args: list[str]) -> None:
-    """Run `kvsim ARGS` in this process, then print its CPU seconds and peak RSS."""
+    """Run `kvsim ARGS` in this process, then print its CPU seconds (with its worker
+    processes': kvsim.parallel) and the peak RSS of the largest of them."""
     from kvsim.cli.app import main
     code = main(args)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"code": code, "cpu_s": usage.ru_utime + usage.ru_stime,
-                      "peak_rss_mb": usage.ru_maxrss / 1024}), file=sys.stderr)
+    me, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"code": code, "cpu_s": sum(u.ru_utime + u.ru_stime for u in (me, workers)),
+                      "peak_rss_mb": max(me.ru_maxrss, workers.ru_maxrss) / 1024}), file=sys.stderr)
 
 
 def measure(name: str, extra: list[str], out: Path) -> dict:
@@ -75,7 +77,8 @@ def profile(name: str, extra: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prof = cProfile.Profile()
         prof.enable()
-        main(["run", str(scenario), "--quiet", "--force", "--out", str(Path(tmp) / "out"), *args, *extra])
+        main(["run", str(scenario), "--quiet", "--force", "--out", str(Path(tmp) / "out"), "--jobs", "1",
+              *args, *extra])      # one process: workers' time would escape the profile
         prof.disable()
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(25)
@@ -88,9 +91,10 @@ def main() -> None:
     ap.add_argument("--million", action="store_true", help="also run one million ShareGPT requests")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--exact-steps", action="store_true", help="the plain path, for comparison")
+    ap.add_argument("--jobs", help="kvsim run --jobs (default: one worker per core)")
     ap.add_argument("--profile", choices=list(WORKLOADS))
     opts = ap.parse_args()
-    extra = ["--exact-steps"] if opts.exact_steps else []
+    extra = (["--exact-steps"] if opts.exact_steps else []) + (["--jobs", opts.jobs] if opts.jobs else [])
     if opts.profile:
         profile(opts.profile, extra)
         return

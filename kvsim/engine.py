@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -120,6 +121,8 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     records = SeqLog(len(requests) * per)
     for rep in reps:
         rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records, step_log(bucket_s))
+        # a request deep in a long waiting queue is kept as its index and rebuilt near the head
+        rep.sched.waiting.rebuild = partial(_rebuild, rep.sched, requests, per)
     pick = make_router(router, len(reps)).pick if len(reps) > 1 else None
     served = np.full(len(requests), -1, dtype=np.int64)   # each request's replica
     left = [per] * len(requests) if pick else None         # its sequences not ended yet
@@ -259,6 +262,11 @@ def fleet_run(name: str, parts: list[PolicyRun], served: np.ndarray) -> PolicyRu
         run.extrapolated += p.extrapolated
         run.extrapolation_reasons |= p.extrapolation_reasons
     return run
+
+
+def _rebuild(sched: Scheduler, requests: RequestTable, per: int, index: int):
+    """The sequence that arrived as the index-th, as it arrived (kvsim.waiting)."""
+    return sched.arrived(sched.expand([requests[index // per]], per)[0], index)
 
 
 def _delays(now: float, target: float) -> tuple[float, ...]:

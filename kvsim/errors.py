@@ -18,6 +18,10 @@ class InputError(Exception):
         super().__init__(f"{source}: {field}: {message}")
         self.source, self.field, self.message = source, field, message
 
+    def __reduce__(self):
+        """Pickled as its three parts (a worker process hands it back: kvsim.parallel)."""
+        return InputError, (self.source, self.field, self.message)
+
 
 def positive_number(text: str, src: str, field: str, message: str) -> float:
     """`text` as a positive finite number, else InputError(src, field, message)."""

@@ -117,26 +117,25 @@ class LazyScheduler(Scheduler):
         self._go_lazy(seq, (self.tick, seq.held, seq.generated, self.tick + span + 1, finishes))
 
     def _go_lazy(self, seq: Seq, entry: tuple) -> None:
-        tick, held, _, due, finishes = entry[:5]
+        tick, held, generated, due, finishes = entry[:5]
         last = 0
-        if self.bs:
-            self.by_residue[(held - tick) % self.bs][seq] = None
+        bs = self.bs
+        if bs:
+            self.by_residue[(held - tick) % bs][seq] = None
             if self.cost_block_size:
-                self.lazy_blocks += -(-held // self.bs)
-            start = (seq.shape.final_tokens - 1) // self.bs * self.bs    # where its last block starts
-            if self._excess_of(seq) and held <= start and tick + start - held + 1 < due:
+                self.lazy_blocks += -(-held // bs)
+            final = seq.shape.final_tokens
+            excess = -final % bs                       # slots of its last block past its final length
+            start = (final - 1) // bs * bs             # where its last block starts
+            if excess and held <= start and tick + start - held + 1 < due:
                 last = tick + start - held + 1
-                self.excess[last] = self.excess.get(last, 0) + self._excess_of(seq)
-        entry = (*entry[:5], last)
+                self.excess[last] = self.excess.get(last, 0) + excess
+        entry = (tick, held, generated, due, finishes, last)
         self.lazy[seq] = entry
         self.explicit.pop(seq, None)
         # a request that finishes lazily does so in the completion of tick due - 1
         (self.finishing if finishes else self.due).setdefault(due - finishes, []).append((seq, entry))
         self.lazy_held += held - tick
-
-    def _excess_of(self, seq: Seq) -> int:
-        """Slots of a request's last block past its final length."""
-        return -seq.shape.final_tokens % self.bs
 
     def _catch_up(self, seq: Seq) -> tuple:
         """Bring a lazy request's fields, its allocator count and blocks, and its share
@@ -144,26 +143,36 @@ class LazyScheduler(Scheduler):
         entry = self.lazy.pop(seq)
         tick0, held0, gen0, _, _, last = entry
         k = self.tick - tick0
-        seq.held, seq.generated = held0 + k, gen0 + k - self.pending
-        sid = seq.ids[0]
-        _, _, pad, slots = self.sums.share[seq]
+        seq.held = held = held0 + k
+        seq.generated = gen0 + k - self.pending
+        final = seq.shape.final_tokens
+        share = self.sums.share
+        _, _, pad, slots = share[seq]
         new_slots = slots
-        if self.bs:
-            del self.by_residue[(held0 - tick0) % self.bs][seq]
+        bs = self.bs
+        if bs:
+            del self.by_residue[(held0 - tick0) % bs][seq]
+            blocks = -(-held // bs)
             if self.cost_block_size:
-                self.lazy_blocks -= -(-seq.held // self.bs)
-            new_slots = max(slots, -(-seq.held // self.bs) * self.bs)
+                self.lazy_blocks -= blocks
+            if blocks * bs > slots:
+                new_slots = blocks * bs
             if last > self.tick:                       # its last crossing will not be lazy
-                self.excess[last] -= self._excess_of(seq)
-                if not self.excess[last]:
-                    del self.excess[last]
-        if new_slots > slots:
-            self.allocator.extend(sid, seq.held, [self.owed.pop() for _ in range((new_slots - slots) // self.bs)])
+                excess = self.excess
+                excess[last] -= -final % bs
+                if not excess[last]:
+                    del excess[last]
+        if new_slots > slots:                          # the blocks taken for its crossings, last first
+            owed, n = self.owed, (new_slots - slots) // bs
+            taken = owed[-n:]
+            del owed[-n:]
+            taken.reverse()
+            self.allocator.extend(seq.ids[0], held, taken)
         else:
-            self.allocator.grow(sid, seq.held)         # a count only: within its room
+            self.allocator.grow(seq.ids[0], held)      # a count only: within its room
         # the sums have followed it tick by tick; its own share is now where they put it
-        _, res, internal = split_used(seq.held, new_slots, seq.shape.final_tokens)
-        self.sums.share[seq] = (res, internal, pad, new_slots)
+        reservation = max(0, min(new_slots, final) - held)      # as split_used splits it
+        share[seq] = (reservation, new_slots - held - reservation, pad, new_slots)
         self.lazy_held -= held0 - tick0
         return entry
 
@@ -219,21 +228,21 @@ class LazyScheduler(Scheduler):
         """The running pass, lazily where the engine's pass would run every request whole."""
         if not self.lazy:
             return loop(budget)
-        work, demand, needed = [], len(self.lazy), 0
+        work, needs, demand = [], [], len(self.lazy)
         for seq in (self._explicit_in_order() if self.explicit else ()):
             if seq.prefilling and budget is None:      # a pass that only decodes: the engine's
                 work = None
                 break
             n = seq.target - seq.prefilled if seq.prefilling else 1
             demand += n
-            needed += sum(self.allocator.slots_to_grow(sid, self._held_after(seq, n)) for sid in seq.ids)
+            needs.append(sum(self.allocator.slots_to_grow(sid, self._held_after(seq, n)) for sid in seq.ids))
             work.append((seq, n))
         crossing = self._crossing(self.tick + 1)
         if work is None or (budget is not None and demand > budget):
             self.materialize_all()
             return loop(budget)
-        if needed + crossing * (self.bs or 0) > self.free_slots():
-            return self._short_pass(step, now, budget)
+        if sum(needs) + crossing * (self.bs or 0) > self.free_slots():
+            return self._short_pass(step, now, budget, [seq for seq, _ in work], needs)
         # The lazy requests' grows first: in the plain pass they only count, and their
         # blocks may come off the queue in any order (no output depends on which id).
         self._lazy_tick(crossing)
@@ -243,16 +252,33 @@ class LazyScheduler(Scheduler):
                                      "for every running request (a kvsim bug)")
         return None if budget is None else budget - demand
 
-    def _short_pass(self, step: Step, now: float, budget):
-        """The running pass where the free slots do not cover every request's growth: the
-        requests that need slots (the explicit ones, and the lazy ones at a block boundary,
-        made explicit) run in running order through the plain `run`, which preempts from
-        the back of the running list as the engine's pass does (a lazy victim is caught up
-        first); the others only count, as in the plain pass, so they decode lazily. A
-        request that cannot run ends the pass, as in the engines' loops: every request
-        after it has been preempted."""
-        for seq in list(self.by_residue[(1 - (self.tick + 1)) % self.bs] if self.bs else ()):
-            self._materialize(seq)
+    def _short_pass(self, step: Step, now: float, budget, explicit: list[Seq], needs: list[int]):
+        """The running pass where the free slots do not cover every request's growth
+        (`explicit`: the explicit requests in running order, `needs`: the slots each
+        takes). The requests that need slots, in running order, take them as the
+        engine's pass would, until the first one the free slots left do not cover: up
+        to it, nothing is preempted, so the lazy ones at a block boundary take their
+        blocks in bulk and stay lazy. From it on, the lazy ones at a block boundary are
+        made explicit, and the explicit requests run in running order through the plain
+        `run`, which preempts from the back of the running list as the engine's pass does
+        (a lazy victim is caught up first; victims come after the request that needs the
+        room, so never one of those served before it); the others only count, as in the
+        plain pass, so they decode lazily. A request that cannot run ends the pass, as in
+        the engines' loops: every request after it has been preempted."""
+        if self.bs:
+            crossers = self.by_residue[(1 - (self.tick + 1)) % self.bs]
+            order = self.order
+            wanting = sorted([*((order[seq], need, False) for seq, need in zip(explicit, needs)),
+                              *((order[seq], self.bs, True) for seq in crossers)])
+            free = self.free_slots()
+            for first, (rank, need, _) in enumerate(wanting):
+                free -= need
+                if free < 0:
+                    break
+            late = {rank for rank, _, lazy in wanting[first:] if lazy}
+            for seq in [seq for seq in crossers if order[seq] in late]:
+                self._materialize(seq)
+            self._take_crossings(self._crossing(self.tick + 1))
         ran = 0
         for seq in self._explicit_in_order():
             if seq not in self.explicit:          # preempted by a request before it
@@ -281,16 +307,23 @@ class LazyScheduler(Scheduler):
                                               self.cost_block_size))
         return step
 
-    def _lazy_tick(self, crossing: int) -> None:
-        """Every lazy request decodes one token; `crossing` of them take a block."""
-        sums = self.sums
-        if crossing:      # their new blocks, in bulk: which id goes where does not matter
+    def _take_crossings(self, crossing: int) -> None:
+        """`crossing` lazy requests take a block at the next tick: their new blocks, in
+        bulk (which id goes where does not matter), attached when they are caught up."""
+        if crossing:
+            sums = self.sums
             self.owed += self.allocator.take_free(crossing)
             sums.version += 1
             sums.reservation += crossing * self.bs
             sums.slots += crossing * self.bs
             if self.cost_block_size:
                 self.lazy_blocks += crossing
+
+    def _lazy_tick(self, crossing: int) -> None:
+        """Every lazy request decodes one token; `crossing` of them take a block (if they
+        have not yet: _take_crossings)."""
+        self._take_crossings(crossing)
+        sums = self.sums
         self.tick += 1
         self.pending = True
         sums.reservation -= len(self.lazy)

@@ -17,6 +17,7 @@ from kvsim.engine import simulate
 from kvsim.engines import EngineSettings
 from kvsim.errors import InputError
 from kvsim.memory import PoolSizing, activation_estimate, no_room, size_pool
+from kvsim.parallel import ordered_map
 from kvsim.report.metrics import request_table, step_table, summarize, tidy
 from kvsim.scenario import Scenario
 from kvsim.scheduler import SwapSpace
@@ -98,8 +99,12 @@ def total_footprint(allocator, requests: RequestTable) -> int:
 def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                  on_progress: Callable[[str, int, int], None] | None = None,
                  check_invariants: bool = False, exact_steps: bool = False,
-                 bucket_s: float | None = None) -> Results:
+                 bucket_s: float | None = None, workers: int = 1,
+                 meanwhile: Callable[[], None] | None = None) -> Results:
     """Run every policy of `scn`; on_progress(policy, finished, total) reports progress.
+    workers: simulate the policies in up to that many processes (kvsim.parallel; the
+    same results; progress is then reported as each policy ends); meanwhile: work for
+    this process while they do (a lone policy then runs in a worker too).
     exact_steps: the plain step-by-step path (kvsim.engine.simulate); same results.
     bucket_s: the time series in buckets of that many simulated seconds, not steps."""
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
@@ -126,15 +131,35 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         setups.append((policy, kv, allocator, cost, settings, kind, options))
     width = max(scn.workload.n, scn.workload.beam_width)
     replicas, router = scn.fleet
-    summaries, series, tables, per_replica = [], [], [], []
-    for policy, kv, allocator, cost, settings, kind, options in setups:
-        progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) if on_progress else None
+    per_replica = []
+    parallel = workers > 1 and (len(setups) > 1 or meanwhile is not None)
+
+    def run_policy(i: int):      # in a worker where parallel: plain records travel back
+        policy, kv, allocator, cost, settings, kind, options = setups[i]
+        progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) \
+            if on_progress and not parallel else None
         fleet = [allocator] + [make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options)
                                for _ in range(replicas - 1)]
         run = simulate(policy.name, requests, fleet if replicas > 1 else allocator, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
                        exact_steps=exact_steps, bucket_s=bucket_s, router=router,
                        **scheduler_options(scn, kv, gpu, settings))
+        if parallel:             # not sent back: the caller holds the same table
+            for r in (run, *run.parts):
+                r.requests = None
+        return run
+
+    def ended(i: int, _) -> None:     # in workers, a policy reports progress only as it ends
+        if on_progress and parallel:
+            on_progress(setups[i][0].name, len(requests), len(requests))
+    # in workers, the prefix caches first: their lookups make them the longest runs
+    first = [i for i, setup in enumerate(setups) if setup[6].get("prefix_caching")]
+    runs = ordered_map(run_policy, len(setups), workers if parallel else 1, first=first, on_result=ended,
+                       meanwhile=meanwhile)
+    summaries, series, tables = [], [], []
+    for (policy, kv, allocator, cost, settings, kind, options), run in zip(setups, runs):
+        for r in (run, *run.parts):
+            r.requests = requests
         table = request_table(run)
         mean_footprint = total_footprint(allocator, requests) * width / len(requests)
         fixed = {"policy": policy.name, "allocator": policy.allocator,

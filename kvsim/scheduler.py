@@ -37,6 +37,7 @@ import numpy as np
 
 from kvsim.allocators import Breakdown, InvariantError, KVAllocator, NextSeq, SeqShape
 from kvsim.cost.model import StepBatch
+from kvsim.waiting import WaitingQueue
 from kvsim.workload.requests import RequestSpec
 
 MAX_WIDTH = 64        # sequences per request; allocator ids are request id * 64 + k
@@ -111,7 +112,7 @@ class Scheduler:
         self.width = 1 if rules.split_samples else width
         self.beam, self.seed = beam, seed
         self.running: list[Seq] = []       # admission order: the last is preempted first
-        self.waiting: deque[Seq] = deque()
+        self.waiting = WaitingQueue()      # deep requests as indices where rebuild is set
         self.swapped: deque[Seq] = deque()  # vLLM V0 keeps swapped-out groups apart
         self.preemptions = 0
         self.swaps = 0
@@ -129,15 +130,22 @@ class Scheduler:
 
     def arrive(self, seq: Seq, now: float, index: int) -> None:
         """Queue `seq` (the index-th of the run) or reject it at once with the reason."""
-        seq.target = seq.shape.prompt_tokens
-        seq.ids = tuple(index * MAX_WIDTH + k for k in range(self.width))
+        self.arrived(seq, index)
         reason = ("prompt + output exceeds max_model_len"
                   if seq.shape.final_tokens > self.max_model_len
                   else self.allocator.unfit_reason(seq.shape))
         if reason:
             seq.outcome, seq.reason, seq.finish_s = "rejected", reason, now
         else:
-            self.waiting.append(seq)
+            self.waiting.arrived(seq, index)
+
+    def arrived(self, seq: Seq, index: int) -> Seq:
+        """`seq` as it arrives, the index-th of the run: its prompt to prefill, its ids.
+        (kvsim.waiting rebuilds a request kept as its index with this.)"""
+        seq.target = seq.shape.prompt_tokens
+        first = index * MAX_WIDTH
+        seq.ids = (first,) if self.width == 1 else tuple(range(first, first + self.width))
+        return seq
 
     # --- what the rules use --------------------------------------------------------------
     def running_seqs(self) -> int:

@@ -285,3 +285,20 @@ def test_make_allocator_unknown_kind_lists_valid_names():
     assert list(ALLOCATORS) == ["contiguous", "paged", "radix"]
     with pytest.raises(ValueError, match="contiguous, paged, radix"):
         make_allocator("slab", 1e9, KV, 64)
+
+
+def test_free_queues_keep_their_order_in_bulk():
+    from kvsim.allocators.free_queue import FreeQueue, LinkedFreeQueue
+    tail = FreeQueue(3000)                       # V1: released blocks join the tail
+    assert tail.take(2000) == list(range(2000))  # the head has passed half: the list is cut
+    tail.put([5, 7])
+    assert list(tail) == [*range(2000, 3000), 5, 7] and len(tail) == 1002
+    assert tail.take(1001) == [*range(2000, 3000), 5] and list(tail) == [7]
+    head = FreeQueue(4, to_head=True)            # V0: each released block goes to the head
+    assert list(head) == [0, 1, 2, 3] and head.take(2) == [0, 1]
+    head.put([9, 8])
+    assert list(head) == [8, 9, 2, 3] and head.take(3) == [8, 9, 2] and len(head) == 1
+    linked = LinkedFreeQueue(4)
+    linked.remove(2)
+    linked.put([9])
+    assert list(linked) == [0, 1, 3, 9] and linked.take(2) == [0, 1]

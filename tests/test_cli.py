@@ -281,14 +281,14 @@ def test_crash_while_writing_leaves_an_existing_output_untouched(in_scenario_fol
     def broken_plots(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("kvsim.report.plots.write_plots", broken_plots)
+    monkeypatch.setattr("kvsim.report.plots.plot_jobs", broken_plots)
     with pytest.raises(RuntimeError, match="disk full"):
         kvsim("run", "small.yaml", "--quiet", "--num-requests", "5")
     assert snapshot(results / "small") == before
     assert hidden_entries(results) == []
 
 
-@pytest.mark.parametrize("where", ["kvsim.runner.simulate", "kvsim.report.plots.write_plots"])
+@pytest.mark.parametrize("where", ["kvsim.runner.simulate", "kvsim.report.plots.plot_jobs"])
 def test_ctrl_c_leaves_an_existing_output_untouched(in_scenario_folder, monkeypatch, where):
     # Ctrl-C during the simulation or while results are written: exit 130, one line,
     # the earlier results as they were and no temporary folder left behind.

@@ -75,7 +75,7 @@ BASE = {
 @pytest.fixture(scope="module", autouse=True)
 def no_plots():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("kvsim.report.plots.write_plots", lambda *args, **kwargs: None)
+        mp.setattr("kvsim.report.plots.plot_jobs", lambda *args, **kwargs: [])
         yield
 
 

@@ -546,13 +546,14 @@ def _corrupt_nth(monkeypatch, cls, method: str, n: int, damage):
 
 
 def _leak_last_free_block(alloc, *args):
-    alloc._free.popitem()       # the block just freed vanishes from the free queue
+    ids = alloc._free._ids      # the block just freed vanishes from the free queue
+    ids.popitem() if isinstance(ids, dict) else ids.pop()
 
 
 def _queue_a_held_block(alloc, *args):
     held = [b for seq in alloc._seqs.values() for b in seq.table]
     if held:                    # a block still in a table is queued as free too
-        alloc._free[held[0]] = None
+        alloc._free.put([held[0]])
     else:                       # a queued block keeps a reference
         alloc._ref[next(iter(alloc._free))] = 1
 

@@ -206,3 +206,14 @@ def test_the_engines_columns_draw_where_present_and_never_memory_bound_runs_show
     mean = (requests.prompt_tokens + requests.output_tokens).mean()
     got = capacity_requests(summary.drop(columns="memory_capacity_requests"), requests)[0]
     assert got.tolist() == pytest.approx([16000 / mean, 32000 / mean])
+
+
+def test_a_long_latency_cdf_is_drawn_through_evenly_spaced_ranks():
+    from kvsim.report.plots import cdf_points
+    v = np.sort(np.random.default_rng(1).exponential(size=10_001))
+    x, y = cdf_points(v[:5])                                  # short: every sample
+    assert list(x) == [v[0], *v[:5]] and list(y) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    x, y = cdf_points(v, max_points=101)                      # ranks 0, 100, ..., 10,000
+    assert len(x) == 102 and (x[0], y[0]) == (v[0], 0.0)
+    assert list(x[1:]) == list(v[::100]) and list(y[1:]) == [(r + 1) / 10_001 for r in range(0, 10_001, 100)]
+    assert np.diff(y[1:]).max() <= 1 / 100 + 1e-12           # each step under 1/max_points of the axis

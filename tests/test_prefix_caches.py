@@ -9,7 +9,7 @@ from kvsim.allocators import (
     Breakdown, InvariantError, PrefixCachingPagedAllocator, RadixCacheAllocator, SeqShape,
     make_allocator,
 )
-from kvsim.allocators.runs import common_length, full_block_runs, split_runs
+from kvsim.allocators.runs import common_length, split_runs
 from kvsim.specs import MODEL_PRESETS, KVSpec
 
 SYSTEM = ((7, 8),)        # a shared system prompt of two 4-token blocks
@@ -222,19 +222,45 @@ def test_runs_helpers():
     assert split_runs(((1, 0, 6), (2, 0, 4)), 8) == (((1, 0, 6), (2, 0, 2)), ((2, 2, 2),))
 
 
+SHAPES = st.builds(lambda segments, prompt, output, tail: SeqShape(
+    max(prompt, sum(n for _, n in segments)), output, tuple(segments), tail),
+    st.lists(st.tuples(st.integers(-1, 3), st.sampled_from([0, 1, 3, 4, 5, 8, 12, 16, 40])), max_size=5),
+    st.integers(0, 60), st.integers(0, 60), st.integers(-1, 3))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(-1, 3), st.integers(0, 40)), max_size=5), st.integers(0, 60),
-       st.integers(0, 60), st.integers(-1, 3), st.sampled_from([1, 3, 16]))
-def test_full_block_runs_match_each_block_cut_alone(segments, prompt, output, tail, block):
-    """The one-walk block list equals shape.runs block by block, up to the first -1."""
-    shape = SeqShape(max(prompt, sum(n for _, n in segments)), output, tuple(segments), tail)
-    expected = []
-    for index in range(shape.final_tokens // block):
-        runs = shape.runs(index * block, (index + 1) * block)
-        if any(content == -1 for content, _, _ in runs):
-            break
-        expected.append(runs)
-    assert full_block_runs(shape, block) == tuple(expected)
+@given(st.lists(SHAPES, min_size=1, max_size=4), st.sampled_from([1, 3, 4, 16]))
+def test_block_keys_are_equal_exactly_where_the_prefixes_are(shapes, block):
+    """Each shape's chain has a key per full block up to the first one holding content -1,
+    and two blocks (of any shapes, computed in any order) have the same key exactly when
+    they are the same block of the same tokens: shape.runs of their prefixes are equal."""
+    alloc = PrefixCachingPagedAllocator(num_blocks=4, block_size=block)
+    chains = [alloc._chain(shape) for shape in shapes]
+    prefixes = []
+    for shape, chain in zip(shapes, chains):
+        cacheable = 0
+        while cacheable < shape.final_tokens // block and all(
+                content != -1 for content, _, _ in shape.runs(cacheable * block, (cacheable + 1) * block)):
+            cacheable += 1
+        assert len(chain) == cacheable
+        prefixes.append([shape.runs(0, (i + 1) * block) for i in range(cacheable)])
+    for a, chain_a in enumerate(chains):
+        for b, chain_b in enumerate(chains):
+            for i, key_a in enumerate(chain_a):
+                for j, key_b in enumerate(chain_b):
+                    assert (key_a == key_b) == (i == j and prefixes[a][i] == prefixes[b][j])
+    assert [alloc._chain(shape) for shape in reversed(shapes)] == chains[::-1]    # kept, or the same again
+
+
+def test_blocks_filled_past_the_final_length_are_cached_too():
+    # Found by test_hash_cache_matches_every_filled_block: a sequence of one token (its
+    # final length) grown to two fills a second block of its tail content, which a
+    # longer request of the same tail then hits.
+    alloc = PrefixCachingPagedAllocator(num_blocks=8, block_size=1)
+    assert alloc.allocate(0, SeqShape(1, 0, (), 5), 1) and alloc.grow(0, 2)
+    assert alloc.cached_blocks == [0, 1]
+    assert alloc.match_prefix(SeqShape(3, 0, (), 5), 3) == 2
+    alloc.check_invariants()
 
 
 @pytest.fixture

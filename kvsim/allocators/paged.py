@@ -34,10 +34,11 @@ its tokens and holds no block beyond the last one it needs.
 """
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from kvsim.allocators.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
+from kvsim.allocators.free_queue import FreeQueue
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -100,10 +101,9 @@ class PagedAllocator:
         self.free_order = free_order
         self._order = FREE_ORDERS[free_order]
         self.capacity = num_blocks * block_size
-        # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables. An
-        # OrderedDict rather than a deque, so that a prefix cache can take a block back
-        # out of the middle in O(1); the head is the next block handed out.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables; the
+        # head is the next block handed out (kvsim.allocators.free_queue).
+        self._free = self._make_queue()
         self._ref = [0] * num_blocks
         self._shared = 0              # blocks with count > 1: the breakdown's slow path
         self._seqs: dict[int, _Seq] = {}
@@ -127,10 +127,14 @@ class PagedAllocator:
 
     # -- reference counts -------------------------------------------------------------
 
+    def _make_queue(self):
+        """The free queue: no block ever leaves it from the middle here (a prefix cache's do)."""
+        return FreeQueue(self.num_blocks, self._order.to_head)
+
     def _take(self, count: int) -> list[int]:
         """Hand out `count` blocks from the queue head."""
-        pop, ref = self._free.popitem, self._ref
-        blocks = [pop(False)[0] for _ in range(count)]
+        blocks = self._free.take(count)
+        ref = self._ref
         for b in blocks:
             ref[b] = 1
         return blocks
@@ -138,27 +142,27 @@ class PagedAllocator:
     def _share(self, block: int) -> None:
         """One reference more; a queued block (a prefix-cache hit) leaves the queue."""
         if self._ref[block] == 0:
-            del self._free[block]
+            self._free.remove(block)
         self._ref[block] += 1
         self._shared += self._ref[block] == 2
 
     def _drop(self, blocks) -> None:
         """One reference fewer on each block, in the order given; blocks nobody holds
         rejoin the queue at the end FREE_ORDERS says, one after the other."""
-        if not self._shared and not self._order.to_head:   # each had one holder, its last
+        ref = self._ref
+        if not self._shared:           # each had one holder, its last
             blocks = list(blocks)
-            ref = self._ref
             for b in blocks:
                 ref[b] = 0
-            self._free.update(dict.fromkeys(blocks))
+            self._free.put(blocks)
             return
+        freed = []
         for b in blocks:
-            self._ref[b] -= 1
-            self._shared -= self._ref[b] == 1
-            if self._ref[b] == 0:
-                self._free[b] = None
-                if self._order.to_head:
-                    self._free.move_to_end(b, last=False)
+            ref[b] -= 1
+            self._shared -= ref[b] == 1
+            if ref[b] == 0:
+                freed.append(b)
+        self._free.put(freed)
 
     def _release(self, blocks: list[int]) -> None:
         """Drop a run of a table's blocks in the engine's order."""
@@ -216,7 +220,8 @@ class PagedAllocator:
         if cow:
             self._drop([seq.table[-1]])
             seq.table[-1] = self._take(1)[0]
-        seq.table.extend(self._take(extra))
+        if extra:
+            seq.table.extend(self._take(extra))
         seq.tokens = num_tokens
         self._grown(seq)
         return True
@@ -338,8 +343,9 @@ class PagedAllocator:
             if seq.table and not 0 <= min(seq.table) <= max(seq.table) < self.num_blocks:
                 raise InvariantError(f"seq {seq_id}'s table {seq.table} has a block out of range")
             holders.update(seq.table)
-        fast_ok = (len(holders) + len(self._free) == self.num_blocks
-                   and holders.keys().isdisjoint(self._free.keys())
+        queued = set(self._free)
+        fast_ok = (len(holders) + len(self._free) == self.num_blocks and len(queued) == len(self._free)
+                   and holders.keys().isdisjoint(queued)
                    and all(self._ref[b] == n for b, n in holders.items())
                    and sum(self._ref) == holders.total() and min(self._ref, default=0) >= 0
                    and self._shared == sum(n > 1 for n in holders.values()))

@@ -51,8 +51,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvsim.allocators.base import InvariantError, SeqShape
+from kvsim.allocators.free_queue import LinkedFreeQueue
 from kvsim.allocators.paged import PagedAllocator, _Seq, blocks_for
-from kvsim.allocators.runs import full_block_runs
 
 _ROOT = -1   # the "parent key" of a table's first block
 CHAINS_KEPT = 256   # shapes whose key chains are kept for lookups
@@ -77,10 +77,14 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._key_of: list[int | None] = [None] * num_blocks   # cached block -> key
         # key -> its cached copies, first cached first (a dict as an ordered set).
         self._cached: dict[int, dict[int, None]] = {}
-        # (parent key, runs) -> key. Never pruned, so content always gets the same key
-        # and chains below an evicted block stay valid; it grows with the distinct
-        # shareable blocks ever seen, not with traffic.
+        # (parent key, runs) -> key of a block that straddles content pieces, and
+        # (parent key, content, offset) -> keys of a stretch of whole blocks inside one
+        # piece (_make_chain). Never pruned, so content always gets the same key and
+        # chains below an evicted block stay valid; they grow with the distinct shareable
+        # blocks ever seen, not with traffic.
         self._keys: dict[tuple, int] = {}
+        self._runs: dict[tuple[int, int, int], list[int]] = {}
+        self._next_key = 0
         self._chains: dict[SeqShape, list[int]] = {}     # shape -> its keys, by recency
 
     @property
@@ -93,76 +97,106 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         key = self._key_of[block]
         return [] if key is None else list(self._cached[key])
 
+    def _make_queue(self) -> LinkedFreeQueue:
+        """A hit on a queued block takes it out of the middle of the queue."""
+        return LinkedFreeQueue(self.num_blocks)
+
     # -- keys -----------------------------------------------------------------------
 
-    _memo: tuple = (None, ())     # (shape, its full_block_runs): lookups walk one shape
-
-    def _block_id(self, shape: SeqShape, parent: int, index: int) -> tuple | None:
-        """The (parent key, runs) identity of full block `index`, None if uncacheable."""
-        if shape is not self._memo[0]:
-            self._memo = (shape, full_block_runs(shape, self.block_size))
-        blocks = self._memo[1]
-        return (parent, blocks[index]) if index < len(blocks) else None
-
-    def _chain(self, shape: SeqShape, blocks: int) -> list[int]:
-        """Keys of the shape's full blocks, at least its first `blocks` (fewer where one is
-        uncacheable).
+    def _chain(self, shape: SeqShape, blocks: int = 0) -> list[int]:
+        """Keys of the shape's full blocks up to the first uncacheable one: the blocks of
+        its final length, or its first `blocks` where a sequence grew past that length.
         A shape's keys never change (keys are never pruned), so the chains of the shapes
         looked up lately are kept: a waiting request is looked up every step."""
-        chain = self._chains.pop(shape, None) or []
-        if len(chain) < blocks:
-            runs = full_block_runs(shape, self.block_size)     # a key per full block, chained
-            keys, key = self._keys, chain[-1] if chain else _ROOT
-            for index in range(len(chain), min(blocks, len(runs))):
-                key = keys.setdefault((key, runs[index]), len(keys))
-                chain.append(key)
-        self._chains[shape] = chain          # most recent last
+        kept = self._chains.pop(shape, None)
+        if kept is None or (len(kept[0]) < blocks and not kept[1]):
+            kept = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
+        self._chains[shape] = kept          # most recent last
         if len(self._chains) > CHAINS_KEPT:
             del self._chains[next(iter(self._chains))]
-        return chain
+        return kept[0]
+
+    def _make_chain(self, shape: SeqShape, total: int) -> tuple[list[int], bool]:
+        """The keys of the shape's first `total` full blocks, in one walk over its content
+        pieces (its segments, then the tail from offset 0), and whether a block holding
+        content -1 ended them first (no later block is cacheable).
+
+        A block that straddles pieces is keyed by (parent key, its runs), interned. A
+        stretch of whole blocks inside one piece is keyed as a run: (parent key, content,
+        offset where the stretch starts) names a list of fresh keys, one per block, that
+        grows when a longer stretch is seen, so n blocks cost one lookup. Keys stay
+        canonical: whether a block lies inside one piece, and where such a stretch
+        starts, follow from the tokens before and in it (an offset restarts at 0 with each
+        piece), so equal prefixes get equal keys and unequal ones unequal keys."""
+        bs = self.block_size
+        pieces = [(content, length) for content, length in shape.segments if length]
+        pieces.append((shape.tail_id, max(shape.final_tokens, total * bs)))   # the tail runs on
+        chain: list[int] = []
+        block, room, key = [], bs, _ROOT
+        for content, length in pieces:
+            offset = 0
+            while offset < length and len(chain) < total:
+                if content == -1:
+                    return chain, True      # this block and every later one stay uncached
+                if not block and length - offset >= bs:    # whole blocks of one piece
+                    n = min((length - offset) // bs, total - len(chain))
+                    run = self._runs.setdefault((key, content, offset), [])
+                    if len(run) < n:
+                        run.extend(range(self._next_key, self._next_key + n - len(run)))
+                        self._next_key = run[-1] + 1
+                    chain.extend(run[:n])
+                    key, offset = chain[-1], offset + n * bs
+                    continue
+                take = min(room, length - offset)
+                block.append((content, offset, take))
+                offset, room = offset + take, room - take
+                if not room:
+                    ident = (key, tuple(block))
+                    key = self._keys.get(ident)
+                    if key is None:
+                        key = self._keys[ident] = self._next_key
+                        self._next_key += 1
+                    chain.append(key)
+                    block, room = [], bs
+        return chain, False
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""
-        hits = []
-        cached = self._cached
         blocks = max(num_tokens - 1, 0) // self.block_size
-        for key in self._chain(shape, blocks)[:blocks]:
-            copies = cached.get(key)
-            if copies is None:
-                break
-            hits.append(next(iter(copies)))   # the first copy still cached
-        return hits
+        copies = list(map(self._cached.get, self._chain(shape, blocks)[:blocks]))
+        if None in copies:
+            del copies[copies.index(None):]
+        return list(map(next, map(iter, copies)))      # the first copy still cached
 
     def _cache_full_blocks(self, seq: _CachedSeq) -> None:
         """Give keys to the blocks the sequence has filled since the last call."""
         full = seq.tokens // self.block_size
-        if seq.hashed >= full or len(seq.keys) != seq.hashed:   # nothing new, or uncacheable
-            seq.hashed = max(seq.hashed, full)
+        start = seq.hashed
+        if start >= full or len(seq.keys) != start:   # nothing new, or uncacheable
+            seq.hashed = max(start, full)
             return
-        chain = self._chain(seq.shape, full)
-        while seq.hashed < full and len(seq.keys) == seq.hashed:
-            seq.hashed += 1
-            if seq.hashed > len(chain):
-                break           # this block and every later one stay uncached
-            key = chain[seq.hashed - 1]
-            seq.keys.append(key)
-            block = seq.table[seq.hashed - 1]
-            if self._key_of[block] is None:     # a hit keeps the key it has: this one
-                self._cached.setdefault(key, {})[block] = None
-                self._key_of[block] = key
-        seq.hashed = max(seq.hashed, full)
+        # keys up to the first uncacheable block; it and every later one stay uncached
+        keys = self._chain(seq.shape, full)[start:full]
+        seq.keys.extend(keys)
+        seq.hashed = full
+        key_of, cached = self._key_of, self._cached
+        for block, key in zip(seq.table[start:full], keys):
+            if key_of[block] is None:     # a hit keeps the key it has: this one
+                cached.setdefault(key, {})[block] = None
+                key_of[block] = key
 
     def _take(self, count: int) -> list[int]:
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
         taken = super()._take(count)
+        key_of = self._key_of
         for block in taken:
-            key = self._key_of[block]
+            key = key_of[block]
             if key is not None:
                 copies = self._cached[key]
                 del copies[block]
                 if not copies:
                     del self._cached[key]
-                self._key_of[block] = None
+                key_of[block] = None
         return taken
 
     def _grown(self, seq: _CachedSeq) -> None:
@@ -189,7 +223,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         for block in hits:
             self._share(block)
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
-        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table)
+        # the hits hold their keys already: the chain's first ones
+        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keys=self._chain(shape)[:len(hits)],
+                                              hashed=len(hits))
         self._cache_full_blocks(seq)
         return True
 

@@ -66,12 +66,14 @@ def cli():
               "instead of one row per step (bounded memory for long runs; the summary is the same "
               "up to the last bits of its time-weighted means).")
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
+@click.option("--jobs", type=click.IntRange(min=1), envvar="KVSIM_JOBS", metavar="N",
+              help="Run the policies in up to N processes (the same results) [default: one per CPU core].")
 @click.option("--profile", metavar="NAME_OR_DIR", help="Step costs from this profile (overrides cost_model).")
 @click.option("--rates", metavar="R1,R2,..|START:STOP:STEP",
               help="Rerun at each arrival rate (req/s) into DIR/rate-R/, and draw latency and "
                    "throughput against rate (rate_sweep.png, rates.csv).")
 def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, exact_steps, bucket_s,
-        force, profile, rates):
+        force, jobs, profile, rates):
     """Run every policy of SCENARIO on one request stream and write results and plots.
 
     With --rates, run it once per arrival rate and add the sweep's curves and the highest
@@ -97,14 +99,15 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, ex
     out = out or Path("results") / scn.name
     if not force:
         _refuse_foreign(out, scn.name)
-    how = dict(exact_steps=exact_steps, bucket_s=bucket_s)
+    from kvsim.parallel import cores
+    how = dict(exact_steps=exact_steps, bucket_s=bucket_s, workers=jobs or cores())
     if rate_list is not None:
         from kvsim.cli.report import run_rates
         run_rates(scn, base_dir, str(scenario), rate_list, out, quiet=quiet,
                   check_invariants=check_invariants, started=started, **how)
         return
     results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **how)
-    _write_results(results, scn, out, run_meta(scn, str(scenario), results, started))
+    _write_results(results, scn, out, run_meta(scn, str(scenario), results, started), how["workers"])
     if not quiet:
         print_table(results.summary, scn)
         click.echo(f"wrote {out}/")
@@ -143,9 +146,9 @@ def _refuse_foreign(out: Path, name: str) -> None:
         raise InputError("command line", "--out", f"{out} holds {what}; pass --force to replace it")
 
 
-def _write_results(results, scn, out: Path, meta: dict) -> None:
+def _write_results(results, scn, out: Path, meta: dict, workers: int = 1) -> None:
     """The run's folder, written beside `out` and swapped in whole."""
-    swap_in(out, lambda tmp: write_run(results, scn, tmp, meta))
+    swap_in(out, lambda tmp: write_run(results, scn, tmp, meta, workers))
 
 
 # --- kvsim memory ----------------------------------------------------------------

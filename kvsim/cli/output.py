@@ -18,17 +18,23 @@ from kvsim import __version__
 
 def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariants: bool, label: str = "",
                            **how):
-    """run_scenario with a progress bar; `how` is its exact_steps and bucket_s."""
+    """run_scenario with a progress bar; `how` is its exact_steps, bucket_s and workers."""
     from kvsim.runner import run_scenario
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
     try:
         results = run_scenario(scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants,
-                               **how)
+                               meanwhile=None if bar.enabled else _import_writing, **how)
     except BaseException:
         bar.close(finished=False)
         raise
     bar.close(finished=True)
     return results
+
+
+def _import_writing() -> None:
+    """What drawing the figures imports (matplotlib): done while the policies run in
+    worker processes (a lone policy too, unless a progress bar follows it here)."""
+    import kvsim.report.plots  # noqa: F401
 
 
 def run_meta(scn, src: str, results, started: float) -> dict:
@@ -82,22 +88,30 @@ def swap_in(out: Path, write) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_run(results, scn, folder: Path, meta: dict) -> None:
-    """One run's files into `folder` (which must exist)."""
-    from kvsim.report.plots import write_plots
+def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
+    """One run's files into `folder` (which must exist); the tables and each figure are
+    independent jobs, run in up to `workers` processes (kvsim.parallel)."""
+    from kvsim.parallel import ordered_map
+    from kvsim.report.plots import plot_jobs
     from kvsim.report.style import context_line
 
-    _write_table(results.summary, folder, "summary")
+    context = context_line(scn.model_dump(mode="json", exclude_none=True), results.summary)
     series = results.timeseries
+    if results.per_replica is not None:        # a fleet's figures show replica 0
+        series = series[series.replica == 0]
+    jobs = [lambda: _write_tables(results, scn, folder),
+            *plot_jobs(results.summary, series, results.requests, folder, context=context)]
+    ordered_map(lambda i: jobs[i](), len(jobs), workers, first=[3])     # the latency CDFs: the longest
+    (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _write_tables(results, scn, folder: Path) -> None:
+    _write_table(results.summary, folder, "summary")
     if results.per_replica is not None:        # a fleet: its rows per replica too
         _write_table(results.per_replica, folder, "replica_summary")
-        series = series[series.replica == 0]
     results.timeseries.to_parquet(folder / "timeseries.parquet", index=False)
     results.requests.to_parquet(folder / "requests.parquet", index=False)
     (folder / "scenario.yaml").write_text(_scenario_yaml(scn))
-    context = context_line(scn.model_dump(mode="json", exclude_none=True), results.summary)
-    write_plots(results.summary, series, results.requests, folder, context=context)
-    (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def _write_table(table, folder: Path, name: str) -> None:

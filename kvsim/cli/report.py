@@ -85,7 +85,7 @@ def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: 
         for rate, at, results, meta in runs:
             folder = tmp / f"rate-{rate:g}"
             folder.mkdir()
-            write_run(results, at, folder, meta)
+            write_run(results, at, folder, meta, how.get("workers", 1))
         (tmp / "scenario.yaml").write_text(_scenario_yaml(scn))
         table.to_csv(tmp / "rates.csv", index=False)
         context = context_line(scn.model_dump(mode="json", exclude_none=True), runs[-1][2].summary, swept=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -35,12 +36,14 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from kvsim.parallel import ordered_map
 from kvsim.report.style import (bar_figure_width, policy_colours, policy_styles,  # noqa: F401 (re-exported)
                                 same_as, wrap_label)
 from kvsim.report.verdict import arrival_limited
 
 DPI = 110
 MAX_POINTS = 2000  # drawn points per policy line; more are invisible at this size
+MAX_CDF_POINTS = 4000   # drawn points per latency CDF (a rank step under 1/4000 of the axis)
 FILES = ("memory_breakdown.png", "utilization_batch.png", "latency.png",
          "throughput_batch.png", "latency_percentiles.png")
 
@@ -59,24 +62,45 @@ BASIS = {"waiting": "time-weighted while requests wait",
          "none": "never memory-bound: no fractions"}
 
 
+def _builders(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame):
+    """Each figure's file name and a function that builds it (one figure at a time)."""
+    styles = policy_styles(summary, timeseries, requests)
+    colours = {name: s.colour for name, s in styles.items()}
+    return dict(zip(FILES, (lambda: _memory_breakdown(summary, requests, colours),
+                            lambda: _utilization_batch(timeseries, styles),
+                            lambda: _latency(requests, styles),
+                            lambda: _throughput_batch(summary, colours),
+                            lambda: latency_percentiles(summary, colours))))
+
+
 def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
             context: str = "") -> dict[str, Figure]:
     """The five figures by file name (the notebooks show these; write_plots saves them)."""
-    styles = policy_styles(summary, timeseries, requests)
-    colours = {name: s.colour for name, s in styles.items()}
-    figs = (_memory_breakdown(summary, requests, colours), _utilization_batch(timeseries, styles),
-            _latency(requests, styles), _throughput_batch(summary, colours),
-            latency_percentiles(summary, colours))
-    for fig in figs:
+    figs = {name: build() for name, build in _builders(summary, timeseries, requests).items()}
+    for fig in figs.values():
         add_context(fig, context)
-    return dict(zip(FILES, figs))
+    return figs
 
 
 def write_plots(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
-                out_dir: Path, context: str = "") -> list[Path]:
-    """Write the five figures into `out_dir` (which must exist); return their paths."""
-    return [save(fig, Path(out_dir) / name)
-            for name, fig in figures(summary, timeseries, requests, context).items()]
+                out_dir: Path, context: str = "", workers: int = 1) -> list[Path]:
+    """Write the five figures into `out_dir` (which must exist); return their paths.
+    workers: draw them in up to that many processes (kvsim.parallel; the same files)."""
+    jobs = plot_jobs(summary, timeseries, requests, out_dir, context)
+    return ordered_map(lambda i: jobs[i](), len(jobs), workers)
+
+
+def plot_jobs(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
+              out_dir: Path, context: str = "") -> list[Callable[[], Path]]:
+    """One job per figure, in FILES order: build it, save it into `out_dir`, return its path
+    (independent of each other, so a caller may run them in any process)."""
+    def job(name: str, build) -> Callable[[], Path]:
+        def draw() -> Path:
+            fig = build()
+            add_context(fig, context)
+            return save(fig, Path(out_dir) / name)
+        return draw
+    return [job(name, build) for name, build in _builders(summary, timeseries, requests).items()]
 
 
 def save(fig: Figure, path: Path) -> Path:
@@ -261,9 +285,8 @@ def _latency(requests: pd.DataFrame, styles: dict) -> Figure:
                 continue
             if floor is not None:
                 v = np.maximum(v, floor)  # zeros and stragglers sit at the left edge
-            y = np.arange(1, v.size + 1) / v.size
-            ax.plot(np.r_[v[0], v], np.r_[0.0, y], drawstyle="steps-post", color=st.colour,
-                    ls=st.linestyle, lw=1.4)
+            x, y = cdf_points(v)
+            ax.plot(x, y, drawstyle="steps-post", color=st.colour, ls=st.linestyle, lw=1.4)
         if values.size == 0:
             ax.text(0.5, 0.5, "no completed requests", transform=ax.transAxes, ha="center")
         elif floor is not None:
@@ -279,6 +302,16 @@ def _latency(requests: pd.DataFrame, styles: dict) -> Figure:
                for n, st in styles.items()]
     fig.legend(handles=handles, loc="outside right upper", title="policy", fontsize=8)
     return fig
+
+
+def cdf_points(v: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF of sorted samples `v` as a steps-post line from (v[0], 0): every
+    sample up to `max_points`, else the samples at `max_points` evenly spaced ranks (the
+    first and last among them), each at its exact height. The line then lags the true one
+    by less than 1 / max_points of the axis between kept ranks: invisible at this size."""
+    n = v.size
+    rank = np.arange(n) if n <= max_points else np.unique(np.linspace(0, n - 1, max_points).round().astype(np.int64))
+    return np.r_[v[0], v[rank]], np.r_[0.0, (rank + 1) / n]
 
 
 def _throughput_batch(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
