@@ -71,6 +71,9 @@ CASES = {
     "v0 beams": {"engine": "vllm-v0", "workload__beam_width": 2, "scheduler": {"preemption_mode": "recompute"}},
     "v1 rag": {"workload__rag": {"system_tokens": 50, "corpus_docs": 20, "doc_tokens": 40, "docs_per_request": 3}},
     "time limit": {"time_limit_s": 1.5},
+    "fleet": {"replicas": 3, "router": "least-loaded"},
+    "fleet rag": {"replicas": 2, "router": "prefix-aware",
+                  "workload__rag": {"system_tokens": 50, "corpus_docs": 20, "doc_tokens": 40, "docs_per_request": 3}},
 }
 
 
