@@ -24,7 +24,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "kvsim.cli.app", "run", args.scenario, "--quiet",
+            subprocess.run([sys.executable, "-m", "kvsim.cli", "run", args.scenario, "--quiet",
                             "--out", str(Path(tmp) / "out")], check=True)
             times.append(time.perf_counter() - start)
             print(f"run {i + 1}: {times[-1]:.2f} s", flush=True)

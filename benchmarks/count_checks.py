@@ -65,7 +65,7 @@ def wall(scenario: Path, repeats: int) -> None:
         for i in range(repeats):
             for mode, flag in (("without", []), ("with", ["--check-invariants"])):
                 start = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "kvsim.cli.app", "run", str(scenario), "--quiet",
+                subprocess.run([sys.executable, "-m", "kvsim.cli", "run", str(scenario), "--quiet",
                                 "--out", str(Path(tmp) / mode), *flag], check=True, env=env)
                 times[mode].append(time.perf_counter() - start)
                 print(f"run {i + 1} {mode:<7} --check-invariants: {times[mode][-1]:.1f} s", flush=True)
