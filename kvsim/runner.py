@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 
 from kvsim.allocators import SeqShape, make_allocator
 from kvsim.cost.model import describe, make_cost_model
@@ -18,7 +17,6 @@ from kvsim.engines import EngineSettings
 from kvsim.errors import InputError
 from kvsim.memory import PoolSizing, activation_estimate, no_room, size_pool
 from kvsim.parallel import ordered_map
-from kvsim.report.metrics import request_table, step_table, summarize, tidy
 from kvsim.scenario import Scenario
 from kvsim.scheduler import SwapSpace
 from kvsim.specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
@@ -156,6 +154,8 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
     first = [i for i, setup in enumerate(setups) if setup[6].get("prefix_caching")]
     runs = ordered_map(run_policy, len(setups), workers if parallel else 1, first=first, on_result=ended,
                        meanwhile=meanwhile)
+    import pandas as pd       # only now: the workers above were forked without it (see kvsim.cli.output)
+    from kvsim.report.metrics import request_table, step_table, summarize, tidy
     summaries, series, tables = [], [], []
     for (policy, kv, allocator, cost, settings, kind, options), run in zip(setups, runs):
         for r in (run, *run.parts):
