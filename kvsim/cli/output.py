@@ -105,7 +105,7 @@ def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
     # series, the breakdown; the tables last, unless they are long (a million requests'
     # Parquet file takes longer than any figure)
     long_tables = len(results.requests) + len(results.timeseries) > 200_000
-    ordered_map(lambda i: jobs[i](), len(jobs), workers, first=[0, 3, 2, 1] if long_tables else [3, 2, 1])
+    ordered_map(lambda i: jobs[i](), len(jobs), workers, first=[0, 3, 2, 1] if long_tables else [3, 2, 1, 4, 5])
     (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
