@@ -45,11 +45,12 @@ DEFAULT = ["vidur_10k", "sharegpt_10k", "sharegpt_100k", "rag_8k"]
 def child(args: list[str]) -> None:
     """Run `kvsim ARGS` in this process, then print its CPU seconds (with its worker
     processes': kvsim.parallel) and the peak RSS of the largest of them."""
-    from kvsim.cli.app import main
+    from kvsim.cli.app import exit_now, main
     code = main(args)
     me, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print(json.dumps({"code": code, "cpu_s": sum(u.ru_utime + u.ru_stime for u in (me, workers)),
                       "peak_rss_mb": max(me.ru_maxrss, workers.ru_maxrss) / 1024}), file=sys.stderr)
+    exit_now(code)      # as the `kvsim` command ends (kvsim.cli.app.entry)
 
 
 def measure(name: str, extra: list[str], out: Path) -> dict:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 
 from kvsim.allocators import SeqShape, make_allocator
 from kvsim.cost.model import describe, make_cost_model
@@ -18,7 +17,6 @@ from kvsim.engines import EngineSettings
 from kvsim.errors import InputError
 from kvsim.memory import PoolSizing, activation_estimate, no_room, size_pool
 from kvsim.parallel import ordered_map
-from kvsim.report.metrics import request_table, step_table, summarize, tidy
 from kvsim.scenario import Scenario
 from kvsim.scheduler import SwapSpace
 from kvsim.specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
@@ -131,7 +129,6 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         setups.append((policy, kv, allocator, cost, settings, kind, options))
     width = max(scn.workload.n, scn.workload.beam_width)
     replicas, router = scn.fleet
-    per_replica = []
     parallel = workers > 1 and (len(setups) > 1 or meanwhile is not None)
 
     def run_policy(i: int):      # in a worker where parallel: plain records travel back
@@ -149,15 +146,13 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                 r.requests = None
         return run
 
-    def ended(i: int, _) -> None:     # in workers, a policy reports progress only as it ends
-        if on_progress and parallel:
-            on_progress(setups[i][0].name, len(requests), len(requests))
-    # in workers, the prefix caches first: their lookups make them the longest runs
-    first = [i for i, setup in enumerate(setups) if setup[6].get("prefix_caching")]
-    runs = ordered_map(run_policy, len(setups), workers if parallel else 1, first=first, on_result=ended,
-                       meanwhile=meanwhile)
-    summaries, series, tables = [], [], []
-    for (policy, kv, allocator, cost, settings, kind, options), run in zip(setups, runs):
+    tabulated: dict[int, tuple] = {}
+
+    def tabulate(i: int, run) -> None:
+        """Policy i's summary rows and tables, made as its run arrives: with workers, while
+        the others still run (the command's process has imported pandas by then)."""
+        from kvsim.report.metrics import request_table, step_table, summarize, tidy
+        policy, kv, allocator, cost, settings, kind, options = setups[i]
         for r in (run, *run.parts):
             r.requests = requests
         table = request_table(run)
@@ -175,13 +170,24 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                     **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
                     "cost_model": describe(cost.label, run.extrapolated, len(run.steps),
                                            run.extrapolation_reasons)}
-        summaries.append(row(run, table, replicas))
+        parts = []
         for r, part in enumerate(run.parts):
             mine = table[table.replica == r]
-            per_replica.append({"replica": r, "requests_routed": len(mine), **row(part, mine, 1)})
-        series.append(step_table(run))
-        tables.append(table)
-    return Results(pd.DataFrame(summaries), pd.concat(series, ignore_index=True),
+            parts.append({"replica": r, "requests_routed": len(mine), **row(part, mine, 1)})
+        tabulated[i] = (row(run, table, replicas), parts, step_table(run), table)
+
+    def ended(i: int, run) -> None:     # in workers, a policy reports progress only as it ends
+        if on_progress and parallel:
+            on_progress(setups[i][0].name, len(requests), len(requests))
+        tabulate(i, run)
+    # in workers, the prefix caches first: their lookups make them the longest runs
+    first = [i for i, setup in enumerate(setups) if setup[6].get("prefix_caching")]
+    ordered_map(run_policy, len(setups), workers if parallel else 1, first=first, on_result=ended,
+                meanwhile=meanwhile)
+    import pandas as pd       # only now: the workers above were forked without it (see kvsim.cli.output)
+    rows, parts, series, tables = zip(*(tabulated[i] for i in range(len(setups))))
+    per_replica = [r for p in parts for r in p]
+    return Results(pd.DataFrame(list(rows)), pd.concat(series, ignore_index=True),
                    pd.concat(tables, ignore_index=True), pool,
                    _replica_columns(pd.DataFrame(per_replica)) if per_replica else None)
 

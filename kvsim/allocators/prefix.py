@@ -86,6 +86,10 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._runs: dict[tuple[int, int, int], list[int]] = {}
         self._next_key = 0
         self._chains: dict[SeqShape, list[int]] = {}     # shape -> its keys, by recency
+        # The last lookup's answer, good while no key gains or loses a copy: admitting a
+        # request looks its prefix up three times (its need, whether it fits, allocate).
+        self._changes = 0
+        self._last_hits: tuple = (None, 0, -1, ())    # (shape, num_tokens, changes, hits)
 
     @property
     def cached_blocks(self) -> list[int]:
@@ -162,11 +166,16 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""
+        last_shape, last_tokens, changes, hits = self._last_hits
+        if changes == self._changes and last_tokens == num_tokens and last_shape == shape:
+            return list(hits)
         blocks = max(num_tokens - 1, 0) // self.block_size
         copies = list(map(self._cached.get, self._chain(shape, blocks)[:blocks]))
         if None in copies:
             del copies[copies.index(None):]
-        return list(map(next, map(iter, copies)))      # the first copy still cached
+        hits = list(map(next, map(iter, copies)))      # the first copy still cached
+        self._last_hits = (shape, num_tokens, self._changes, tuple(hits))
+        return hits
 
     def _cache_full_blocks(self, seq: _CachedSeq) -> None:
         """Give keys to the blocks the sequence has filled since the last call."""
@@ -180,6 +189,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         seq.keys.extend(keys)
         seq.hashed = full
         key_of, cached = self._key_of, self._cached
+        self._changes += 1
         for block, key in zip(seq.table[start:full], keys):
             if key_of[block] is None:     # a hit keeps the key it has: this one
                 cached.setdefault(key, {})[block] = None
@@ -192,6 +202,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         for block in taken:
             key = key_of[block]
             if key is not None:
+                self._changes += 1
                 copies = self._cached[key]
                 del copies[block]
                 if not copies:

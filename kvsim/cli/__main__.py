@@ -1,5 +1,3 @@
-import sys
+from kvsim.cli.app import entry
 
-from kvsim.cli.app import main
-
-sys.exit(main())
+entry()

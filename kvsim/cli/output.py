@@ -101,7 +101,11 @@ def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
         series = series[series.replica == 0]
     jobs = [lambda: _write_tables(results, scn, folder),
             *plot_jobs(results.summary, series, results.requests, folder, context=context)]
-    ordered_map(lambda i: jobs[i](), len(jobs), workers, first=[3])     # the latency CDFs: the longest
+    # the longest jobs first, so that none ends the run alone: the latency CDFs, the step
+    # series, the breakdown; the tables last, unless they are long (a million requests'
+    # Parquet file takes longer than any figure)
+    long_tables = len(results.requests) + len(results.timeseries) > 200_000
+    ordered_map(lambda i: jobs[i](), len(jobs), workers, first=[0, 3, 2, 1] if long_tables else [3, 2, 1, 4, 5])
     (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

@@ -22,7 +22,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kvsim.errors import InputError
 from kvsim.cost.fit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token, gemm_kn,
@@ -113,6 +112,7 @@ def find_shipped(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
 
 def predict_linear(fits: dict, shape: dict, tps=TP_GRID, tokens=None) -> pd.DataFrame:
     """Per-op milliseconds on a (tp, tokens) grid from one GPU's fitted shape model."""
+    import pandas as pd
     tokens = np.array(tokens or token_grid())
     peak, bw = fits["peak_flops"], fits["bandwidth"]
     frames = []

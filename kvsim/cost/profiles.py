@@ -26,13 +26,12 @@ Both are counted as extrapolation by the cost model, never silent.
 from __future__ import annotations
 
 import bisect
+import csv
 import json
 from functools import lru_cache
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kvsim.errors import InputError
 from kvsim.cost.fit import LINEAR_OPS
@@ -44,12 +43,37 @@ ATTENTION_COLUMNS = ("phase", "tp", "batch_size", "chunk_tokens", "context", "bl
                      "kv_dtype", "kv_bits", "time_ms", "kv_write_ms")
 
 
-@dataclass
 class Profile:
-    meta: dict
-    linear: pd.DataFrame                       # tp, num_tokens, one column (ms) per op
-    attention_rows: pd.DataFrame | None = None
-    _tables: dict = field(default_factory=dict, repr=False)
+    """A profile: `meta`, `linear` (a DataFrame: tp, num_tokens, one column of ms per op)
+    and `attention_rows` (a DataFrame or None). One read from disk holds its linear table
+    as plain columns and makes the DataFrames only when they are asked for: a run prices
+    its steps from the columns, so it need not import pandas before it simulates."""
+
+    def __init__(self, meta: dict, linear, attention_rows=None):
+        """linear: a DataFrame, or {column: list of numbers} as read from linear.csv;
+        attention_rows: a DataFrame, None, or the path of attention.csv (read when asked)."""
+        self.meta = meta
+        self._linear = linear
+        self._attention = attention_rows
+        self._tables: dict = {}
+
+    @property
+    def linear(self):
+        if isinstance(self._linear, dict):
+            import pandas as pd
+            self._linear = pd.DataFrame(self._linear)
+        return self._linear
+
+    @property
+    def attention_rows(self):
+        if isinstance(self._attention, Path):
+            import pandas as pd
+            self._attention = pd.read_csv(self._attention)
+        return self._attention
+
+    def _column(self, name: str) -> np.ndarray:
+        lin = self._linear
+        return np.asarray(lin[name] if isinstance(lin, dict) else lin[name].to_numpy())
 
     @property
     def name(self) -> str:
@@ -58,15 +82,16 @@ class Profile:
     @property
     def tps(self) -> list[int]:
         if "tps" not in self._tables:
-            self._tables["tps"] = sorted(int(t) for t in self.linear.tp.unique())
+            self._tables["tps"] = sorted(int(t) for t in np.unique(self._column("tp")))
         return self._tables["tps"]
 
     def table(self, tp: int) -> tuple[list[int], dict[str, list[float]]]:
         """Token grid and seconds per op for one measured tp (cached, plain lists for speed)."""
         if tp not in self._tables:
-            rows = self.linear[self.linear.tp == tp].sort_values("num_tokens")
-            self._tables[tp] = ([int(n) for n in rows.num_tokens],
-                                {op: [float(v) * 1e-3 for v in rows[op]] for op in LINEAR_OPS})
+            rows = np.flatnonzero(self._column("tp") == tp)
+            rows = rows[np.argsort(self._column("num_tokens")[rows], kind="stable")]
+            self._tables[tp] = ([int(n) for n in self._column("num_tokens")[rows]],
+                                {op: [float(v) * 1e-3 for v in self._column(op)[rows]] for op in LINEAR_OPS})
         return self._tables[tp]
 
     def op_time(self, op: str, tokens: float, tp: int) -> tuple[float, str | None]:
@@ -121,18 +146,34 @@ def _shipped(name: str) -> Profile:
 def _read(folder: Path, src: str, field_name: str) -> Profile:
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        linear = pd.read_csv(folder / "linear.csv")
-        att = folder / "attention.csv"
-        rows = pd.read_csv(att) if att.is_file() else None
+        linear = _read_columns(folder / "linear.csv")
     except (OSError, ValueError) as e:
         raise InputError(src, field_name, f"profile {folder} cannot be read: {e}") from None
     if meta.get("format") != FORMAT:
         raise InputError(src, field_name, f"{folder}/meta.json: format must be '{FORMAT}'")
-    missing = [c for c in ("tp", "num_tokens", *LINEAR_OPS) if c not in linear.columns]
+    missing = [c for c in ("tp", "num_tokens", *LINEAR_OPS) if c not in linear]
     missing += [k for k in ("name", "gpu", "model", "attention", "allreduce") if k not in meta]
     if missing:
         raise InputError(src, field_name, f"profile {folder} lacks {', '.join(missing)}")
-    return Profile(meta, linear, rows)
+    att = folder / "attention.csv"
+    return Profile(meta, linear, att if att.is_file() else None)
+
+
+def _read_columns(path: Path) -> dict[str, list]:
+    """A CSV of numbers as {column: values}: int where every cell of it is one, else float
+    (pandas' types for such a file), without pandas."""
+    with open(path, newline="") as f:
+        head, *rows = list(csv.reader(f))
+    if any(len(r) != len(head) for r in rows):
+        raise ValueError(f"{path.name}: every row must have {len(head)} cells")
+    columns = {}
+    for i, name in enumerate(head):
+        cells = [r[i] for r in rows]
+        try:
+            columns[name] = [int(c) for c in cells]
+        except ValueError:
+            columns[name] = [float(c) for c in cells]
+    return columns
 
 
 def save_profile(profile: Profile, folder: str | Path) -> Path:

@@ -104,7 +104,10 @@ def plot_jobs(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.Data
 
 
 def save(fig: Figure, path: Path) -> Path:
-    FigureCanvasAgg(fig).print_figure(path, dpi=DPI)
+    """One draw, straight into the PNG (print_figure would draw the whole figure twice:
+    once without output only to run its layout, then again; the same pixels)."""
+    fig.set_dpi(DPI)
+    FigureCanvasAgg(fig).print_png(path)
     fig.clear()
     return path
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kvsim.workload import sharing as share
 from kvsim.allocators import SeqShape
@@ -186,6 +185,7 @@ def _bounded(raw, k, rng, lo, hi, src, field) -> np.ndarray:
 
 
 def _read_column(dist: Empirical, base_dir: Path, src: str, field: str) -> np.ndarray:
+    import pandas as pd
     path = base_dir / dist.file
     try:
         df = pd.read_csv(path)
