@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import pickle
 import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -55,19 +56,25 @@ def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence
     order = [*first, *(i for i in range(n) if i not in first)]
     out: dict[int, T] = {}
     _JOB = fn
+    # concurrent.futures, not multiprocessing.Pool: Pool.terminate, on an error, can hang
+    # on a worker that waits for a task holding the task queue's lock
+    pool = ProcessPoolExecutor(min(workers, n), mp_context=multiprocessing.get_context("fork"))
+    done = False
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, n)) as pool:
-            pending = pool.imap_unordered(_run, order, chunksize=1)
-            if meanwhile:
-                meanwhile()
-            for i, ok, value in pending:
-                if not ok:
-                    raise value
-                out[i] = value
-                if on_result:
-                    on_result(i, value)
+        pending = [pool.submit(_run, i) for i in order]
+        if meanwhile:
+            meanwhile()
+        for future in as_completed(pending):
+            i, ok, value = future.result()
+            if not ok:
+                raise value
+            out[i] = value
+            if on_result:
+                on_result(i, value)
+        done = True
     finally:
         _JOB = None
+        pool.shutdown(wait=done, cancel_futures=True)    # on an error: the rest not started
     return [out[i] for i in range(n)]
 
 
