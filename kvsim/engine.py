@@ -110,13 +110,13 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     cost_blocks = getattr(cost, "block_size", None)
     width = scheduler_options.get("width", 1)
     reps = []
-    for alloc in fleet:
+    for i, alloc in enumerate(fleet):
         rules = make_rules(engine)
         if not exact_steps and lazy.applies(alloc, rules, scheduler_options, cost_blocks):
             sched = lazy.LazyScheduler(alloc, rules, cost_block_size=cost_blocks, **scheduler_options)
         else:
             sched = Scheduler(alloc, rules, **scheduler_options)
-        reps.append(_Replica(sched, env))
+        reps.append(_Replica(sched, env, index=i if len(fleet) > 1 else None))
     per = width if reps[0].sched.rules.split_samples else 1
     records = SeqLog(len(requests) * per)
     for rep in reps:
@@ -214,8 +214,6 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
                 yield env.timeout(0)
 
     env.process(arrivals())
-    for i, rep in enumerate(reps):
-        rep.index = i if len(reps) > 1 else None
     done = env.all_of([env.process(engine(rep)) for rep in reps])
     env.run(until=done if time_limit_s is None else env.any_of([done, env.timeout(time_limit_s)]))
     for rep in reps:
@@ -237,7 +235,7 @@ class _Replica:
     sched: Scheduler
     env: simpy.Environment
     load: int = 0
-    index: int | None = None
+    index: int | None = None      # in a fleet of several
     run: PolicyRun | None = None
     wake: simpy.Event = None
 
