@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from kvsim.scenario import Scenario
 from kvsim.scheduler import SwapSpace
 from kvsim.specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
 from kvsim.workload.requests import RequestTable, generate_requests
+
+if TYPE_CHECKING:             # pandas is imported where tables are made (see run_scenario)
+    import pandas as pd
 
 
 MAX_UNITS = 1 << 26    # blocks (or slots) a simulated pool may have: beyond, memory runs out
@@ -137,7 +140,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
             if on_progress and not parallel else None
         fleet = [allocator] + [make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options)
                                for _ in range(replicas - 1)]
-        run = simulate(policy.name, requests, fleet if replicas > 1 else allocator, cost, on_step=progress,
+        run = simulate(policy.name, requests, fleet, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
                        exact_steps=exact_steps, bucket_s=bucket_s, router=router,
                        **scheduler_options(scn, kv, gpu, settings))

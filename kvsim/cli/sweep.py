@@ -125,7 +125,8 @@ def _check_out(out: Path, marker: str, resume: bool, force: bool, advice: str) -
 @click.option("--slo", "slo_text", metavar="NAME=SECONDS,...",
               help="Latency targets, e.g. ttft_p99_s=2,tpot_p50_s=0.1 [default: the scenario's slo: block].")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True),
-              help="Instead: the fewest GPUs (tensor-parallel degree 1, 2, 4, 8) that serve RATE requests/s.")
+              help="Instead: the fewest GPUs (tensor-parallel degree 1, 2, 4, 8 times replicas 1, 2, 3, "
+                   "4, 6, 8) that serve RATE requests/s.")
 @click.option("--tolerance", type=click.FloatRange(min=0.001, max=1), default=0.05, show_default=True,
               help="Stop when the lowest missed rate is within this share above the highest met one.")
 @click.option("--num-requests", type=click.IntRange(min=1), help="Override workload.num_requests.")
