@@ -255,38 +255,44 @@ class LazyScheduler(Scheduler):
     def _short_pass(self, step: Step, now: float, budget, explicit: list[Seq], needs: list[int]):
         """The running pass where the free slots do not cover every request's growth
         (`explicit`: the explicit requests in running order, `needs`: the slots each
-        takes). The requests that need slots, in running order, take them as the
-        engine's pass would, until the first one the free slots left do not cover: up
-        to it, nothing is preempted, so the lazy ones at a block boundary take their
-        blocks in bulk and stay lazy. From it on, the lazy ones at a block boundary are
-        made explicit, and the explicit requests run in running order through the plain
-        `run`, which preempts from the back of the running list as the engine's pass does
-        (a lazy victim is caught up first; victims come after the request that needs the
-        room, so never one of those served before it); the others only count, as in the
-        plain pass, so they decode lazily. A request that cannot run ends the pass, as in
-        the engines' loops: every request after it has been preempted."""
+        takes). The requests that need slots (the explicit ones and the lazy ones at a
+        block boundary) go in running order, as in the engine's pass. A lazy one the free
+        slots left cover takes its block without preempting, so it stays lazy: its block
+        is taken in bulk (`_take_crossings`, before the next request that runs, so that
+        request sees the free queue the engine's pass would). Every other one runs through
+        the plain `run` (a lazy one made explicit first), which preempts from the back of
+        the running list as the engine's pass does (a lazy victim is caught up first;
+        victims come after the request that needs the room, so never one served before
+        it), and the free slots are counted again. A request preempted before its turn
+        is skipped; one that cannot run ends the pass, as in the engines' loops: every
+        request after it has been preempted. The lazy requests that need no slot only
+        count, as in the plain pass, so they decode lazily."""
+        wanting = [(self.order[seq], seq, False) for seq in explicit]
         if self.bs:
             crossers = self.by_residue[(1 - (self.tick + 1)) % self.bs]
-            order = self.order
-            wanting = sorted([*((order[seq], need, False) for seq, need in zip(explicit, needs)),
-                              *((order[seq], self.bs, True) for seq in crossers)])
-            free = self.free_slots()
-            for first, (rank, need, _) in enumerate(wanting):
-                free -= need
-                if free < 0:
-                    break
-            late = {rank for rank, _, lazy in wanting[first:] if lazy}
-            for seq in [seq for seq in crossers if order[seq] in late]:
-                self._materialize(seq)
-            self._take_crossings(self._crossing(self.tick + 1))
-        ran = 0
-        for seq in self._explicit_in_order():
-            if seq not in self.explicit:          # preempted by a request before it
+            wanting += [(self.order[seq], seq, True) for seq in crossers]
+            wanting.sort(key=lambda want: want[0])
+        free, bulk, ran = self.free_slots(), 0, 0
+        for _, seq, was_lazy in wanting:
+            if was_lazy:
+                if seq not in self.lazy:          # preempted by a request before it
+                    continue
+                if free >= self.bs:               # its block is there: it stays lazy
+                    free -= self.bs
+                    bulk += 1
+                    continue
+            elif seq not in self.explicit:        # preempted by a request before it
                 continue
+            self._take_crossings(bulk)
+            bulk = 0
+            if was_lazy:
+                self._materialize(seq)
             n = seq.target - seq.prefilled if seq.prefilling else 1
             if not self.run(seq, n, step, now):
                 break
             ran += n
+            free = self.free_slots()
+        self._take_crossings(bulk)
         self._lazy_tick(0)
         return None if budget is None else budget - ran - len(self.lazy)
 
