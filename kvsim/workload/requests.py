@@ -74,13 +74,16 @@ class RequestTable:
         return len(self.arrival_s)
 
     def __getitem__(self, i: int) -> RequestSpec:
-        if not -len(self) <= i < len(self):
+        n = len(self.arrival_s)
+        if not -n <= i < n:
             raise IndexError(i)
-        i %= len(self)
-        rid = i if self.ids is None else int(self.ids[i])
-        tail = None if self.tail_ids is None or self.tail_ids[i] == NO_TAIL else int(self.tail_ids[i])
-        return RequestSpec(rid, float(self.arrival_s[i]), int(self.prompt_tokens[i]),
-                           int(self.output_tokens[i]), self.segments[i] if self.segments else (), tail)
+        i %= n
+        # `item` gives the Python int or float without a NumPy scalar in between (the
+        # engine asks for every request once or twice)
+        rid = i if self.ids is None else self.ids.item(i)
+        tail = None if self.tail_ids is None else self.tail_ids.item(i)
+        return RequestSpec(rid, self.arrival_s.item(i), self.prompt_tokens.item(i), self.output_tokens.item(i),
+                           self.segments[i] if self.segments else (), None if tail == NO_TAIL else tail)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
