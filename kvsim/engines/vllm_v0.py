@@ -31,6 +31,9 @@ class VllmV0:
     name = "vllm-v0"
     split_samples = False
 
+    def __init__(self):
+        self._never_memo: tuple = (None, 0, False)   # (head, its target, NEVER): see _never
+
     def preemption_mode(self, s: Scheduler, seq: Seq) -> str:
         if s.preemption_mode is None:
             return "recompute" if s.width == 1 else "swap"
@@ -73,8 +76,7 @@ class VllmV0:
         while s.waiting:
             head = s.waiting[0]
             cached, n, held = s.prefill_need(head, budget)
-            prompt = SeqShape(head.target, 0, head.shape.segments, head.shape.tail_id)
-            if s.allocator.footprint(prompt) + s.keep_free > s.allocator.capacity:   # NEVER
+            if self._never(s, head):
                 s.reject(head, now, "prompt exceeds the KV pool minus the watermark", step)
                 continue
             fits = s.fits(head, held, s.keep_free)
@@ -97,6 +99,17 @@ class VllmV0:
             with_limit(step, why, head, held, s.keep_free)
             break
         return budget
+
+    def _never(self, s: Scheduler, head: Seq) -> bool:
+        """can_allocate's NEVER: the prompt to prefill (`target` tokens) alone exceeds
+        the pool minus the watermark. A head that memory keeps out is asked again every
+        step, so the answer for the last head and target asked is kept (footprints
+        depend on the shape alone)."""
+        if self._never_memo[0] is not head or self._never_memo[1] != head.target:
+            prompt = SeqShape(head.target, 0, head.shape.segments, head.shape.tail_id)
+            self._never_memo = (head, head.target,
+                                s.allocator.footprint(prompt) + s.keep_free > s.allocator.capacity)
+        return self._never_memo[2]
 
     def _running(self, s: Scheduler, step: Step, now: float, budget: float | None) -> float | None:
         i = 0
