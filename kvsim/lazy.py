@@ -21,7 +21,9 @@ Block boundaries are counted by (held - tick) mod block_size: tick k's crossings
 one residue, their blocks taken off the free queue in one call and handed
 to each request when it is caught up (`take_free`, `extend`). A step therefore costs
 time in proportion to the requests it changes, not to the batch; a step that can only
-be every request decoding lazily (a quiet tick) is planned without the rules' pass.
+be every request decoding lazily (a quiet tick) is planned without the rules' pass
+(with requests waiting, where the rules find that the queue's head waits and a step
+that admits nothing decodes every running request: vLLM V0's `head_waits`).
 
 Exactness. The engines' rules are the same code in both paths; only the running pass
 (`run_running`) differs, and it goes lazy only where the engine's own pass would give
@@ -297,16 +299,23 @@ class LazyScheduler(Scheduler):
         return None if budget is None else budget - ran - len(self.lazy)
 
     def quiet_tick(self, now: float) -> Step | None:
-        """The next step where it can only be every running request decoding lazily
-        (nothing waiting or swapped out, no request explicit or due to be, the free slots
-        cover the tick's crossings): what the engine's rules would plan, without asking
-        them but for their own state (`rules.decode_only`). None otherwise."""
+        """The next step where it can only be every running request decoding lazily (no
+        request explicit or due to be, nothing swapped out, the free slots cover the tick's
+        crossings, and nothing waiting or, the rules say, its head kept out:
+        `rules.head_waits`): what the engine's rules would plan, without their pass
+        over the running requests. None otherwise."""
         tick = self.tick + 1
-        if (self.waiting or self.swapped or self.explicit or self.dirty or not self.lazy
-                or tick in self.due or self._crossing(tick) * (self.bs or 0) > self.free_slots()):
+        if (self.swapped or self.explicit or self.dirty or not self.lazy or tick in self.due
+                or self._crossing(tick) * (self.bs or 0) > self.free_slots()):
             return None
-        self.rules.decode_only(self)
-        step = Step(limit="arrivals")
+        if self.waiting:
+            waits = self.rules.head_waits(self)
+            if waits is None:
+                return None
+            step = Step(limit=waits[0], head_need=waits[1])
+        else:
+            self.rules.decode_only(self)
+            step = Step(limit="arrivals")
         self._lazy_tick(self._crossing(tick))
         n = step.lazy = len(self.lazy)
         step.cost = StepBatch((), (), Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks,

@@ -131,6 +131,27 @@ def test_check_mode_checks_every_step_twice_on_the_fast_path(monkeypatch):
     assert counts["lazy"] > counts["decodes"] / 2 > 0
 
 
+def test_vllm_v0_plans_a_step_that_keeps_the_head_out_as_a_quiet_tick(monkeypatch):
+    """vLLM V0 without chunking, its pool full: in most decode steps the waiting head is
+    kept out, and the fast path plans them without the rules' running pass
+    (rules.head_waits); the tables stay the plain path's."""
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
+    doc = scenario(engine="vllm-v0", policies=[POLICIES[3]])
+    limits = []
+    quiet_tick = lazy.LazyScheduler.quiet_tick
+
+    def noted(self, now):
+        step = quiet_tick(self, now)
+        if step is not None and self.waiting:
+            limits.append(step.limit)
+        return step
+
+    monkeypatch.setattr(lazy.LazyScheduler, "quiet_tick", noted)
+    fast = run(doc, exact=False, check=True)
+    assert limits and set(limits) <= {"memory", "watermark", "token_budget", "max_num_seqs"}
+    assert_same(run(doc, exact=True), fast)
+
+
 def test_check_mode_catches_a_stale_lazy_sum(monkeypatch):
     """A breakdown kept in sums is checked against the allocator's own at every step."""
     original = lazy.LazyScheduler.run_running

@@ -59,6 +59,10 @@ class SGLang:
         """A decode step with memory to spare: the new-token ratio decays."""
         self.ratio = max(self.ratio - self.decay, self.min_ratio)
 
+    def head_waits(self, s: Scheduler) -> None:
+        """Quiet ticks with requests waiting: none here. The admission test reads every decoding request (lazy_ok)."""
+        return None
+
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         self._prefill(s, step, now)

@@ -23,7 +23,7 @@ in chunks.
 """
 from __future__ import annotations
 
-from kvsim.allocators import SeqShape
+from kvsim.allocators import NextSeq, SeqShape
 from kvsim.scheduler import Scheduler, Seq, Step, with_limit
 
 
@@ -76,17 +76,10 @@ class VllmV0:
         while s.waiting:
             head = s.waiting[0]
             cached, n, held = s.prefill_need(head, budget)
-            if self._never(s, head):
-                s.reject(head, now, "prompt exceeds the KV pool minus the watermark", step)
+            reject, why = self._refusal(s, head, n, held, budget, seqs)
+            if reject:
+                s.reject(head, now, reject, step)
                 continue
-            fits = s.fits(head, held, s.keep_free)
-            if not fits and not s.running and not s.swapped:     # a reservation never fits
-                s.reject(head, now, "does not fit an empty KV pool" + (" minus the watermark" if s.keep_free else ""), step)
-                continue
-            # can_allocate first, then the budget, as _schedule_prefills asks them
-            why = (s.blocked_by(head, held, s.keep_free) if not fits
-                   else "token_budget" if n > budget or n == 0
-                   else "max_num_seqs" if seqs + s.width > s.max_num_seqs else "")
             if not why:
                 if s.admit(head, cached, n, held, step, now, s.keep_free):
                     budget -= n
@@ -99,6 +92,31 @@ class VllmV0:
             with_limit(step, why, head, held, s.keep_free)
             break
         return budget
+
+    def _refusal(self, s: Scheduler, head: Seq, n: int, held: int, budget: float, seqs: int) -> tuple[str, str]:
+        """(why `head` is rejected, why it waits): both "" where it may be admitted, with
+        `n` tokens to compute and `held` to hold, `seqs` sequences running. can_allocate
+        first, then the budget, as _schedule_prefills asks them."""
+        if self._never(s, head):
+            return "prompt exceeds the KV pool minus the watermark", ""
+        fits = s.fits(head, held, s.keep_free)
+        if not fits and not s.running and not s.swapped:     # a reservation never fits
+            return "does not fit an empty KV pool" + (" minus the watermark" if s.keep_free else ""), ""
+        return "", (s.blocked_by(head, held, s.keep_free) if not fits
+                    else "token_budget" if n > budget or n == 0
+                    else "max_num_seqs" if seqs + s.width > s.max_num_seqs else "")
+
+    def head_waits(self, s: Scheduler) -> tuple[str, NextSeq] | None:
+        """For kvsim.lazy's quiet ticks: where this step admits no prompt and so decodes
+        every running request (unchunked, nothing swapped out: `schedule`), why the
+        waiting head waits and what it needs (as _prefills finds them); None where it
+        would be admitted or rejected, or the step is planned otherwise."""
+        if s.chunked or s.swapped:
+            return None
+        head = s.waiting[0]
+        _, n, held = s.prefill_need(head, s.budget)
+        reject, why = self._refusal(s, head, n, held, s.budget, s.running_seqs())
+        return None if reject or not why else (why, (head.shape, held, s.keep_free))
 
     def _never(self, s: Scheduler, head: Seq) -> bool:
         """can_allocate's NEVER: the prompt to prefill (`target` tokens) alone exceeds

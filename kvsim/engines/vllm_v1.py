@@ -38,6 +38,10 @@ class VllmV1:
     def decode_only(self, s: Scheduler) -> None:
         """A step that only decodes every running request changes nothing else here."""
 
+    def head_waits(self, s: Scheduler) -> None:
+        """Quiet ticks with requests waiting: none here. A step runs the running requests first, on the token budget the waiting ones share."""
+        return None
+
     def schedule(self, s: Scheduler, now: float) -> Step:
         step = Step()
         budget = s.run_running(step, now, s.budget, lambda b: self._running(s, step, now, b))
