@@ -111,9 +111,6 @@ def describe(label: str, extrapolated: int, steps: int, reasons) -> str:
     return f"{label} [extrapolated in {extrapolated}/{steps} steps: {why}]"
 
 
-PRICE_MEMO = 4096     # step shapes whose prices Profiled keeps
-
-
 class NoProfile(LookupError):
     """No shipped or predicted profile covers this GPU and model."""
 
@@ -198,7 +195,6 @@ class Profiled:
         self._outside: dict[tuple[int, int], list[str]] = {}
         self._linear: dict[int, tuple] = {}     # memos by token / sequence count
         self._lm_head: dict[int, tuple] = {}
-        self._prices: dict[tuple, tuple[float, tuple[str, ...]]] = {}   # by step shape (price)
 
     def _ops(self, tokens: int, ops) -> tuple[float, list[str]]:
         total, why = 0.0, []
@@ -215,20 +211,10 @@ class Profiled:
             why.append(f"{name} attention beyond measured work")
         return f["a_s"] + work / (rate * f["e_max"]) * (1 + (f["w_half"] / max(work, 1.0)) ** f["k"]) + extra
 
-    def _shape(self, batch: StepBatch) -> tuple:
-        """All a step's time depends on: its prefills, and its decodes' count, context
-        tokens and context blocks (the count again without a block size)."""
-        decodes = batch.decodes
-        return (batch.prefills, decodes, batch.decode_total,
-                batch.decode_blocks(self.block_size) if self.block_size and decodes else decodes)
-
     def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
         """Seconds per part of one step (they sum to step_time), and why it extrapolated."""
-        return self._parts(*self._shape(batch))
-
-    def _parts(self, prefills, decodes: int, decode_total: int, blocks: int):
-        n = sum(c for c, _ in prefills) + decodes
-        seqs = len(prefills) + decodes
+        n, decodes = batch.new_tokens, batch.decodes
+        seqs = len(batch.prefills) + decodes
         why: list[str] = []
         if n not in self._linear:
             self._linear[n] = (*self._ops(n, [o for o in LINEAR_OPS if o not in ("emb", "lm_head")]),
@@ -238,14 +224,15 @@ class Profiled:
             self._lm_head[seqs] = self._ops(seqs, ["lm_head"])
         lm_head, hwhy = self._lm_head[seqs]
         why += lwhy + hwhy
-        fresh = sum(c * (c + 1) / 2 for c, ctx in prefills if ctx == 0) * self.flops_per_pair
-        cached = sum(c * (ctx + (c + 1) / 2) for c, ctx in prefills if ctx) * self.flops_per_pair
+        fresh = sum(c * (c + 1) / 2 for c, ctx in batch.prefills if ctx == 0) * self.flops_per_pair
+        cached = sum(c * (ctx + (c + 1) / 2) for c, ctx in batch.prefills if ctx) * self.flops_per_pair
         prefill = ((self._ramp("prefill_fresh", fresh, self.peak, why=why) if fresh else 0.0)
                    + (self._ramp("prefill_cached", cached, self.peak, why=why) if cached else 0.0))
         decode = 0.0
         if decodes:
             d = self.decode_fit
-            decode = self._ramp("decode", decode_total * self.kv_per_token, self.bw, why=why,
+            blocks = batch.decode_blocks(self.block_size) if self.block_size else decodes
+            decode = self._ramp("decode", batch.decode_total * self.kv_per_token, self.bw, why=why,
                                 extra=d.get("per_seq_s", 0.0) * decodes + d.get("per_block_s", 0.0) * blocks)
         w = self.att.get("kv_write") or {}
         pre_tokens = n - decodes
@@ -269,17 +256,8 @@ class Profiled:
         return self.parts(batch)[0]
 
     def price(self, batch: StepBatch) -> tuple[float, tuple[str, ...]]:
-        """step_time and why, kept per step shape (`_shape`): a run repeats its steps'
-        shapes (vLLM V0's prefill steps of like prompts); the memo is emptied when full,
-        as most decode steps' shapes come once."""
-        key = self._shape(batch)
-        known = self._prices.get(key)
-        if known is None:
-            if len(self._prices) >= PRICE_MEMO:
-                self._prices.clear()
-            parts, why = self._parts(*key)
-            known = self._prices[key] = (sum(parts.values()), why)
-        return known
+        parts, why = self.parts(batch)
+        return sum(parts.values()), why
 
     def step_time(self, batch: StepBatch) -> float:
         return self.price(batch)[0]
