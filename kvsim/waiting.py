@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Iterable, Iterator
 
-KEEP = 256     # waiting requests kept as objects before later arrivals are kept as indices
+# Waiting requests kept as objects before later arrivals are kept as indices: a few MB
+# of objects at most, and a queue that stays shorter (vidur_10k's peaks at 2,617) never
+# builds a request twice.
+KEEP = 4096
 
 
 class WaitingQueue:
