@@ -12,8 +12,11 @@ part of the pool from the allocator's `pool_free`, which needs no walk. From the
 which is how the paged and contiguous allocators split their pools. The sums follow
 lazy requests tick by tick (their owner moves them: a decode turns a reserved slot into
 a token slot, a crossing adds a block's slots); a request's own share is updated when
-it is seen again. `version` counts changes to the pool: pool_free is asked again only
-after one, or for another next sequence.
+it is seen again. `version` counts changes to the pool: the free part alone (no next
+sequence; O(holes) in a contiguous pool) is asked again only after one. Asked for a next
+sequence, the allocator is asked each time: the same question comes back before the
+pool changes too rarely (under 6% of them in vidur_10k, none in rag_8k) to pay for
+keeping the answer.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ class PoolSums:
         self.share: dict = {}      # request -> (reservation, internal, padding, slots)
         self.reservation = self.internal = self.padding = self.slots = 0
         self.version = 0
-        self._key = self._free = None
+        self._version = self._free = None    # the free part at that version
 
     def update(self, seq) -> None:
         """A request's share as it stands now (at its `held` tokens), in the sums."""
@@ -59,9 +62,10 @@ class PoolSums:
         self.version += 1
 
     def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
-        key = (self.version, None) if next_seq is None else (self.version, id(next_seq[0]), *next_seq[1:])
-        if key != self._key:
-            self._key, self._free = key, self.allocator.pool_free(next_seq)
+        if next_seq is not None:
+            return self.allocator.pool_free(next_seq)
+        if self._version != self.version:
+            self._version, self._free = self.version, self.allocator.pool_free(None)
         return self._free
 
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
