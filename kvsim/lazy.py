@@ -244,7 +244,7 @@ class LazyScheduler(Scheduler):
             self.materialize_all()
             return loop(budget)
         if sum(needs) + crossing * (self.bs or 0) > self.free_slots():
-            return self._short_pass(step, now, budget, [seq for seq, _ in work], needs)
+            return self._short_pass(step, now, budget, [seq for seq, _ in work])
         # The lazy requests' grows first: in the plain pass they only count, and their
         # blocks may come off the queue in any order (no output depends on which id).
         self._lazy_tick(crossing)
@@ -254,16 +254,16 @@ class LazyScheduler(Scheduler):
                                      "for every running request (a kvsim bug)")
         return None if budget is None else budget - demand
 
-    def _short_pass(self, step: Step, now: float, budget, explicit: list[Seq], needs: list[int]):
+    def _short_pass(self, step: Step, now: float, budget, explicit: list[Seq]):
         """The running pass where the free slots do not cover every request's growth
-        (`explicit`: the explicit requests in running order, `needs`: the slots each
-        takes). The requests that need slots (the explicit ones and the lazy ones at a
-        block boundary) go in running order, as in the engine's pass. A lazy one the free
-        slots left cover takes its block without preempting, so it stays lazy: its block
-        is taken in bulk (`_take_crossings`, before the next request that runs, so that
-        request sees the free queue the engine's pass would). Every other one runs through
-        the plain `run` (a lazy one made explicit first), which preempts from the back of
-        the running list as the engine's pass does (a lazy victim is caught up first;
+        (`explicit`: the explicit requests in running order). The requests that need
+        slots (the explicit ones and the lazy ones at a block boundary) go in running
+        order, as in the engine's pass. A lazy one the free slots left cover takes its
+        block without preempting, so it stays lazy: its block is taken in bulk
+        (`_take_crossings`, before the next request that runs, so that request sees the
+        free queue the engine's pass would). Every other one runs through the plain
+        `run` (a lazy one made explicit first), which preempts from the back of the
+        running list as the engine's pass does (a lazy victim is caught up first;
         victims come after the request that needs the room, so never one served before
         it), and the free slots are counted again. A request preempted before its turn
         is skipped; one that cannot run ends the pass, as in the engines' loops: every

@@ -60,7 +60,8 @@ class SGLang:
         self.ratio = max(self.ratio - self.decay, self.min_ratio)
 
     def head_waits(self, s: Scheduler) -> None:
-        """Quiet ticks with requests waiting: none here. The admission test reads every decoding request (lazy_ok)."""
+        """Quiet ticks with requests waiting (kvsim.lazy): none here. The admission test
+        reads every decoding request (lazy_ok)."""
         return None
 
     def schedule(self, s: Scheduler, now: float) -> Step:

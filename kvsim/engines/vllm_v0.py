@@ -93,7 +93,8 @@ class VllmV0:
             break
         return budget
 
-    def _refusal(self, s: Scheduler, head: Seq, n: int, held: int, budget: float, seqs: int) -> tuple[str, str]:
+    def _refusal(self, s: Scheduler, head: Seq, n: int, held: int, budget: float,
+                 seqs: int) -> tuple[str, str]:
         """(why `head` is rejected, why it waits): both "" where it may be admitted, with
         `n` tokens to compute and `held` to hold, `seqs` sequences running. can_allocate
         first, then the budget, as _schedule_prefills asks them."""

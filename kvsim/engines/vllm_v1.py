@@ -39,7 +39,8 @@ class VllmV1:
         """A step that only decodes every running request changes nothing else here."""
 
     def head_waits(self, s: Scheduler) -> None:
-        """Quiet ticks with requests waiting: none here. A step runs the running requests first, on the token budget the waiting ones share."""
+        """Quiet ticks with requests waiting (kvsim.lazy): none here. A step runs the running
+        requests first, on the token budget the waiting ones share."""
         return None
 
     def schedule(self, s: Scheduler, now: float) -> Step:

@@ -82,8 +82,9 @@ class RequestTable:
         # engine asks for every request once or twice)
         rid = i if self.ids is None else self.ids.item(i)
         tail = None if self.tail_ids is None else self.tail_ids.item(i)
-        return RequestSpec(rid, self.arrival_s.item(i), self.prompt_tokens.item(i), self.output_tokens.item(i),
-                           self.segments[i] if self.segments else (), None if tail == NO_TAIL else tail)
+        return RequestSpec(rid, self.arrival_s.item(i), self.prompt_tokens.item(i),
+                           self.output_tokens.item(i), self.segments[i] if self.segments else (),
+                           None if tail == NO_TAIL else tail)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
