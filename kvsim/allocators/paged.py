@@ -35,9 +35,9 @@ its tokens and holds no block beyond the last one it needs.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, replace
 from itertools import compress, repeat
 from operator import add, not_, sub
-from dataclasses import dataclass, replace
 
 from kvsim.allocators.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
 from kvsim.allocators.free_queue import FreeQueue
