@@ -302,3 +302,15 @@ def test_free_queues_keep_their_order_in_bulk():
     linked.remove(2)
     linked.put([9])
     assert list(linked) == [0, 1, 3, 9] and linked.take(2) == [0, 1]
+
+
+def test_a_table_that_holds_a_block_twice_is_an_invariant_violation():
+    """Sharing and dropping count each block of a table once (in bulk): a table naming a
+    block twice must be caught, though every reference count agrees with the tables."""
+    alloc = PagedAllocator(8, 4)
+    assert alloc.allocate(1, shape(8, 0), 8) and alloc.block_table(1) == [0, 1]
+    alloc._seqs[1].table = [0, 0]       # block 0 twice, its count 2; block 1 back in the queue
+    alloc._ref[0], alloc._ref[1], alloc._shared = 2, 0, 1
+    alloc._free.put([1])
+    with pytest.raises(InvariantError, match=r"seq 1's table \[0, 0\] holds a block twice"):
+        alloc.check_invariants()

@@ -71,7 +71,9 @@ class LinkedFreeQueue:
         return [pop(False)[0] for _ in range(count)]
 
     def put(self, blocks: Iterable[int]) -> None:
-        self._ids.update(dict.fromkeys(blocks))
+        ids = self._ids
+        for b in blocks:        # (faster than OrderedDict.update)
+            ids[b] = None
 
     def remove(self, block: int) -> None:
         del self._ids[block]

@@ -49,6 +49,7 @@ table covers its tokens and holds no block beyond the last one it needs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 
 from kvsim.allocators.base import InvariantError, SeqShape
 from kvsim.allocators.free_queue import LinkedFreeQueue
@@ -75,8 +76,10 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # The free queue doubles as the LRU of cached blocks: a hit takes its block
         # back out of the middle (PagedAllocator._share), a new block comes off the head.
         self._key_of: list[int | None] = [None] * num_blocks   # cached block -> key
-        # key -> its cached copies, first cached first (a dict as an ordered set).
-        self._cached: dict[int, dict[int, None]] = {}
+        # key -> its first cached copy still cached (the one a lookup takes), and, for
+        # the few keys with more, key -> the later copies in the order they were cached.
+        self._first: dict[int, int] = {}
+        self._more: dict[int, list[int]] = {}
         # (parent key, runs) -> key of a block that straddles content pieces, and
         # (parent key, content, offset) -> keys of a stretch of whole blocks inside one
         # piece (_make_chain). Never pruned, so content always gets the same key and
@@ -86,10 +89,11 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._runs: dict[tuple[int, int, int], list[int]] = {}
         self._next_key = 0
         self._chains: dict[SeqShape, list[int]] = {}     # shape -> its keys, by recency
-        # The last lookup's answer, good while no key gains or loses a copy: admitting a
-        # request looks its prefix up three times (its need, whether it fits, allocate).
-        self._changes = 0
-        self._last_hits: tuple = (None, 0, -1, ())    # (shape, num_tokens, changes, hits)
+        # The last lookup's answer, good while no key it read has changed its first copy:
+        # admitting a request looks its prefix up three times (its need, whether it fits,
+        # allocate), and a request that waits for memory is looked up at every step.
+        self._touched: set[int] = set()      # keys whose first copy changed since then
+        self._last_hits: tuple = (None, 0, set(), ())    # (shape, num_tokens, keys read, hits)
 
     @property
     def cached_blocks(self) -> list[int]:
@@ -99,7 +103,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
     def copies(self, block: int) -> list[int]:
         """The cached blocks holding `block`'s key, first cached first ([] if uncached)."""
         key = self._key_of[block]
-        return [] if key is None else list(self._cached[key])
+        return [] if key is None else [self._first[key], *self._more.get(key, ())]
 
     def _make_queue(self) -> LinkedFreeQueue:
         """A hit on a queued block takes it out of the middle of the queue."""
@@ -166,15 +170,17 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""
-        last_shape, last_tokens, changes, hits = self._last_hits
-        if changes == self._changes and last_tokens == num_tokens and last_shape == shape:
+        last_shape, last_tokens, read, hits = self._last_hits
+        if last_tokens == num_tokens and last_shape == shape and self._touched.isdisjoint(read):
             return list(hits)
         blocks = max(num_tokens - 1, 0) // self.block_size
-        copies = list(map(self._cached.get, self._chain(shape, blocks)[:blocks]))
-        if None in copies:
-            del copies[copies.index(None):]
-        hits = list(map(next, map(iter, copies)))      # the first copy still cached
-        self._last_hits = (shape, num_tokens, self._changes, tuple(hits))
+        chain = self._chain(shape, blocks)[:blocks]
+        hits = list(map(self._first.get, chain))
+        if None in hits:
+            del hits[hits.index(None):]
+        # the answer depends on the hits' keys and on the first key missed
+        self._touched = set()
+        self._last_hits = (shape, num_tokens, set(chain[:len(hits) + 1]), tuple(hits))
         return hits
 
     def _cache_full_blocks(self, seq: _CachedSeq) -> None:
@@ -188,27 +194,57 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         keys = self._chain(seq.shape, full)[start:full]
         seq.keys.extend(keys)
         seq.hashed = full
-        key_of, cached = self._key_of, self._cached
-        self._changes += 1
-        for block, key in zip(seq.table[start:full], keys):
+        if not keys:
+            return
+        blocks = seq.table[start:start + len(keys)]
+        key_of, first = self._key_of, self._first
+        if list(map(key_of.__getitem__, blocks)).count(None) == len(blocks) and first.keys().isdisjoint(keys):
+            # the usual case, in bulk: fresh blocks whose keys no block holds yet
+            first.update(zip(keys, blocks))
+            self._touched.update(keys)
+            list(map(key_of.__setitem__, blocks, keys))
+            return
+        for block, key in zip(blocks, keys):
             if key_of[block] is None:     # a hit keeps the key it has: this one
-                cached.setdefault(key, {})[block] = None
+                if key in first:
+                    self._more.setdefault(key, []).append(block)
+                else:
+                    first[key] = block
+                    self._touched.add(key)
                 key_of[block] = key
 
     def _take(self, count: int) -> list[int]:
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
         taken = super()._take(count)
         key_of = self._key_of
-        for block in taken:
-            key = key_of[block]
+        owned = list(map(key_of.__getitem__, taken))
+        keys = [key for key in owned if key is not None]
+        if not keys:
+            return taken
+        list(map(key_of.__setitem__, taken, repeat(None)))
+        if self._more.keys().isdisjoint(keys):    # each key's only copy: the block taken
+            list(map(self._first.__delitem__, keys))
+            self._touched.update(keys)
+            return taken
+        for block, key in zip(taken, owned):
             if key is not None:
-                self._changes += 1
-                copies = self._cached[key]
-                del copies[block]
-                if not copies:
-                    del self._cached[key]
-                key_of[block] = None
+                self._evict(block, key)
         return taken
+
+    def _evict(self, block: int, key: int) -> None:
+        """The cache forgets `block` as a copy of `key`; the next copy, if any, is the
+        one lookups take."""
+        later = self._more.get(key)
+        if self._first[key] != block:
+            later.remove(block)
+        elif later:
+            self._first[key] = later.pop(0)
+            self._touched.add(key)
+        else:
+            del self._first[key]
+            self._touched.add(key)
+        if later is not None and not later:
+            del self._more[key]
 
     def _grown(self, seq: _CachedSeq) -> None:
         self._cache_full_blocks(seq)
@@ -216,7 +252,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
     def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:
         """(cache hits, new blocks needed beyond the free queue left after the hits)."""
         hits = self._hits(shape, num_tokens)
-        revived = sum(1 for block in hits if self._ref[block] == 0)
+        revived = list(map(self._ref.__getitem__, hits)).count(0)
         need = blocks_for(num_tokens, self.block_size) - len(hits)
         return hits, need - (len(self._free) - revived)
 
@@ -231,8 +267,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         hits, short = self._new_blocks_needed(shape, num_tokens)
         if short + blocks_for(keep_free, self.block_size) > 0:   # the watermark stays free
             return False
-        for block in hits:
-            self._share(block)
+        self._share(hits)
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
         # the hits hold their keys already: the chain's first ones
         self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keys=self._chain(shape)[:len(hits)],
@@ -263,13 +298,14 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _check_cache(self) -> None:
         copies = 0
-        for key, blocks in self._cached.items():
-            if not blocks:
-                raise InvariantError(f"key {key} is cached with no block")
+        for key, first in self._first.items():
+            blocks = [first, *self._more.get(key, ())]
             for block in blocks:
                 if self._key_of[block] != key:
                     raise InvariantError(f"key {key} maps to block {block}, "
                                          f"whose key is {self._key_of[block]}")
             copies += len(blocks)
+        if not self._more.keys() <= self._first.keys() or not all(self._more.values()):
+            raise InvariantError("a key has later copies but no first one")
         if self.num_blocks - self._key_of.count(None) != copies:
             raise InvariantError("a block holds a key the cache does not map to it")
