@@ -35,6 +35,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.mathtext import MathTextParser
 from matplotlib.patches import Patch
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
@@ -125,6 +126,14 @@ def save(fig: Figure, path: Path) -> Path:
     info.add_text("Software", f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/")
     image.save(path, "png", compress_level=3, dpi=(DPI, DPI), pnginfo=info)
     return path
+
+
+def build_mathtext() -> None:
+    """Have matplotlib build its mathtext grammar, which it builds on first use, once per
+    process (about 25 ms), and which the latency figure's log axes need for their tick
+    labels (10^k). Called in the process that forks the figures' workers (while the
+    simulation runs), it is built there once for every worker to inherit."""
+    MathTextParser("agg").parse(r"$10^{0}$")
 
 
 def add_context(fig: Figure, context: str) -> None:
