@@ -13,6 +13,7 @@ which run their own pools, get the serial path unless they ask.
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -56,6 +57,9 @@ def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence
     order = [*first, *(i for i in range(n) if i not in first)]
     out: dict[int, T] = {}
     _JOB = fn
+    # the objects the workers inherit are left out of their garbage collections: a full
+    # collection would visit each of them, and so copy every page that holds one
+    gc.freeze()
     # concurrent.futures, not multiprocessing.Pool: Pool.terminate, on an error, can hang
     # on a worker that waits for a task holding the task queue's lock
     pool = ProcessPoolExecutor(min(workers, n), mp_context=multiprocessing.get_context("fork"))
@@ -75,6 +79,7 @@ def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence
     finally:
         _JOB = None
         pool.shutdown(wait=done, cancel_futures=True)    # on an error: the rest not started
+        gc.unfreeze()
     return [out[i] for i in range(n)]
 
 

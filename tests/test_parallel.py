@@ -2,6 +2,8 @@
 order as one after the other, byte for byte on disk, and errors raised in a worker
 arrive whole in the caller."""
 import copy
+import gc
+import os
 import pickle
 from pathlib import Path
 
@@ -32,6 +34,22 @@ def boom(i):
     if i == 2:
         raise InputError("s.yaml", "policies[2]", "no such thing")
     return i
+
+
+def frozen_in_the_worker(i):
+    return gc.get_freeze_count(), os.getpid()
+
+
+def test_workers_leave_what_they_inherit_out_of_their_collections_and_the_caller_as_it_was():
+    assert gc.get_freeze_count() == 0
+    here = []
+    out = ordered_map(frozen_in_the_worker, 2, 2, meanwhile=lambda: here.append(gc.get_freeze_count()))
+    assert all(pid != os.getpid() and frozen > 0 for frozen, pid in out)   # what they inherited
+    assert here[0] > 0                           # here too, while they ran,
+    assert gc.get_freeze_count() == 0            # and not after, nor after an error
+    with pytest.raises(InputError):
+        ordered_map(boom, 4, 2)
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_workers_error_is_raised_in_the_caller():

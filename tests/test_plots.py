@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from matplotlib import pyplot
 
-from kvsim.report.plots import FILES, downsample, latency_samples, policy_colours, write_plots
+from kvsim.report.plots import FILES, downsample, latency_samples, policy_colours, save, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -125,11 +125,44 @@ def test_latency_samples_define_tpot_only_beyond_the_first_token():
     assert got["e2e_s"].tolist() == [2.5, 0.25]
 
 
+def small_figure(facecolor="white"):
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(2, 1.5), facecolor=facecolor, layout="constrained")
+    ax = fig.subplots()
+    ax.plot([0, 1, 2], [0, 1, 0.5], color="#1f77b4")
+    ax.set_title("a title", fontsize=10)
+    return fig
+
+
+def test_an_opaque_figure_is_saved_as_rgb_with_print_pngs_pixels(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+    fig = small_figure()
+    fig.set_dpi(110)
+    FigureCanvasAgg(fig).print_png(tmp_path / "matplotlib.png")
+    save(small_figure(), tmp_path / "kvsim.png")
+    theirs, ours = Image.open(tmp_path / "matplotlib.png"), Image.open(tmp_path / "kvsim.png")
+    assert (theirs.mode, ours.mode) == ("RGBA", "RGB")
+    assert np.array_equal(np.asarray(theirs.convert("RGB")), np.asarray(ours))
+    assert ours.info["Software"].startswith("Matplotlib version")
+
+
+def test_a_figure_with_transparent_pixels_keeps_its_alpha_channel(tmp_path):
+    from PIL import Image
+    save(small_figure(facecolor="none"), tmp_path / "clear.png")
+    image = Image.open(tmp_path / "clear.png")
+    assert image.mode == "RGBA"
+    assert image.getchannel("A").getextrema()[0] == 0
+
+
 def test_policy_colours_follow_summary_order_then_first_appearance():
     colours = policy_colours(pd.DataFrame({"policy": ["b", "a"]}),
                              pd.DataFrame({"policy": ["a", "c"]}))
     assert list(colours) == ["b", "a", "c"]
     assert len(set(colours.values())) == 3
+    repeated = policy_colours(pd.DataFrame({"policy": ["b", "b", "a", "b"]}),
+                              pd.DataFrame({"policy": pd.Categorical(["c", "a", "c"], categories=["z", "c", "a"])}))
+    assert list(repeated) == ["b", "a", "c"]      # first appearance, not category order; unused ones left out
 
 
 LONG_NAMES = ["contiguous-max-first-fit-reservation", "contiguous-pow2-buddy-allocator",

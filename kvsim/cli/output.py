@@ -32,9 +32,14 @@ def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariant
 
 
 def _import_writing() -> None:
-    """What drawing the figures imports (matplotlib): done while the policies run in
-    worker processes (a lone policy too, unless a progress bar follows it here)."""
-    import kvsim.report.plots  # noqa: F401
+    """What writing the run's files first loads: matplotlib and its mathtext grammar,
+    pyarrow's Parquet writer. Done while the policies run in worker processes (a lone
+    policy too, unless a progress bar follows it here), so that the processes that write
+    the files, forked from this one, inherit them."""
+    import pyarrow.parquet  # noqa: F401
+
+    from kvsim.report.plots import build_mathtext
+    build_mathtext()
 
 
 def run_meta(scn, src: str, results, started: float) -> dict:

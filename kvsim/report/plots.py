@@ -29,12 +29,16 @@ import textwrap
 from pathlib import Path
 from typing import Callable
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.mathtext import MathTextParser
 from matplotlib.patches import Patch
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
 
 from kvsim.parallel import ordered_map
 from kvsim.report.style import (bar_figure_width, policy_colours, policy_styles,  # noqa: F401 (re-exported)
@@ -105,11 +109,31 @@ def plot_jobs(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.Data
 
 def save(fig: Figure, path: Path) -> Path:
     """One draw, straight into the PNG (print_figure would draw the whole figure twice:
-    once without output only to run its layout, then again; the same pixels)."""
+    once without output only to run its layout, then again; the same pixels).
+
+    The pixels go out as matplotlib's print_png writes them, but as RGB where the figure
+    is opaque, as kvsim's are (an alpha channel of 255 only), and at zlib level 3, not 6:
+    a quarter less data, compressed in about 60% of the time, into files within a few
+    percent of the size. The figure is left as drawn, for the caller to drop: clearing
+    it would cost a tenth of the drawing again."""
     fig.set_dpi(DPI)
-    FigureCanvasAgg(fig).print_png(path)
-    fig.clear()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    if image.getchannel("A").getextrema() == (255, 255):
+        image = image.convert("RGB")
+    info = PngInfo()
+    info.add_text("Software", f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/")
+    image.save(path, "png", compress_level=3, dpi=(DPI, DPI), pnginfo=info)
     return path
+
+
+def build_mathtext() -> None:
+    """Have matplotlib build its mathtext grammar, which it builds on first use, once per
+    process (about 25 ms), and which the latency figure's log axes need for their tick
+    labels (10^k). Called in the process that forks the figures' workers (while the
+    simulation runs), it is built there once for every worker to inherit."""
+    MathTextParser("agg").parse(r"$10^{0}$")
 
 
 def add_context(fig: Figure, context: str) -> None:
@@ -396,3 +420,4 @@ def _log_floor(values: np.ndarray) -> float | None:
         return None
     low = float(np.quantile(positive, 0.01))
     return low / 10 if positive.max() / low > 30 else None
+

@@ -39,8 +39,8 @@ def policy_names(*frames: pd.DataFrame) -> list[str]:
     """Policies in first-seen order across `frames` (summary first)."""
     names: dict[str, None] = {}
     for frame in frames:
-        if "policy" in frame:
-            names.update(dict.fromkeys(frame["policy"].astype(str)))
+        if "policy" in frame:     # unique() keeps first-seen order, without a string per row
+            names.update(dict.fromkeys(str(name) for name in frame["policy"].unique()))
     return list(names)
 
 
