@@ -197,13 +197,7 @@ class Profiled:
         self._lm_head: dict[int, tuple] = {}
 
     def _ops(self, tokens: int, ops) -> tuple[float, list[str]]:
-        total, why = 0.0, []
-        for op in ops:
-            t, w = self.profile.op_time(op, tokens, self.tp)
-            total += t
-            if w:
-                why.append(w)
-        return total, why
+        return self.profile.ops_time(ops, tokens, self.tp)
 
     def _ramp(self, name: str, work: float, rate: float, extra: float = 0.0, why=None) -> float:
         f = (self.decode_fit if name == "decode" else self.att[name]) or self.att["prefill_fresh"]

@@ -82,7 +82,8 @@ class Profile:
     @property
     def tps(self) -> list[int]:
         if "tps" not in self._tables:
-            self._tables["tps"] = sorted(int(t) for t in np.unique(self._column("tp")))
+            # (not np.unique: its first call imports numpy.ma, in every worker process)
+            self._tables["tps"] = sorted({int(t) for t in self._column("tp")})
         return self._tables["tps"]
 
     def table(self, tp: int) -> tuple[list[int], dict[str, list[float]]]:
@@ -96,24 +97,35 @@ class Profile:
 
     def op_time(self, op: str, tokens: float, tp: int) -> tuple[float, str | None]:
         """Seconds of one op at `tokens` and `tp`, and why it was extrapolated (or None)."""
+        t, why = self.ops_time((op,), tokens, tp)
+        return t, (why[0] if why else None)
+
+    def ops_time(self, ops, tokens: float, tp: int) -> tuple[float, list[str]]:
+        """Seconds of several ops at `tokens` and `tp`, each op_time's added in order, and
+        each one's reason where it extrapolated: the grid is searched once for them all."""
         why, tps = None, self.tps
         measured = tp if tp in tps else min(tps, key=lambda t: (abs(np.log2(t / tp)), t))
         if measured != tp:
             why = f"tp {tp} not measured (scaled from tp {measured})"
-        grid, ops = self.table(measured)
-        t = _interp(grid, ops[op], tokens)
+        grid, table = self.table(measured)
         if tokens > grid[-1]:
             why = why or f"linear ops beyond {grid[-1]} measured tokens (scaled in proportion)"
-        if measured != tp and op not in REPLICATED_OPS:
-            t *= measured / tp
-        return t, why
+        at = bisect.bisect_right(grid, tokens)
+        total = 0.0
+        for op in ops:
+            t = _interp(grid, table[op], tokens, at)
+            if measured != tp and op not in REPLICATED_OPS:
+                t *= measured / tp
+            total += t
+        return total, [why] * len(ops) if why else []
 
 
-def _interp(xs: list[int], ys: list[float], x: float) -> float:
-    """Piecewise linear; proportional to x beyond the last point."""
+def _interp(xs: list[int], ys: list[float], x: float, i: int | None = None) -> float:
+    """Piecewise linear; proportional to x beyond the last point. i: bisect_right(xs, x)."""
     if x >= xs[-1]:
         return ys[-1] * x / xs[-1]
-    i = bisect.bisect_right(xs, x)
+    if i is None:
+        i = bisect.bisect_right(xs, x)
     if i == 0:
         return ys[0]
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
