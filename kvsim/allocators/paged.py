@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from itertools import compress, repeat
-from operator import add, not_, sub
+from itertools import compress
+from operator import not_
 
 from kvsim.allocators.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
 from kvsim.allocators.free_queue import FreeQueue
@@ -143,13 +143,13 @@ class PagedAllocator:
 
     def _share(self, blocks: list[int]) -> None:
         """One reference more on each block (distinct blocks: a table holds none twice);
-        queued ones (prefix-cache hits) leave the queue. In bulk, at C speed: a request
-        shares hundreds."""
+        queued ones (prefix-cache hits) leave the queue. In bulk: a request shares hundreds."""
         ref = self._ref
-        before = list(map(ref.__getitem__, blocks))
+        before = [ref[b] for b in blocks]
         for b in compress(blocks, map(not_, before)):
             self._free.remove(b)
-        list(map(ref.__setitem__, blocks, map(add, before, repeat(1))))
+        for b, n in zip(blocks, before):
+            ref[b] = n + 1
         self._shared += before.count(1)
 
     def _drop(self, blocks) -> None:
@@ -158,11 +158,13 @@ class PagedAllocator:
         ref = self._ref
         blocks = list(blocks)
         if not self._shared:           # each had one holder, its last
-            list(map(ref.__setitem__, blocks, repeat(0)))
+            for b in blocks:
+                ref[b] = 0
             self._free.put(blocks)
             return
-        left = list(map(sub, map(ref.__getitem__, blocks), repeat(1)))
-        list(map(ref.__setitem__, blocks, left))
+        left = [ref[b] - 1 for b in blocks]
+        for b, n in zip(blocks, left):
+            ref[b] = n
         self._shared -= left.count(1)
         self._free.put(compress(blocks, map(not_, left)))
 

@@ -49,7 +49,6 @@ table covers its tokens and holds no block beyond the last one it needs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from itertools import repeat
 
 from kvsim.allocators.base import InvariantError, SeqShape
 from kvsim.allocators.free_queue import LinkedFreeQueue
@@ -198,11 +197,12 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             return
         blocks = seq.table[start:start + len(keys)]
         key_of, first = self._key_of, self._first
-        if list(map(key_of.__getitem__, blocks)).count(None) == len(blocks) and first.keys().isdisjoint(keys):
+        if [key_of[b] for b in blocks].count(None) == len(blocks) and first.keys().isdisjoint(keys):
             # the usual case, in bulk: fresh blocks whose keys no block holds yet
             first.update(zip(keys, blocks))
             self._touched.update(keys)
-            list(map(key_of.__setitem__, blocks, keys))
+            for block, key in zip(blocks, keys):
+                key_of[block] = key
             return
         for block, key in zip(blocks, keys):
             if key_of[block] is None:     # a hit keeps the key it has: this one
@@ -217,13 +217,16 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
         taken = super()._take(count)
         key_of = self._key_of
-        owned = list(map(key_of.__getitem__, taken))
+        owned = [key_of[b] for b in taken]
         keys = [key for key in owned if key is not None]
         if not keys:
             return taken
-        list(map(key_of.__setitem__, taken, repeat(None)))
+        for b in taken:
+            key_of[b] = None
         if self._more.keys().isdisjoint(keys):    # each key's only copy: the block taken
-            list(map(self._first.__delitem__, keys))
+            first = self._first
+            for key in keys:
+                del first[key]
             self._touched.update(keys)
             return taken
         for block, key in zip(taken, owned):
