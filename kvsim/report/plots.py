@@ -420,4 +420,3 @@ def _log_floor(values: np.ndarray) -> float | None:
         return None
     low = float(np.quantile(positive, 0.01))
     return low / 10 if positive.max() / low > 30 else None
-
