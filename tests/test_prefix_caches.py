@@ -137,6 +137,32 @@ def test_a_recomputed_copy_still_hits_after_the_first_copy_is_evicted():
     alloc.check_invariants()
 
 
+def test_a_lookup_kept_from_an_earlier_step_sees_its_first_copy_evicted_by_growth():
+    """The last lookup is kept until a key it read changes its first copy. Here a waiting
+    request is looked up, then a running one grows into the first copy of its fourth
+    block's key (an eviction with no other lookup between): the next lookup must take
+    the second copy, as vLLM's get_cached_block returns the first copy left."""
+    alloc = PrefixCachingPagedAllocator(num_blocks=9, block_size=4)
+    s = shaped(16, segments=((7, 16),))
+    unique = shaped(4, segments=())
+    assert alloc.allocate(10, unique, 4) and alloc.block_table(10) == [0]
+    assert alloc.allocate(1, s, 16) and alloc.allocate(2, s, 16)
+    assert alloc.block_table(1) == [1, 2, 3, 4] and alloc.block_table(2) == [1, 2, 3, 5]
+    assert alloc.copies(4) == [4, 5]
+    alloc.free(1)
+    alloc.free(2)
+    alloc.free(10)
+    assert alloc.free_blocks == [6, 7, 8, 4, 5, 3, 2, 1, 0]
+    assert alloc.allocate(3, shaped(12, 4, segments=()), 12)     # takes 6, 7, 8
+    longer = shaped(17, segments=((7, 16),))
+    assert alloc.match_prefix(longer, 17) == 16                   # hits 1, 2, 3, 4
+    assert alloc.grow(3, 13) and alloc.block_table(3) == [6, 7, 8, 4]   # evicts 4
+    assert alloc.copies(5) == [5] and alloc.free_blocks == [5, 3, 2, 1, 0]
+    assert alloc.allocate(4, longer, 17)
+    assert alloc.block_table(4) == [1, 2, 3, 5, 0]                # the second copy hits
+    alloc.check_invariants()
+
+
 def test_next_request_counts_its_hits_before_calling_free_space_unusable():
     alloc = hashed()
     prompt = shaped(12, segments=((7, 12),))
