@@ -120,12 +120,11 @@ class Profile:
         return total, [why] * len(ops) if why else []
 
 
-def _interp(xs: list[int], ys: list[float], x: float, i: int | None = None) -> float:
-    """Piecewise linear; proportional to x beyond the last point. i: bisect_right(xs, x)."""
+def _interp(xs: list[int], ys: list[float], x: float, i: int) -> float:
+    """Piecewise linear; proportional to x beyond the last point. i: bisect_right(xs, x),
+    searched once by the caller for every op on the same grid."""
     if x >= xs[-1]:
         return ys[-1] * x / xs[-1]
-    if i is None:
-        i = bisect.bisect_right(xs, x)
     if i == 0:
         return ys[0]
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
