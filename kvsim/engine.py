@@ -28,7 +28,7 @@ import numpy as np
 import simpy
 
 from kvsim import lazy
-from kvsim.allocators import InvariantError, KVAllocator
+from kvsim.allocators import InvariantError, KVAllocator, PrefixCachingPagedAllocator
 from kvsim.cost.model import CostModel
 from kvsim.engines import make_rules
 from kvsim.engines.router import make_router
@@ -110,8 +110,11 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     cost_blocks = getattr(cost, "block_size", None)
     width = scheduler_options.get("width", 1)
     reps = []
+    private = None
     for i, alloc in enumerate(fleet):
         rules = make_rules(engine)
+        if isinstance(alloc, PrefixCachingPagedAllocator):
+            private = alloc.private_tails = requests.private_tails() if private is None else private
         if not exact_steps and lazy.applies(alloc, rules, scheduler_options, cost_blocks):
             sched = lazy.LazyScheduler(alloc, rules, cost_block_size=cost_blocks, **scheduler_options)
         else:

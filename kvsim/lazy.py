@@ -33,8 +33,9 @@ growth and the tick's crossings. Then the explicit requests are run in running o
 the order in which the engine's pass would have grown them. The lazy requests' grows
 would only have counted, or taken blocks of which it does not matter which: the plain
 paged allocator has no cache and no window here, and nothing kvsim reports depends on
-block ids (a prefix cache's room stops short of a block boundary, so its blocks are
-taken one by one as in the plain path). Everything else (admission, preemption,
+block ids. A prefix cache's blocks go the same way where no request's tail content is
+another's (its `block_room` says why that is exact); elsewhere its room stops short of a
+block boundary, so its blocks are taken and keyed one by one as in the plain path. Everything else (admission, preemption,
 completion) runs as in the plain scheduler, on explicit requests; where an engine's
 rule reads the state of every decoding request (SGLang's admission test) or a pass
 could preempt, every lazy request is made explicit first and the engine's plain pass

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from kvsim import lazy
-from kvsim.allocators import InvariantError, PagedAllocator, SeqShape
+from kvsim.allocators import InvariantError, PagedAllocator, PrefixCachingPagedAllocator, SeqShape
 from kvsim.engine import simulate
 from kvsim.errors import InputError
 from kvsim.runner import run_scenario
 from kvsim.scenario import validate_scenario
-from kvsim.workload.requests import RequestSpec
+from kvsim.workload.requests import RequestSpec, RequestTable
 
 from helpers import OneSecondSteps
 
@@ -241,6 +241,28 @@ def test_random_configurations_agree(seed, monkeypatch):
     except (InputError, RuntimeError, ValueError) as e:
         pytest.skip(f"the plain path does not run this configuration: {e}")
     assert_same(plain, run(doc, exact=False, check=True))
+
+
+def test_a_prefix_cache_takes_blocks_in_bulk_only_where_tails_are_private(monkeypatch):
+    """A prefix cache's lazy requests fill blocks and take new ones in bulk, keying the
+    filled ones when caught up, only where no request's tail content is another's
+    (RequestTable.private_tails). In a conversation a later turn looks up the blocks of an
+    earlier turn still decoding: keying them late there changes the tables."""
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
+    taken = []
+    take_free = PrefixCachingPagedAllocator.take_free
+    monkeypatch.setattr(PrefixCachingPagedAllocator, "take_free",
+                        lambda self, count: taken.append(count) or take_free(self, count))
+    rag = scenario(workload__rag=CASES["v1 rag"]["workload__rag"], policies=[POLICIES[4]])
+    assert_same(run(rag, exact=True), run(rag, exact=False, check=True))
+    assert sum(taken) > 0
+    taken.clear()
+    conversation = scenario(workload__conversation={"turns": 3, "think_time_s": 0.0}, policies=[POLICIES[4]])
+    plain = run(conversation, exact=True)
+    assert_same(plain, run(conversation, exact=False, check=True))
+    assert not taken
+    monkeypatch.setattr(RequestTable, "private_tails", lambda self: True)     # what the rule prevents
+    assert not plain.timeseries.equals(run(conversation, exact=False).timeseries)
 
 
 def test_lazy_scheduler_is_used_where_it_applies():

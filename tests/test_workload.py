@@ -306,3 +306,25 @@ def test_bounds_no_draw_can_meet_are_an_input_error(tmp_path):
         make_requests(tmp_path, prompt_tokens={"dist": "lognormal", "mean": 50, "cv": 0.1, "min": 3000, "max": 4000})
     assert info.value.field == "workload.prompt_tokens"
     assert "[min 3000, max 4000]" in str(info.value)
+
+
+# --- whose tail content is whose -------------------------------------------------------
+@pytest.mark.parametrize("sharing, private", [
+    (None, True),
+    ({"prefix": {"groups": 3, "tokens": 100}}, True),
+    ({"rag": {"system_tokens": 50, "corpus_docs": 20, "doc_tokens": 40, "docs_per_request": 3}}, True),
+    ({"conversation": {"turns": 3, "think_time_s": 1.0}}, False),    # a later turn holds an earlier one
+])
+def test_private_tails_of_drawn_workloads(tmp_path, sharing, private):
+    requests, _ = make_requests(tmp_path, **(sharing or {}))
+    assert requests.private_tails() is private
+
+
+def test_private_tails_of_given_specs():
+    from kvsim.workload.requests import RequestTable
+    one = RequestSpec(0, 0.0, 10, 5, ((100, 8),))
+    assert RequestTable.of([one, RequestSpec(1, 0.0, 10, 5, ((100, 8),))]).private_tails()
+    assert not RequestTable.of([one, RequestSpec(1, 0.0, 10, 5, tail_id=0)]).private_tails()    # the same tail
+    assert not RequestTable.of([one, RequestSpec(1, 0.0, 10, 5, ((0, 4),))]).private_tails()    # 0's tail as a run
+    assert RequestTable.of([RequestSpec(0, 0.0, 10, 5, tail_id=-1),
+                            RequestSpec(1, 0.0, 10, 5, tail_id=-1)]).private_tails()            # unique content

@@ -93,6 +93,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # allocate), and a request that waits for memory is looked up at every step.
         self._touched: set[int] = set()      # keys whose first copy changed since then
         self._last_hits: tuple = (None, 0, set(), ())    # (shape, num_tokens, keys read, hits)
+        # Set by kvsim.engine.simulate from the workload (RequestTable.private_tails): no
+        # request's tail content is another's, so the fast path may key output blocks late.
+        self.private_tails = False
 
     @property
     def cached_blocks(self) -> list[int]:
@@ -286,8 +289,16 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         return room - 1 if room and seq.tokens + room == seq.logical_blocks() * self.block_size else room
 
     def block_room(self, seq_id: int) -> int:
-        """Only the room: a block taken off the queue may be a cached one (an eviction)."""
-        return self.room(seq_id)
+        """Where tails are private (`private_tails`), the paged block room: the fast path
+        (kvsim.lazy) may then fill blocks and take new ones in bulk, keying the filled
+        blocks when it catches the sequence up (`extend`, `grow`). That is exact because
+        nothing reads those keys in between: a filled block holds output, whose key only
+        this sequence's chain has (and it looks nothing up while it runs), and a block in
+        a table is in no queue, so it cannot be evicted. The blocks come off the queue
+        head in the same order, with the same evictions; which new block goes to which
+        sequence is a relabelling of ids, on which nothing depends. Elsewhere, only the
+        room: the block that fills is keyed at once, as a later turn may look it up."""
+        return super().block_room(seq_id) if self.private_tails else self.room(seq_id)
 
     def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
         return self._new_blocks_needed(shape, num_tokens)[1]

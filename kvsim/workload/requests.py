@@ -73,6 +73,19 @@ class RequestTable:
     def __len__(self) -> int:
         return len(self.arrival_s)
 
+    def private_tails(self) -> bool:
+        """Whether each request's tail content (the rest of its prompt and its output) is
+        its own: no other request has the same tail or holds it among its shared runs (an
+        earlier turn of a conversation is a later turn's run). Then no key of a block that
+        holds output can be looked up by another request (kvsim.allocators.prefix)."""
+        ids = self.id_column()
+        tails = ids if self.tail_ids is None else np.where(self.tail_ids == NO_TAIL, ids, self.tail_ids)
+        tails = tails[tails != -1]
+        if len(np.unique(tails)) < len(tails):
+            return False
+        runs = {content for segments in set(self.segments or ()) for content, _ in segments}
+        return runs.isdisjoint(tails.tolist())
+
     def __getitem__(self, i: int) -> RequestSpec:
         n = len(self.arrival_s)
         if not -n <= i < n:
