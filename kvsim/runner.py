@@ -183,8 +183,10 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         if on_progress and parallel:
             on_progress(setups[i][0].name, len(requests), len(requests))
         tabulate(i, run)
-    # in workers, the prefix caches first: their lookups make them the longest runs
-    first = [i for i, setup in enumerate(setups) if setup[6].get("prefix_caching")]
+    # in workers, the prefix caches first, as the longest runs: the radix cache (it runs
+    # step by step, kvsim.lazy), then the hashed one (its lookups)
+    first = ([i for i, setup in enumerate(setups) if setup[5] == "radix"]
+             + [i for i, setup in enumerate(setups) if setup[6].get("prefix_caching")])
     ordered_map(run_policy, len(setups), workers if parallel else 1, first=first, on_result=ended,
                 meanwhile=meanwhile)
     import pandas as pd       # only now: the workers above were forked without it (see kvsim.cli.output)
