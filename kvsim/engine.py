@@ -110,7 +110,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     cost_blocks = getattr(cost, "block_size", None)
     width = scheduler_options.get("width", 1)
     reps = []
-    private = None
+    private = None      # RequestTable.private_tails, asked once: what a prefix cache's fast path may do
     for i, alloc in enumerate(fleet):
         rules = make_rules(engine)
         if isinstance(alloc, PrefixCachingPagedAllocator):

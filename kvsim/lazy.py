@@ -35,12 +35,12 @@ would only have counted, or taken blocks of which it does not matter which: the 
 paged allocator has no cache and no window here, and nothing kvsim reports depends on
 block ids. A prefix cache's blocks go the same way where no request's tail content is
 another's (its `block_room` says why that is exact); elsewhere its room stops short of a
-block boundary, so its blocks are taken and keyed one by one as in the plain path. Everything else (admission, preemption,
-completion) runs as in the plain scheduler, on explicit requests; where an engine's
-rule reads the state of every decoding request (SGLang's admission test) or a pass
-could preempt, every lazy request is made explicit first and the engine's plain pass
-runs. Sums of integers are exact, so every step's batch, breakdown and time are the
-plain path's to the last bit (tests/test_fast_path.py).
+block boundary, so its blocks are taken and keyed one by one as in the plain path.
+Everything else (admission, preemption, completion) runs as in the plain scheduler, on
+explicit requests; where an engine's rule reads the state of every decoding request
+(SGLang's admission test) or a pass could preempt, every lazy request is made explicit
+first and the engine's plain pass runs. Sums of integers are exact, so every step's
+batch, breakdown and time are the plain path's to the last bit (tests/test_fast_path.py).
 
 Not lazy (their runs go step by step, as in the plain path): the radix cache (every
 token takes a free slot), sliding windows (blocks leave the window), and sequence
