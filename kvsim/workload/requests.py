@@ -54,6 +54,7 @@ class RequestTable:
         self.segments = segments
         self.tail_ids = None if tail_ids is None else np.asarray(tail_ids, dtype=np.int64)
         self.ids = None if ids is None else np.asarray(ids, dtype=np.int64)
+        self._private = None      # private_tails, once asked
 
     @classmethod
     def of(cls, specs) -> "RequestTable":
@@ -78,13 +79,13 @@ class RequestTable:
         its own: no other request has the same tail or holds it among its shared runs (an
         earlier turn of a conversation is a later turn's run). Then no key of a block that
         holds output can be looked up by another request (kvsim.allocators.prefix)."""
-        ids = self.id_column()
-        tails = ids if self.tail_ids is None else np.where(self.tail_ids == NO_TAIL, ids, self.tail_ids)
-        tails = tails[tails != -1]
-        if len(np.unique(tails)) < len(tails):
-            return False
-        runs = {content for segments in set(self.segments or ()) for content, _ in segments}
-        return runs.isdisjoint(tails.tolist())
+        if self._private is None:
+            ids = self.id_column()
+            tails = ids if self.tail_ids is None else np.where(self.tail_ids == NO_TAIL, ids, self.tail_ids)
+            tails = np.sort(tails[tails != -1])     # (not np.unique: its first call imports numpy.ma)
+            runs = {content for segments in set(self.segments or ()) for content, _ in segments}
+            self._private = bool(not (tails[1:] == tails[:-1]).any() and runs.isdisjoint(tails.tolist()))
+        return self._private
 
     def __getitem__(self, i: int) -> RequestSpec:
         n = len(self.arrival_s)
