@@ -110,11 +110,10 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     cost_blocks = getattr(cost, "block_size", None)
     width = scheduler_options.get("width", 1)
     reps = []
-    private = None      # RequestTable.private_tails, asked once: what a prefix cache's fast path may do
     for i, alloc in enumerate(fleet):
         rules = make_rules(engine)
-        if isinstance(alloc, PrefixCachingPagedAllocator):
-            private = alloc.private_tails = requests.private_tails() if private is None else private
+        if isinstance(alloc, PrefixCachingPagedAllocator):    # what its fast path may do
+            alloc.private_tails = requests.private_tails()
         if not exact_steps and lazy.applies(alloc, rules, scheduler_options, cost_blocks):
             sched = lazy.LazyScheduler(alloc, rules, cost_block_size=cost_blocks, **scheduler_options)
         else:

@@ -174,8 +174,8 @@ class LazyScheduler(Scheduler):
         else:
             self.allocator.grow(seq.ids[0], held)      # a count only: within its room
         # the sums have followed it tick by tick; its own share is now where they put it
-        reservation = max(0, min(new_slots, final) - held)      # as split_used splits it
-        share[seq] = (reservation, new_slots - held - reservation, pad, new_slots)
+        _, reservation, internal = split_used(held, new_slots, final)
+        share[seq] = (reservation, internal, pad, new_slots)
         self.lazy_held -= held0 - tick0
         return entry
 
