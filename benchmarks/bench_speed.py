@@ -1,11 +1,12 @@
 """How fast kvsim runs (issue 12): whole-process wall time, CPU time, simulated requests
 per wall second and peak memory, for the workloads the issue sets, and where time goes.
 
-Each workload runs the real command (`python -m kvsim.cli.app run ...`: start-up, every
-policy, Parquet files and plots, with the policies and figures in one worker process per
-core as `kvsim run` does by default) in a fresh process that reports its CPU time and its
-workers', and the peak RSS of the largest of them; the wall time is measured around it. Machines here are shared and noisy: read
-medians (--repeats) and compare runs made in one session.
+Each workload runs the real command (`kvsim run ...` through kvsim.cli.app's main:
+start-up, every policy, Parquet files and plots, with the policies and figures in one
+worker process per core as `kvsim run` does by default) in a fresh process that reports
+its CPU time and its workers', and the peak RSS of the largest of them; the wall time is
+measured around it. Machines here are shared and noisy: read medians (--repeats) and
+compare runs made in one session.
 
     python benchmarks/bench_speed.py                  # vidur_10k, sharegpt 10k and 100k, rag_8k
     python benchmarks/bench_speed.py --million        # also one million ShareGPT requests

@@ -424,9 +424,7 @@ class Scheduler:
 def sample_shape(r: RequestSpec) -> SeqShape:
     """One sample of a request run as a request of its own: the prompt's own part is a
     shared segment, its output its own (content -1)."""
-    s = r.shape
-    own = s.prompt_tokens - sum(n for _, n in s.segments)
-    return SeqShape(s.prompt_tokens, s.output_tokens, s.segments + (((s.tail_id, own),) if own > 0 else ()), -1)
+    return SeqShape(r.prompt_tokens, r.output_tokens, r.prompt_runs, -1)
 
 
 def with_limit(step: Step, limit: str, head: Seq | None = None, tokens: int = 0, keep_free: int = 0) -> Step:

@@ -76,7 +76,7 @@ def test_prefix_aware_follows_sglangs_cache_aware_rules():
     # prompt (1,000 shared + 50 own tokens of content 7) matches, its answer does not.
     router = PrefixAware(3)
     assert router.pick(RequestSpec(7, 0.0, 1050, 30, (a,)), [0, 0, 0]) == 0
-    assert router.matched(PrefixAware.runs(RequestSpec(8, 0.0, 1100, 10, (a, (7, 80))))) == [1050, 0, 0]
+    assert router.matched(RequestSpec(8, 0.0, 1100, 10, (a, (7, 80))).prompt_runs) == [1050, 0, 0]
 
 
 def test_round_robin_and_least_loaded_ignore_content():

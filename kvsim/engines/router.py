@@ -54,13 +54,6 @@ class PrefixAware:
         self.n = replicas
         self.seen: dict[tuple, dict[int, int]] = {}
 
-    @staticmethod
-    def runs(spec) -> tuple[tuple[int, int], ...]:
-        shape = spec.shape
-        shared = sum(length for _, length in shape.segments)
-        own = spec.prompt_tokens - shared
-        return shape.segments + (((shape.tail_id, own),) if own > 0 else ())
-
     def matched(self, runs) -> list[int]:
         """Tokens of the prompt each replica's tree holds as a prefix."""
         tokens, live = [0] * self.n, set(range(self.n))
@@ -76,7 +69,7 @@ class PrefixAware:
         return tokens
 
     def pick(self, spec, loads: list[int]) -> int:
-        runs = self.runs(spec)
+        runs = spec.prompt_runs
         lo, hi = min(loads), max(loads)
         choice = loads.index(lo)
         if not (hi - lo > BALANCE_ABS_THRESHOLD and hi > lo * BALANCE_REL_THRESHOLD) and spec.prompt_tokens:

@@ -38,6 +38,14 @@ class RequestSpec:
         tail = self.id if self.tail_id is None else self.tail_id
         return SeqShape(self.prompt_tokens, self.output_tokens, self.segments, tail)
 
+    @property
+    def prompt_runs(self) -> tuple[tuple[int, int], ...]:
+        """The prompt as (content id, length) runs: its shared segments, then its own
+        tokens (its tail content from offset 0)."""
+        shape = self.shape
+        own = self.prompt_tokens - sum(length for _, length in shape.segments)
+        return shape.segments + (((shape.tail_id, own),) if own > 0 else ())
+
 
 class RequestTable:
     """The request stream as columns, one row per request: what a run of a million
