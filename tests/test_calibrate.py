@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -136,3 +137,94 @@ def test_all_reduce_fit_recovers_a_known_ring():
     got = fit(rows, 1024)
     assert got["latency_s"] == pytest.approx(5e-6) and got["bus_gb_s"] == pytest.approx(100.0)
     assert got["fit_mape"] < 1e-9
+
+
+class _FakeGPU:
+    """A host and a GPU on one virtual clock (seconds): each timed call takes the host
+    `host_s` to enqueue and the GPU `kernel_s` to run; _sleep spins 2e9 cycles a second."""
+
+    def __init__(self, host_s: float, kernel_s: float):
+        self.host, self.free, self.host_s, self.kernel_s = 0.0, 0.0, host_s, kernel_s
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                self.at = None
+
+            def record(self):
+                self.at = gpu.free = max(gpu.free, gpu.host)
+
+            def query(self):
+                return self.at <= gpu.host
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1e3
+
+        self.Event = Event
+
+    def _sleep(self, cycles):
+        self.free = max(self.free, self.host) + cycles / 2e9
+
+    def synchronize(self):
+        self.host = max(self.host, self.free)
+
+    def call(self):
+        self.host += self.host_s          # the last kernel is enqueued when the host is done
+        self.free = max(self.free, self.host) + self.kernel_s
+
+
+def test_cuda_timer_keeps_the_hosts_launch_latency_out():
+    from types import SimpleNamespace
+    from kvsim.calibrate.measure import Timer
+
+    gpu = _FakeGPU(host_s=3e-3, kernel_s=0.5e-3)
+    fed = Timer(SimpleNamespace(cuda=gpu), "cuda", warmup=0, reps=3)
+    assert fed(gpu.call) == pytest.approx(0.5e-3)
+    assert fed.spin == 4 * Timer.SPIN_CYCLES      # 1 and 2 ms spins ended before the 3 ms enqueue
+    launched = Timer(SimpleNamespace(cuda=gpu), "cuda", warmup=0, reps=3, launched=True)
+    assert launched(gpu.call) == pytest.approx(3.5e-3)
+
+
+H200 = Path(__file__).parent / "data" / "h200-calibrate"
+
+
+def test_against_prediction_reads_the_error_of_kvsims_prediction_before_a_gpu_was_measured(tmp_path):
+    """A profile whose every linear op takes 0.8 of kvsim's prediction: predicted / measured
+    - 1 = +25% for each op and for a step, at any token count."""
+    from kvsim.cost.accuracy import report
+    from kvsim.cost.generalize import fits_for, model_shape, predict_linear
+    from kvsim.cost.profiles import Profile, save_profile
+    from kvsim.specs import GPU_PRESETS, MODEL_PRESETS
+
+    shape = model_shape(MODEL_PRESETS["llama-3-8b"])
+    linear = predict_linear(fits_for(GPU_PRESETS["h200"]), shape, [1, 2], [1, 64, 512, 4096])
+    ops = [c for c in linear.columns if c not in ("tp", "num_tokens")]
+    linear[ops] *= 0.8
+    meta = {**load_profile("a100-llama-3-8b").meta, "name": "mine", "gpu": "h200", "origin": {}}
+    save_profile(Profile(meta, linear), tmp_path / "mine")
+    vs = report(load_profile(tmp_path / "mine"))["against_prediction"]
+    assert "scaled to h200's 4.8 TB/s HBM" in vs["prediction"]
+    assert {e["median"] for e in vs["ops"].values()} == {0.25}
+    assert vs["step"] == {k: {"median": 0.25, "mape": 0.25} for k in ("<= 128 tokens", "> 128 tokens")}
+    code, out, _ = kvsim("calibrate", "--report", tmp_path / "mine")
+    assert code == 0 and out.splitlines()[-1].split() == "a step's linear ops, > 128 tokens +25.0% 25.0%".split()
+    assert "against_prediction" not in report(load_profile("a100-llama-3-8b"))   # shipped: in-sample
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "llama-2-7b"])
+def test_h200_profiles_measured_here_predict_their_recorded_steps(model):
+    """The profiles `kvsim calibrate` measured on a lent H200 (tests/data/h200-calibrate,
+    scripts/device_calibrate.sh) load, and the cost model, reading them back from disk,
+    predicts the whole steps they recorded as calibrate did before writing them."""
+    from kvsim.calibrate.validate import BLOCK, steps
+    from kvsim.cost.model import Profiled
+    from kvsim.specs import GPU_PRESETS, KVSpec, MODEL_PRESETS
+
+    prof = load_profile(H200 / model)
+    assert prof.meta["device"] == "NVIDIA H200" and prof.meta["tools"]["cuda"]
+    m = MODEL_PRESETS[model]
+    cost = Profiled(m, GPU_PRESETS["h200"], KVSpec(m, "bf16"), 1, prof, BLOCK)
+    recorded = {r["step"]: r["predicted_ms"] for r in prof.meta["validation"]["steps"]}
+    assert set(recorded) == {label for label, _ in steps(quick=False)}
+    for label, batch in steps(quick=False):
+        assert cost.step_time(batch) * 1e3 == pytest.approx(recorded[label], rel=1e-3), label

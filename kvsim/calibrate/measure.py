@@ -22,7 +22,8 @@ PyTorch's gather + SDPA is not a fused paged-attention kernel (FlashInfer, vLLM)
 decode times here are those of this reference implementation. ``--quick`` is a smoke
 test: tiny grids and, on CPU, every width divided by 8 (recorded as ``shape_scale`` in
 meta.json); its times do not describe the real model. On CUDA the timer is CUDA events
-around each op; on CPU it is perf_counter.
+around each op, with the host's launch latency kept out (Timer); on CPU it is
+perf_counter.
 """
 from __future__ import annotations
 
@@ -62,10 +63,22 @@ def _torch():
 class Timer:
     """Median seconds of `reps` calls after `warmup` calls. Several functions are timed
     in rounds (each once per round), so a burst of load on a shared machine raises one
-    call of each rather than every call of one."""
+    call of each rather than every call of one.
 
-    def __init__(self, torch, device: str, warmup: int, reps: int):
+    On CUDA a call is timed with events as the GPU runs it when fed without gaps: the
+    GPU spins (torch.cuda._sleep) while the host enqueues the events and the call's
+    kernels, so the host's launch latency is not in the time. An engine hides that
+    latency with CUDA graphs, and kvsim's engine overhead stands for what it does not
+    hide. If the GPU reached the call before the host had enqueued all of it, the spin
+    doubles and the call is timed again. `launched=True` times calls as the host
+    launches them, latency included."""
+
+    SPIN_CYCLES = 2_000_000                 # about 1 ms at an H100's or H200's clock
+    MAX_SPIN_CYCLES = 2_000_000 << 8
+
+    def __init__(self, torch, device: str, warmup: int, reps: int, launched: bool = False):
         self.torch, self.cuda, self.warmup, self.reps = torch, device == "cuda", warmup, reps
+        self.launched, self.spin = launched, self.SPIN_CYCLES
 
     def __call__(self, fn) -> float:
         return self.rounds({0: fn})[0]
@@ -81,17 +94,26 @@ class Timer:
         return {key: float(np.median(t)) for key, t in times.items()}
 
     def _once(self, fn) -> float:
-        torch = self.torch
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        cuda = self.torch.cuda
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        while True:
+            if not self.launched:
+                cuda._sleep(self.spin)
             start.record()
             fn()
             end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) * 1e-3
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+            fed = self.launched or not start.query()     # the GPU still spinning: no gaps
+            cuda.synchronize()
+            if fed:
+                return start.elapsed_time(end) * 1e-3
+            if self.spin >= self.MAX_SPIN_CYCLES:
+                raise RuntimeError("the host could not enqueue a timed call while the GPU spun "
+                                   "(more kernels than the launch queue holds?)")
+            self.spin *= 2
 
 
 def plan(model: ModelSpec, device: str, quick: bool) -> dict:
@@ -307,7 +329,10 @@ def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, 
         "attention": fits, "allreduce": allreduce, "step_overhead_s": 0.0,
         "step_overhead_source": "not measured; the engine's comes from cost_model.overhead",
         "notes": ["decode = PyTorch gather through a block table + SDPA, not a fused paged kernel",
+                  "elementwise ops (RMSNorm, RoPE, SiLU-and-mul) are eager PyTorch, several kernels each",
                   "int4 KV not measured (no torch storage type)"]
+                 + (["CUDA times exclude the host's launch latency (the GPU fed without gaps)"]
+                    if device == "cuda" else [])
                  + ([f"--quick on CPU: widths divided by {p['scale']}; times do not describe the "
                      "real model"] if p["scale"] > 1 else []),
     }

@@ -12,7 +12,9 @@ Steps are whole prompts, decode batches, and a prompt mixed into a decode batch
 (tp 1, KV in the model dtype, block size 16). This checks how the parts add up on the
 device that measured them, using the same eager PyTorch kernels: not a production
 engine (fused kernels, CUDA graphs, scheduling, sampling), whose overhead the profile
-leaves to the engine overhead (kvsim.cost.overhead).
+leaves to the engine overhead (kvsim.cost.overhead). On CUDA a step is replayed from
+a CUDA graph, so its time, like the parts', leaves out the host's launch latency; the
+same step launched eagerly is timed too (`launched_ms`).
 """
 from __future__ import annotations
 
@@ -99,12 +101,28 @@ class Forward:
         return x[s["last"]] @ self.lm
 
     def _decode(self, kv, q, table, ctx):
-        """Every sequence's K and V gathered through its block table, then attended."""
+        """Every sequence's K and V gathered through its block table, then attended. K and
+        V are gathered each from its own cache, as kvsim.calibrate.measure times decode."""
         b, span = table.shape[0], table.shape[1] * BLOCK
-        k, v = (kv.view(2, -1, BLOCK, self.kh, self.d)[:, table]     # 2, b, blocks, BLOCK, kh, d
-                .view(2, b, span, self.kh, self.d)[:, :, :ctx].transpose(2, 3))
+        k, v = (c.view(-1, BLOCK, self.kh, self.d)[table]               # b, blocks, BLOCK, kh, d
+                .view(b, span, self.kh, self.d)[:, :ctx].transpose(1, 2) for c in kv)
         out = self.torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)
         return out.reshape(b, self.qh * self.d)
+
+
+def _graphed(torch, fn):
+    """fn captured in a CUDA graph (warmed up on a side stream first, as PyTorch asks).
+    A step of a thousand kernels then reaches the GPU in one launch: launched one by one,
+    they would fill the launch queue and the host would wait for the GPU to drain it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def rms_norm(torch, x, w):
@@ -132,15 +150,23 @@ def validate(torch, profile: Profile, dev: str, dtype, timer, quick: bool, log=p
     log(f"timing {len(plan)} whole forward steps ({s['num_layers']} layers)")
     with torch.inference_mode():
         states = {label: net.prepare(batch) for label, batch in plan}
-        measured = timer.rounds({label: (lambda st=st: net(st)) for label, st in states.items()})
+        calls = {label: (lambda st=st: net(st)) for label, st in states.items()}
+        # on CUDA, also as eager PyTorch launches it: how much of a step is host latency
+        launched = (type(timer)(torch, dev, timer.warmup, timer.reps, launched=True).rounds(calls)
+                    if timer.cuda else {})
+        measured = timer.rounds({label: _graphed(torch, fn) for label, fn in calls.items()}
+                                if timer.cuda else calls)
     rows = []
     for label, batch in plan:
         predicted = predict.step_time(batch)
         rows.append({"step": label, "measured_ms": round(measured[label] * 1e3, 4),
                      "predicted_ms": round(predicted * 1e3, 4),
-                     "error": round((predicted - measured[label]) / measured[label], 4)})
+                     "error": round((predicted - measured[label]) / measured[label], 4)}
+                    | ({"launched_ms": round(launched[label] * 1e3, 4)} if launched else {}))
     return {"method": "whole forward steps timed back to back vs the profile's sum of parts "
-                      "(tp 1, KV in the model dtype, block 16; kvsim.calibrate.validate)",
+                      "(tp 1, KV in the model dtype, block 16; kvsim.calibrate.validate)"
+                      + ("; launched_ms: the same steps timed as launched, host latency included"
+                         if launched else ""),
             "mape": round(float(np.mean([abs(r["error"]) for r in rows])), 4), "steps": rows}
 
 

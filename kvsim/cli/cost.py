@@ -124,7 +124,14 @@ def calibrate(model_name, device, quick, out, gpu_name, report, as_json):
             click.echo(f"whole forward steps, predicted vs measured: MAPE {e2e['mape']:.1%}")
             for r in e2e["steps"]:
                 click.echo(f"  {r['step']:<28} {r['measured_ms']:10.3f} ms measured "
-                           f"{r['predicted_ms']:10.3f} ms predicted {r['error']:+7.1%}")
+                           f"{r['predicted_ms']:10.3f} ms predicted {r['error']:+7.1%}"
+                           + (f" {r['launched_ms']:10.3f} ms as launched" if "launched_ms" in r else ""))
+        if "against_prediction" in result:
+            vs = result["against_prediction"]
+            click.echo(f"kvsim's prediction without this profile ({vs['prediction']}), "
+                       "predicted / measured - 1: median, MAPE")
+            for name, e in [*vs["ops"].items(), *((f"a step's linear ops, {k}", e) for k, e in vs["step"].items())]:
+                click.echo(f"  {name:<38} {e['median']:+7.1%} {e['mape']:7.1%}")
         return
     if not model_name or not out:
         raise InputError("command line", "--model" if not model_name else "--out",

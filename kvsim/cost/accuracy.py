@@ -12,7 +12,10 @@ A profile made by `kvsim calibrate` also carries whole forward steps timed end t
 against its prediction (kvsim.calibrate.validate); the report passes them on as ``end_to_end``.
 For shipped profiles the errors against the full source data (denser than the shipped
 grid) and the leave-one-shape-out error of the GPU shape model are in
-kvsim/data/profiles/accuracy.json, written by scripts/derive_profiles.py.
+kvsim/data/profiles/accuracy.json, written by scripts/derive_profiles.py. For any other
+profile measured on a GPU that kvsim predicts without it (its own shape model, or a
+sibling's scaled by HBM bandwidth), the report sets that prediction against the measured
+linear ops (``against_prediction``): how far kvsim was from this GPU before it was measured.
 """
 from __future__ import annotations
 
@@ -21,7 +24,11 @@ import json
 import numpy as np
 
 from kvsim.cost.fit import LINEAR_OPS, fit_attention, kfold, mape, predict_attention
+from kvsim.cost.generalize import fits_for, predict_linear
 from kvsim.cost.profiles import SHIPPED, Profile
+from kvsim.specs import GPU_PRESETS
+
+PER_STEP_OPS = ("emb", "lm_head")       # once a step; every other linear op once a layer
 
 
 def linear_heldout(profile: Profile) -> dict[str, float]:
@@ -59,6 +66,30 @@ def attention_heldout(profile: Profile) -> dict[str, float]:
     return {name: mape(pred[m], t[m]) for name, m in parts.items() if m.any()}
 
 
+def against_prediction(profile: Profile) -> dict | None:
+    """kvsim's prediction of this profile's linear ops made without it, against them: per
+    op, and for a step's linear ops (summed over the layers) at up to 128 tokens and
+    above, the median signed error (predicted / measured - 1) and the MAPE."""
+    gpu = GPU_PRESETS.get(profile.meta["gpu"])
+    fits = fits_for(gpu) if gpu else None
+    if fits is None or profile.meta.get("shape_scale", 1) != 1:
+        return None
+    shape, measured = profile.meta["model"], profile.linear
+    predicted = predict_linear(fits, shape, sorted(set(measured.tp)), sorted(set(measured.num_tokens)))
+    both = measured.merge(predicted, on=["tp", "num_tokens"], suffixes=("", "_predicted"))
+
+    def summary(err) -> dict:
+        return {"median": round(float(np.median(err)), 4), "mape": round(float(np.mean(np.abs(err))), 4)}
+
+    def step(suffix: str):
+        return sum(both[op + suffix] * (1 if op in PER_STEP_OPS else shape["num_layers"]) for op in LINEAR_OPS)
+    err = step("_predicted") / step("") - 1
+    small = both.num_tokens.values <= 128
+    return {"prediction": f"{fits['device']}; fitted on {', '.join(fits['models'])}",
+            "ops": {op: summary(both[op + "_predicted"] / both[op] - 1) for op in LINEAR_OPS},
+            "step": {"<= 128 tokens": summary(err[small]), "> 128 tokens": summary(err[~small])}}
+
+
 def report(profile: Profile) -> dict:
     linear_origin = str(profile.meta.get("origin", {}).get("linear", "measured"))
     lin = {} if linear_origin.startswith("predicted") else linear_heldout(profile)
@@ -77,4 +108,6 @@ def report(profile: Profile) -> dict:
                               "gpu_shape_model_leave_one_shape_out":
                                   src["leave_one_shape_out"].get(profile.meta["gpu"]),
                               "attention_5fold": src["attention"]}
+    elif not linear_origin.startswith("predicted") and (against := against_prediction(profile)):
+        out["against_prediction"] = against
     return out
