@@ -228,3 +228,27 @@ def test_h200_profiles_measured_here_predict_their_recorded_steps(model):
     assert set(recorded) == {label for label, _ in steps(quick=False)}
     for label, batch in steps(quick=False):
         assert cost.step_time(batch) * 1e3 == pytest.approx(recorded[label], rel=1e-3), label
+
+
+def test_whole_steps_are_timed_only_where_the_models_weights_fit():
+    """Llama-3-70B: 70,552,387,584 weights (kvsim.calibrate.validate's layers, embedding and
+    LM head) x 2 B = 131.4 GiB, against 90% of the GPU's free memory."""
+    from types import SimpleNamespace
+    from kvsim.calibrate.validate import no_room
+    from kvsim.cost.generalize import model_shape
+    from kvsim.specs import MODEL_PRESETS
+
+    shape = model_shape(MODEL_PRESETS["llama-3-70b"])
+    gpu = lambda free_gib: SimpleNamespace(tensor=torch.tensor,                            # noqa: E731
+                                           cuda=SimpleNamespace(mem_get_info=lambda: (free_gib * 2**30, 0)))
+    assert no_room(gpu(139), shape, "cuda", torch.bfloat16) == \
+        "the model's 131 GiB of weights do not fit in 90% of the GPU's 139 GiB free"
+    assert no_room(gpu(147), shape, "cuda", torch.bfloat16) is None
+    assert no_room(gpu(139), shape, "cpu", torch.bfloat16) is None
+
+
+def test_a_profile_without_whole_steps_reports_its_ops_and_the_prediction():
+    """Llama-3-70B measured on the H200, whose weights did not fit for the whole-step check."""
+    code, out, _ = kvsim("calibrate", "--report", H200 / "llama-3-70b")
+    assert code == 0 and "whole forward steps" not in out
+    assert out.startswith("h200-llama-3-70b: held-out MAPE") and "kvsim's prediction without this profile" in out

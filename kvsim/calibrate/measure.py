@@ -15,8 +15,9 @@ What it measures (a tensor-parallel degree is measured as one GPU's share of eac
 * the all-reduce, where tp workers fit: NCCL across GPUs, gloo across CPU processes
   (kvsim.calibrate.allreduce); on one GPU it is not measured and the profile says so.
 
-Then it times whole forward steps of the model and stores them, with the profile's
-prediction for each, as ``validation`` in meta.json (kvsim.calibrate.validate).
+Then, where the model's weights fit on the GPU, it times whole forward steps of the
+model and stores them, with the profile's prediction for each, as ``validation`` in
+meta.json (kvsim.calibrate.validate); where they do not, its notes say so.
 
 PyTorch's gather + SDPA is not a fused paged-attention kernel (FlashInfer, vLLM), so
 decode times here are those of this reference implementation. ``--quick`` is a smoke
@@ -43,7 +44,7 @@ from kvsim.cost.generalize import gpu_fits, model_shape, token_grid
 from kvsim.cost.fit import LINEAR_OPS, fit_attention
 from kvsim.cost.profiles import FORMAT, Profile
 from kvsim.specs import GPU_PRESETS, ModelSpec
-from kvsim.calibrate.validate import rms_norm, rope, validate
+from kvsim.calibrate.validate import no_room, rms_norm, rope, validate
 
 KV_STORAGE = {"bf16": 16, "fp8": 8, "int8": 8}     # int4 has no torch storage type: not measured
 # More than any GPU L2 or CPU last-level cache that kvsim calibrates on: weights and KV
@@ -337,5 +338,10 @@ def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, 
                      "real model"] if p["scale"] > 1 else []),
     }
     profile = Profile(meta, linear, att)
-    meta["validation"] = validate(torch, profile, device, dtype, timer, quick, log)
+    why = no_room(torch, p["measured"], device, dtype)
+    if why:
+        log(f"whole forward steps not timed: {why}")
+        meta["notes"].append(f"whole forward steps not timed: {why}")
+    else:
+        meta["validation"] = validate(torch, profile, device, dtype, timer, quick, log)
     return profile

@@ -170,6 +170,18 @@ def validate(torch, profile: Profile, dev: str, dtype, timer, quick: bool, log=p
             "mape": round(float(np.mean([abs(r["error"]) for r in rows])), 4), "steps": rows}
 
 
+def no_room(torch, shape: dict, dev: str, dtype) -> str | None:
+    """Why the whole model does not fit on this GPU for `validate` (its weights over 90%
+    of the free memory, the rest left for caches and activations); None if it fits."""
+    if dev != "cuda":
+        return None
+    need = _gated_params(shape) * torch.tensor([], dtype=dtype).element_size()
+    free = torch.cuda.mem_get_info()[0]
+    if need <= 0.9 * free:
+        return None
+    return f"the model's {need / 2**30:.0f} GiB of weights do not fit in 90% of the GPU's {free / 2**30:.0f} GiB free"
+
+
 def _gated_params(s: dict) -> float:
     """A parameter count that kvsim.cost.generalize.model_shape reads as a gated MLP."""
     h, d = s["hidden_size"], s["head_dim"]
