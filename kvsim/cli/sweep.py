@@ -62,6 +62,7 @@ class Bar:
 def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
     """Run every point of SWEEP (a base scenario, a grid over its fields, seeds) and write
     one row per (point, policy), a summary with confidence intervals, and plots."""
+    from kvsim.parallel import cores
     from kvsim.report.sweep_plots import write_sweep_plots
     from kvsim.sweep.grid import load_sweep
     from kvsim.sweep.store import Store
@@ -97,7 +98,7 @@ def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
     finally:
         bar.close()
     rows, summary, errors = store.write_tables(plan)
-    write_sweep_plots(summary, plan.params, out)
+    write_sweep_plots(summary, plan.params, out, workers or cores())
     click.echo(f"{len(rows)} rows from {rows['point'].nunique() if len(rows) else 0} finished runs; "
                f"{len(errors)} failed" + (" (errors.csv; --resume retries them)" if len(errors) else "")
                + f"; wrote {out}/")

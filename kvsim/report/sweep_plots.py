@@ -1,6 +1,6 @@
 """Figures for many runs: a sweep's metrics against each swept parameter, and capacity.
 
-`write_sweep_plots(summary, params, out_dir)`: for each parameter that takes two or more
+`write_sweep_plots(summary, params, out_dir, workers)`: for each parameter that takes two or more
 values, `sweep_<parameter>.png`: one row of panels per metric, one column per
 combination of the other swept parameters (their mean, said in the title, when there
 are more than MAX_PANELS), one line per policy, with 95% intervals over seeds where the
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kvsim.report.plots import DPI, policy_colours
+from kvsim.parallel import ordered_map
+from kvsim.report.plots import policy_colours, save
 
 METRICS = (("throughput_tok_s", "output tok/s"), ("ttft_p99_s", "TTFT p99 (s)"),
            ("tpot_p50_s", "TPOT p50 (s)"), ("kv_utilization", "KV utilization"),
@@ -27,20 +27,19 @@ METRICS = (("throughput_tok_s", "output tok/s"), ("ttft_p99_s", "TTFT p99 (s)"),
 MAX_PANELS = 6
 
 
-def write_sweep_plots(summary: pd.DataFrame, params: list[str], out_dir: Path) -> list[Path]:
+def write_sweep_plots(summary: pd.DataFrame, params: list[str], out_dir: Path, workers: int = 1) -> list[Path]:
+    """The figures are independent jobs, drawn in up to `workers` processes (kvsim.parallel)."""
     if summary.empty:
         return []
     swept = [p for p in params if summary[p].astype(str).nunique() > 1]
     metrics = [(c, label) for c, label in METRICS if c in summary]
     colours = policy_colours(summary)
-    paths = []
-    for param in swept:
+
+    def draw(i: int) -> Path:
+        param = swept[i]
         path = Path(out_dir) / f"sweep_{re.sub(r'[^A-Za-z0-9]+', '_', param).strip('_')}.png"
-        fig = _against(summary, param, [p for p in swept if p != param], metrics, colours)
-        FigureCanvasAgg(fig).print_figure(path, dpi=DPI)
-        fig.clear()
-        paths.append(path)
-    return paths
+        return save(_against(summary, param, [p for p in swept if p != param], metrics, colours), path)
+    return ordered_map(draw, len(swept), workers)
 
 
 def _against(summary, param, others, metrics, colours) -> Figure:
@@ -125,7 +124,5 @@ def write_capacity_plot(table: pd.DataFrame, probes: pd.DataFrame, targets: dict
         ax.grid(alpha=0.3)
     if len(axes) > 1:
         axes[1].legend(fontsize=8)
-    path = Path(out_dir) / "capacity.png"
-    FigureCanvasAgg(fig).print_figure(path, dpi=DPI)
-    fig.clear()
+    path = save(fig, Path(out_dir) / "capacity.png")
     return path
