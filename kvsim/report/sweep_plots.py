@@ -1,10 +1,10 @@
 """Figures for many runs: a sweep's metrics against each swept parameter, and capacity.
 
-`write_sweep_plots(summary, params, out_dir, workers)`: for each parameter that takes two or more
-values, `sweep_<parameter>.png`: one row of panels per metric, one column per
-combination of the other swept parameters (their mean, said in the title, when there
-are more than MAX_PANELS), one line per policy, with 95% intervals over seeds where the
-summary has them. `write_capacity_plot(...)`: `capacity.png`, the answer per policy
+`write_sweep_plots(summary, params, out_dir, workers)`: for each parameter that takes
+two or more values, `sweep_<parameter>.png`: one row of panels per metric, one column
+per combination of the other swept parameters (their mean, said in the title, when
+there are more than MAX_PANELS), one line per policy, with 95% intervals over seeds
+where the summary has them. `write_capacity_plot(...)`: `capacity.png`, the answer per policy
 beside every probe's value of each target. Like kvsim.report.plots, figures are bare
 Agg `Figure`s: no pyplot state.
 """
