@@ -75,7 +75,7 @@ class Timer:
     launches them, latency included."""
 
     SPIN_CYCLES = 2_000_000                 # about 1 ms at an H100's or H200's clock
-    MAX_SPIN_CYCLES = 2_000_000 << 8
+    MAX_SPIN_CYCLES = SPIN_CYCLES << 8
 
     def __init__(self, torch, device: str, warmup: int, reps: int, launched: bool = False):
         self.torch, self.cuda, self.warmup, self.reps = torch, device == "cuda", warmup, reps

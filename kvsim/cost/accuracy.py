@@ -23,12 +23,10 @@ import json
 
 import numpy as np
 
-from kvsim.cost.fit import LINEAR_OPS, fit_attention, kfold, mape, predict_attention
+from kvsim.cost.fit import LINEAR_OPS, PER_STEP_OPS, fit_attention, kfold, mape, predict_attention
 from kvsim.cost.generalize import fits_for, predict_linear
 from kvsim.cost.profiles import SHIPPED, Profile
 from kvsim.specs import GPU_PRESETS
-
-PER_STEP_OPS = ("emb", "lm_head")       # once a step; every other linear op once a layer
 
 
 def linear_heldout(profile: Profile) -> dict[str, float]:
@@ -68,8 +66,9 @@ def attention_heldout(profile: Profile) -> dict[str, float]:
 
 def against_prediction(profile: Profile) -> dict | None:
     """kvsim's prediction of this profile's linear ops made without it, against them: per
-    op, and for a step's linear ops (summed over the layers) at up to 128 tokens and
-    above, the median signed error (predicted / measured - 1) and the MAPE."""
+    op, and for a step's linear ops (summed over the layers, the LM head at as many
+    sequences as tokens, as in a decode step) at up to 128 tokens and above, the median
+    signed error (predicted / measured - 1) and the MAPE."""
     gpu = GPU_PRESETS.get(profile.meta["gpu"])
     fits = fits_for(gpu) if gpu else None
     if fits is None or profile.meta.get("shape_scale", 1) != 1:

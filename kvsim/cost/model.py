@@ -22,7 +22,7 @@ from typing import Protocol
 
 from kvsim.errors import InputError
 from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synthesize
-from kvsim.cost.fit import LINEAR_OPS, kv_bytes_per_token
+from kvsim.cost.fit import LINEAR_OPS, PER_STEP_OPS, kv_bytes_per_token
 from kvsim.cost.overhead import DEFAULT, NONE, Comm, Overhead, inline, load_overhead
 from kvsim.specs import GPUSpec, KVSpec, ModelSpec
 
@@ -211,7 +211,7 @@ class Profiled:
         seqs = len(batch.prefills) + decodes
         why: list[str] = []
         if n not in self._linear:
-            self._linear[n] = (*self._ops(n, [o for o in LINEAR_OPS if o not in ("emb", "lm_head")]),
+            self._linear[n] = (*self._ops(n, [o for o in LINEAR_OPS if o not in PER_STEP_OPS]),
                                self._ops(n, ["emb"])[0])
         layer_linear, lwhy, emb = self._linear[n]
         if seqs not in self._lm_head:

@@ -4,9 +4,9 @@
 two or more values, `sweep_<parameter>.png`: one row of panels per metric, one column
 per combination of the other swept parameters (their mean, said in the title, when
 there are more than MAX_PANELS), one line per policy, with 95% intervals over seeds
-where the summary has them. `write_capacity_plot(...)`: `capacity.png`, the answer per policy
-beside every probe's value of each target. Like kvsim.report.plots, figures are bare
-Agg `Figure`s: no pyplot state.
+where the summary has them. `write_capacity_plot(...)`: `capacity.png`, the answer per
+policy beside every probe's value of each target. Like kvsim.report.plots, figures are
+bare Agg `Figure`s: no pyplot state.
 """
 from __future__ import annotations
 
@@ -124,5 +124,4 @@ def write_capacity_plot(table: pd.DataFrame, probes: pd.DataFrame, targets: dict
         ax.grid(alpha=0.3)
     if len(axes) > 1:
         axes[1].legend(fontsize=8)
-    path = save(fig, Path(out_dir) / "capacity.png")
-    return path
+    return save(fig, Path(out_dir) / "capacity.png")
