@@ -328,3 +328,31 @@ def test_private_tails_of_given_specs():
     assert not RequestTable.of([one, RequestSpec(1, 0.0, 10, 5, ((0, 4),))]).private_tails()    # 0's tail as a run
     assert RequestTable.of([RequestSpec(0, 0.0, 10, 5, tail_id=-1),
                             RequestSpec(1, 0.0, 10, 5, tail_id=-1)]).private_tails()            # unique content
+
+
+# --- documents drawn for RAG -----------------------------------------------------------
+@pytest.mark.parametrize("size, k, law, s", [
+    (20, 3, "zipf", 1.1),        # the shipped scenarios' kind of draw
+    (5, 4, "zipf", 3.0),         # nearly every draw repeats an item: many rounds
+    (6, 6, "uniform", 1.0),      # the whole population
+    (1000, 8, "uniform", 1.0),
+])
+def test_draw_distinct_is_numpys_choice(size, k, law, s):
+    """The same items, in the same order, from the same draws as numpy's
+    Generator.choice without replacement; the stream after it is the same too."""
+    from kvsim.workload.sharing import cumulative, draw_distinct, popularity
+
+    class Counting:
+        def __init__(self):
+            self.rng, self.draws = np.random.default_rng(7), 0
+
+        def random(self, n):
+            self.draws += n
+            return self.rng.random(n)
+
+    p = popularity(size, law, s)
+    ours, numpys = Counting(), np.random.default_rng(7)
+    for _ in range(300):
+        assert draw_distinct(ours, p, cumulative(p), k) == numpys.choice(size, k, replace=False, p=p).tolist()
+    assert ours.rng.bit_generator.state == numpys.bit_generator.state
+    assert ours.draws > 300 * k or size > k * 10     # repeats were drawn again (in the small populations)

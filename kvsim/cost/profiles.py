@@ -132,8 +132,11 @@ def _interp(xs: list[int], ys: list[float], x: float, i: int) -> float:
 
 
 # --- disk ---------------------------------------------------------------------------
-def shipped_names() -> list[str]:
-    return sorted(p.parent.name for p in SHIPPED.glob("*/meta.json"))
+@lru_cache(maxsize=None)
+def shipped_names() -> tuple[str, ...]:
+    """The shipped profiles' names (the folder is read once: each policy's cost model
+    asks for them)."""
+    return tuple(sorted(p.parent.name for p in SHIPPED.glob("*/meta.json")))
 
 
 def load_profile(ref: str | Path, base_dir: Path = Path("."), src: str = "command line",
