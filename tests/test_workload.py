@@ -332,10 +332,10 @@ def test_private_tails_of_given_specs():
 
 # --- documents drawn for RAG -----------------------------------------------------------
 @pytest.mark.parametrize("size, k, law, s", [
-    (20, 3, "zipf", 1.1),        # the shipped scenarios' kind of draw
+    (2000, 5, "zipf", 1.1),      # scenarios/rag_8k.yaml's draw
+    (20, 3, "zipf", 1.1),
     (5, 4, "zipf", 3.0),         # nearly every draw repeats an item: many rounds
     (6, 6, "uniform", 1.0),      # the whole population
-    (1000, 8, "uniform", 1.0),
 ])
 def test_draw_distinct_is_numpys_choice(size, k, law, s):
     """The same items, in the same order, from the same draws as numpy's
@@ -355,4 +355,4 @@ def test_draw_distinct_is_numpys_choice(size, k, law, s):
     for _ in range(300):
         assert draw_distinct(ours, p, cumulative(p), k) == numpys.choice(size, k, replace=False, p=p).tolist()
     assert ours.rng.bit_generator.state == numpys.bit_generator.state
-    assert ours.draws > 300 * k or size > k * 10     # repeats were drawn again (in the small populations)
+    assert ours.draws > 300 * k          # some draws repeated an item and were drawn again
