@@ -19,7 +19,8 @@ import os
 import pickle
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Callable, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -29,6 +30,21 @@ _JOB: Callable | None = None      # the job function, set for the forked workers
 def cores() -> int:
     """CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextmanager
+def frozen() -> Iterator[None]:
+    """Everything alive now is left out of garbage collections until the block ends
+    (gc.freeze): what lives as long as the block, and what forked workers inherit
+    (a full collection visits every object, and in a worker copies each page that holds
+    one). Freezes within the block (a nested frozen(), or gc.freeze) end with it."""
+    outermost = not gc.get_freeze_count()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if outermost:
+            gc.unfreeze()
 
 
 def can_fork() -> bool:
@@ -57,29 +73,26 @@ def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence
     order = [*first, *(i for i in range(n) if i not in first)]
     out: dict[int, T] = {}
     _JOB = fn
-    # the objects the workers inherit are left out of their garbage collections: a full
-    # collection would visit each of them, and so copy every page that holds one
-    gc.freeze()
     # concurrent.futures, not multiprocessing.Pool: Pool.terminate, on an error, can hang
     # on a worker that waits for a task holding the task queue's lock
-    pool = ProcessPoolExecutor(min(workers, n), mp_context=multiprocessing.get_context("fork"))
-    done = False
-    try:
-        pending = [pool.submit(_run, i) for i in order]
-        if meanwhile:
-            meanwhile()
-        for future in as_completed(pending):
-            i, ok, value = future.result()
-            if not ok:
-                raise value
-            out[i] = value
-            if on_result:
-                on_result(i, value)
-        done = True
-    finally:
-        _JOB = None
-        pool.shutdown(wait=done, cancel_futures=True)    # on an error: the rest not started
-        gc.unfreeze()
+    with frozen():      # out of the workers' collections: what they inherit
+        pool = ProcessPoolExecutor(min(workers, n), mp_context=multiprocessing.get_context("fork"))
+        done = False
+        try:
+            pending = [pool.submit(_run, i) for i in order]
+            if meanwhile:
+                meanwhile()
+            for future in as_completed(pending):
+                i, ok, value = future.result()
+                if not ok:
+                    raise value
+                out[i] = value
+                if on_result:
+                    on_result(i, value)
+            done = True
+        finally:
+            _JOB = None
+            pool.shutdown(wait=done, cancel_futures=True)    # on an error: the rest not started
     return [out[i] for i in range(n)]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from kvsim.allocators import InvariantError
 from kvsim.errors import InputError
-from kvsim.parallel import can_fork, ordered_map
+from kvsim.parallel import can_fork, frozen, ordered_map
 from kvsim.runner import run_scenario
 from kvsim.scenario import validate_scenario
 
@@ -50,6 +50,29 @@ def test_workers_leave_what_they_inherit_out_of_their_collections_and_the_caller
     with pytest.raises(InputError):
         ordered_map(boom, 4, 2)
     assert gc.get_freeze_count() == 0
+
+
+def test_a_freeze_ends_with_the_outermost_one():
+    assert gc.get_freeze_count() == 0
+    with frozen():
+        assert gc.get_freeze_count() > 0
+        with frozen():
+            gc.freeze()
+        out = ordered_map(frozen_in_the_worker, 2, 2)
+        assert all(count > 0 for count, _ in out)
+        assert gc.get_freeze_count() > 0          # inner freezes and the workers' joined this one
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(InputError), frozen():
+        raise InputError("s.yaml", "x", "y")
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_run_leaves_nothing_frozen_with_or_without_workers(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
+    (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(BASE))
+    for jobs in ("1", "2"):
+        code, _, err = helpers.kvsim("run", tmp_path / "s.yaml", "--quiet", "--jobs", jobs, "--out", tmp_path / jobs)
+        assert (code, err) == (0, "") and gc.get_freeze_count() == 0
 
 
 def test_a_workers_error_is_raised_in_the_caller():

@@ -36,9 +36,10 @@ def _import_writing() -> None:
     """What writing the run's files first loads: matplotlib and its mathtext grammar,
     pyarrow's Parquet writer. Done while the policies run in worker processes (a lone
     policy too, unless a progress bar follows it here), so that the processes that write
-    the files, forked from this one, inherit them. The garbage collector is off meanwhile:
-    what they create lives as long as the process, and its collections, which visit all of
-    it, took a tenth of this (0.05 s on two cores shared with the workers)."""
+    the files, forked from this one, inherit them. What they create lives as long as the
+    process: the garbage collector is off meanwhile, and where a freeze is on (beside
+    workers: kvsim.parallel.frozen) it is frozen after, to end with it. Collections that
+    visit all of it took a tenth of this, and then the first one after it 0.05 s more."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -47,6 +48,8 @@ def _import_writing() -> None:
         from kvsim.report.plots import build_mathtext
         build_mathtext()
     finally:
+        if gc.get_freeze_count():
+            gc.freeze()
         if enabled:
             gc.enable()
 
