@@ -62,6 +62,7 @@ CHAINS_KEPT = 256   # shapes whose key chains are kept for lookups
 class _CachedSeq(_Seq):
     keys: list[int] = field(default_factory=list)  # keys of the leading cacheable full blocks
     hashed: int = 0                                  # full blocks looked at so far
+    chain: list[int] = field(default_factory=list)   # its shape's keys, as far as they were made
 
     def copy(self) -> "_CachedSeq":
         return replace(self, table=list(self.table), keys=list(self.keys))
@@ -193,7 +194,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             seq.hashed = max(start, full)
             return
         # keys up to the first uncacheable block; it and every later one stay uncached
-        keys = self._chain(seq.shape, full)[start:full]
+        if len(seq.chain) < full:
+            seq.chain = self._chain(seq.shape, full)
+        keys = seq.chain[start:full]
         seq.keys.extend(keys)
         seq.hashed = full
         if not keys:
@@ -276,8 +279,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._share(hits)
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
         # the hits hold their keys already: the chain's first ones
-        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keys=self._chain(shape)[:len(hits)],
-                                              hashed=len(hits))
+        chain = self._chain(shape)
+        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keys=chain[:len(hits)],
+                                              hashed=len(hits), chain=chain)
         self._cache_full_blocks(seq)
         return True
 
