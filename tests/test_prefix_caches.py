@@ -6,11 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.allocators import (
-    Breakdown, InvariantError, PrefixCachingPagedAllocator, RadixCacheAllocator, SeqShape,
-    make_allocator,
+    Breakdown, InvariantError, PagedAllocator, PrefixCachingPagedAllocator, RadixCacheAllocator,
+    SeqShape, make_allocator,
 )
+from kvsim.allocators.prefix import KEYS_SLACK
 from kvsim.allocators.runs import common_length, split_runs
 from kvsim.specs import MODEL_PRESETS, KVSpec
+
+from test_fast_path import CASES, POLICIES, assert_same, run, scenario
 
 SYSTEM = ((7, 8),)        # a shared system prompt of two 4-token blocks
 
@@ -640,6 +643,86 @@ def test_hash_cache_random_operations(num_blocks, block_size, ops):
     run_ops(alloc, ops)
     assert sorted(alloc.free_blocks) == list(range(num_blocks))
     assert all(alloc.ref_count(b) == 0 for b in range(num_blocks))
+
+
+class Twins:
+    """Two allocators driven alike: every answer, and the free queue and cached blocks
+    after each call, must agree."""
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __getattr__(self, name):
+        fa, fb = getattr(self.a, name), getattr(self.b, name)
+        if not callable(fa):
+            assert fa == fb, name
+            return fa
+
+        def both(*args):
+            ra, rb = fa(*args), fb(*args)
+            assert ra == rb, name
+            assert self.a.free_blocks == self.b.free_blocks and self.a.cached_blocks == self.b.cached_blocks
+            return ra
+        return both
+
+
+@pytest.mark.parametrize("num_blocks, block_size", [(6, 4), (12, 2), (40, 1)])
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS)
+def test_forgetting_keys_nothing_holds_changes_no_answer(num_blocks, block_size, ops):
+    forgetful, keeping = (PrefixCachingPagedAllocator(num_blocks, block_size) for _ in range(2))
+    free = forgetful.free
+
+    def free_and_forget(seq_id):       # at every free, not only once the keys have grown
+        free(seq_id)
+        forgetful._forget_keys()
+    forgetful.free = free_and_forget
+    keeping._forget_keys = lambda: None
+    run_ops(Twins(forgetful, keeping), ops)
+
+
+def test_a_running_sequence_keeps_the_keys_of_blocks_it_has_yet_to_fill():
+    # A has prefilled the first of its prompt's two documents; its chain already names
+    # the second's blocks, which no block holds yet. Forgetting keys (at the other
+    # request's free) must keep them, or A would cache them under keys that a later
+    # lookup of the same prompt no longer makes.
+    forgetful, keeping = (PrefixCachingPagedAllocator(num_blocks=16, block_size=4) for _ in range(2))
+    keeping._forget_keys = lambda: None
+    twins = Twins(forgetful, keeping)
+    prompt = SeqShape(16, 0, ((1, 8), (2, 8)), -1)
+    assert twins.allocate(0, prompt, 8)
+    assert twins.allocate(1, SeqShape(12, 0, ((3, 12),), -1), 12)
+    twins.free(1)
+    forgetful._forget_keys()
+    assert twins.grow(0, 16)
+    assert twins.match_prefix(SeqShape(17, 0, ((1, 8), (2, 8)), -1), 17) == 16
+
+
+@pytest.mark.parametrize("case", ["vllm-v1", "v1 prefix groups", "v1 rag", "v1 conversation", "v1 samples",
+                                  "v0 beams", "sglang lpm prefix groups"])
+def test_forgetting_keys_at_every_free_changes_no_table(case, monkeypatch):
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
+    doc = scenario(**CASES[case], policies=[p for p in POLICIES if p["name"] == "paged-8-prefix"])
+    forget = PrefixCachingPagedAllocator._forget_keys
+    monkeypatch.setattr(PrefixCachingPagedAllocator, "_forget_keys", lambda self: None)
+    keeping = run(doc, exact=False)
+
+    def free_and_forget(self, seq_id):
+        PagedAllocator.free(self, seq_id)
+        forget(self)
+    monkeypatch.setattr(PrefixCachingPagedAllocator, "free", free_and_forget)
+    assert_same(keeping, run(doc, exact=False))
+
+
+def test_keys_are_kept_in_proportion_to_the_pool_not_to_the_requests_seen():
+    alloc = PrefixCachingPagedAllocator(num_blocks=8, block_size=4)
+    for i in range(400):            # the system prompt, then 8 tokens no other request has
+        assert alloc.allocate(i, shaped(16, 0, tail=1000 + i), 16)
+        alloc.free(i)
+    assert alloc._next_key > 800     # two keys for each request's own blocks
+    assert sum(map(len, alloc._runs.values())) + len(alloc._keys) <= (KEYS_SLACK + 2) * 8
+    assert alloc.match_prefix(shaped(16, 0, tail=1), 16) == 8          # the system prompt still hits
+    assert alloc.match_prefix(shaped(16, 0, tail=1399), 16) == 12      # and the last request's blocks
+    alloc.check_invariants()
 
 
 @pytest.mark.parametrize("page", [1, 4])

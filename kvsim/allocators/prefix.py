@@ -56,6 +56,7 @@ from kvsim.allocators.paged import PagedAllocator, _Seq, blocks_for
 
 _ROOT = -1   # the "parent key" of a table's first block
 CHAINS_KEPT = 256   # shapes whose key chains are kept for lookups
+KEYS_SLACK = 4      # keys made between two prunings: at least this many per block of the pool
 
 
 @dataclass
@@ -82,12 +83,14 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._more: dict[int, list[int]] = {}
         # (parent key, runs) -> key of a block that straddles content pieces, and
         # (parent key, content, offset) -> keys of a stretch of whole blocks inside one
-        # piece (_make_chain). Never pruned, so content always gets the same key and
-        # chains below an evicted block stay valid; they grow with the distinct shareable
-        # blocks ever seen, not with traffic.
+        # piece (_make_chain). Content gets the same key for as long as anything holds
+        # it: once they have grown by more than they held after the last pruning (and by
+        # KEYS_SLACK keys per block of the pool at least), entries whose keys nothing
+        # holds are forgotten (_forget_keys); a prefix seen again then gets a new key.
         self._keys: dict[tuple, int] = {}
         self._runs: dict[tuple[int, int, int], list[int]] = {}
         self._next_key = 0
+        self._forget_after = self._next_key + KEYS_SLACK * num_blocks    # _next_key that prunes
         self._chains: dict[SeqShape, list[int]] = {}     # shape -> its keys, by recency
         # The last lookup's answer, good while no key it read has changed its first copy:
         # admitting a request looks its prefix up three times (its need, whether it fits,
@@ -257,6 +260,44 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _grown(self, seq: _CachedSeq) -> None:
         self._cache_full_blocks(seq)
+
+    def _forget_keys(self) -> None:
+        """Drop the key entries that nothing holds, so that they take memory in proportion
+        to the pool and the live sequences, not to every prefix ever seen (a million
+        requests with unique content would otherwise keep tens of millions of keys).
+
+        An entry is kept while a cached block or a live sequence's chain holds one of its
+        keys, or a kept entry hangs below one (its parent key): equal prefixes must keep
+        equal keys wherever they can still meet. Forgetting the rest is exact: a prefix
+        seen again gets a new key, and no block, chain or kept entry holds the old one to
+        tell the difference. The chains kept for lookups and the last lookup's answer go
+        too (a waiting request's chain is made again, from what is kept, when it is next
+        looked up). A child's keys are all newer than its parent key, so one pass from the
+        newest entry down finds every parent to keep."""
+        held = set(self._first)
+        for seq in self._seqs.values():
+            held.update(seq.chain)
+        entries = sorted([(run[0], key, run) for key, run in self._runs.items()]
+                         + [(k, key, None) for key, k in self._keys.items()], reverse=True)
+        kept_runs, kept_keys = [], []
+        for first_key, ident, run in entries:
+            if run is None and first_key in held:
+                kept_keys.append((ident, first_key))
+            elif run is not None and not held.isdisjoint(run):
+                kept_runs.append((ident, run))
+            else:
+                continue
+            held.add(ident[0])      # its parent key (or _ROOT)
+        self._runs, self._keys = dict(reversed(kept_runs)), dict(reversed(kept_keys))
+        self._chains.clear()
+        self._touched, self._last_hits = set(), (None, 0, set(), ())
+        kept = sum(map(len, self._runs.values())) + len(self._keys)
+        self._forget_after = self._next_key + max(KEYS_SLACK * self.num_blocks, kept)
+
+    def free(self, seq_id: int) -> None:
+        super().free(seq_id)
+        if self._next_key > self._forget_after:
+            self._forget_keys()
 
     def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:
         """(cache hits, new blocks needed beyond the free queue left after the hits)."""
