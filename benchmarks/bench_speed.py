@@ -8,8 +8,9 @@ its CPU time and its workers', and the peak RSS of the largest of them; the wall
 measured around it. Machines here are shared and noisy: read medians (--repeats) and
 compare runs made in one session.
 
-    python benchmarks/bench_speed.py                  # vidur_10k, sharegpt 10k and 100k, rag_8k
-    python benchmarks/bench_speed.py --million        # also one million ShareGPT requests
+    python benchmarks/bench_speed.py                  # vidur_10k, sharegpt 10k and 100k (100k
+                                                      # also with prefix caching), rag_8k
+    python benchmarks/bench_speed.py --million        # also one million ShareGPT requests, both ways
     python benchmarks/bench_speed.py --only rag_8k --repeats 5 [--exact-steps] [--jobs 1]
     python benchmarks/bench_speed.py --profile sharegpt_10k   # cProfile of one run, in-process
 
@@ -38,9 +39,13 @@ WORKLOADS = {
     "sharegpt_100k": (HERE / "scenarios" / "sharegpt_1m.yaml", ["--num-requests", "100000",
                                                                 "--timeseries-bucket", "10"]),
     "sharegpt_1m": (HERE / "scenarios" / "sharegpt_1m.yaml", ["--timeseries-bucket", "10"]),
+    "sharegpt_100k_prefix": (HERE / "scenarios" / "sharegpt_1m_prefix.yaml", ["--num-requests", "100000",
+                                                                              "--timeseries-bucket", "10"]),
+    "sharegpt_1m_prefix": (HERE / "scenarios" / "sharegpt_1m_prefix.yaml", ["--timeseries-bucket", "10"]),
     "rag_8k": (ROOT / "scenarios" / "rag_8k.yaml", []),
 }
-DEFAULT = ["vidur_10k", "sharegpt_10k", "sharegpt_100k", "rag_8k"]
+DEFAULT = ["vidur_10k", "sharegpt_10k", "sharegpt_100k", "sharegpt_100k_prefix", "rag_8k"]
+ONCE = ("sharegpt_100k", "sharegpt_1m")       # workloads (and their _prefix twins) run once
 
 
 def child(args: list[str]) -> None:
@@ -100,19 +105,19 @@ def main() -> None:
     if opts.profile:
         profile(opts.profile, extra)
         return
-    names = opts.only or DEFAULT + (["sharegpt_1m"] if opts.million else [])
-    print(f"{'workload':<15} {'requests':>9} {'steps':>9} {'wall s':>8} {'cpu s':>8} "
+    names = opts.only or DEFAULT + (["sharegpt_1m", "sharegpt_1m_prefix"] if opts.million else [])
+    print(f"{'workload':<20} {'requests':>9} {'steps':>9} {'wall s':>8} {'cpu s':>8} "
           f"{'req/s':>9} {'sim s/s':>8} {'RSS MB':>7}   (median of runs; 1M and 100k run once)")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             runs = [measure(name, extra, Path(tmp))
-                    for _ in range(1 if name in ("sharegpt_1m", "sharegpt_100k") else opts.repeats)]
+                    for _ in range(1 if name.startswith(ONCE) else opts.repeats)]
             wall = statistics.median(r["wall_s"] for r in runs)
             cpu = statistics.median(r["cpu_s"] for r in runs)
             rss = max(r["peak_rss_mb"] for r in runs)
             r = runs[0]
             walls = ", ".join(f"{x['wall_s']:.2f}" for x in runs)
-            print(f"{name:<15} {r['requests']:>9,} {r['steps']:>9,} {wall:>8.2f} {cpu:>8.2f} "
+            print(f"{name:<20} {r['requests']:>9,} {r['steps']:>9,} {wall:>8.2f} {cpu:>8.2f} "
                   f"{r['requests'] * r['policies'] / wall:>9,.0f} {r['simulated_s'] * r['policies'] / wall:>8.0f} "
                   f"{rss:>7.0f}   walls {walls}", flush=True)
 
