@@ -228,6 +228,13 @@ def test_hash_cache_invariants_name_the_fault():
     alloc._ref[1] = 2
     with pytest.raises(InvariantError, match=r"block 1 \(in seq 1's table\) has reference count 2 but 1 owners"):
         alloc.check_invariants()
+    alloc = hashed()
+    assert alloc.allocate(1, shaped(11), 11)
+    alloc.free(1)                               # blocks 0 and 1 stay cached, queued
+    del alloc._first[alloc._key_of[0]]
+    alloc._key_of[0] = None
+    with pytest.raises(InvariantError, match=r"cached key \d+'s prefix key \d+ has no cached block"):
+        alloc.check_invariants()
 
 
 def test_registry_builds_the_caches():

@@ -267,28 +267,18 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         requests with unique content would otherwise keep tens of millions of keys).
 
         An entry is kept while a cached block or a live sequence's chain holds one of its
-        keys, or a kept entry hangs below one (its parent key): equal prefixes must keep
-        equal keys wherever they can still meet. Forgetting the rest is exact: a prefix
-        seen again gets a new key, and no block, chain or kept entry holds the old one to
-        tell the difference. The chains kept for lookups and the last lookup's answer go
-        too (a waiting request's chain is made again, from what is kept, when it is next
-        looked up). A child's keys are all newer than its parent key, so one pass from the
-        newest entry down finds every parent to keep."""
+        keys. Both hold whole prefixes (a chain runs from the table's start, and a cached
+        key's prefix key is cached too: _check_cache), so every entry that a kept one
+        hangs below is kept with it, and equal prefixes keep equal keys wherever they can
+        still meet. Forgetting the rest is exact: a prefix seen again gets a new key, and
+        no block or chain holds the old one to tell the difference. The chains kept for
+        lookups and the last lookup's answer go too (a waiting request's chain is made
+        again, from what is kept, when it is next looked up)."""
         held = set(self._first)
         for seq in self._seqs.values():
             held.update(seq.chain)
-        entries = sorted([(run[0], key, run) for key, run in self._runs.items()]
-                         + [(k, key, None) for key, k in self._keys.items()], reverse=True)
-        kept_runs, kept_keys = [], []
-        for first_key, ident, run in entries:
-            if run is None and first_key in held:
-                kept_keys.append((ident, first_key))
-            elif run is not None and not held.isdisjoint(run):
-                kept_runs.append((ident, run))
-            else:
-                continue
-            held.add(ident[0])      # its parent key (or _ROOT)
-        self._runs, self._keys = dict(reversed(kept_runs)), dict(reversed(kept_keys))
+        self._runs = {ident: run for ident, run in self._runs.items() if not held.isdisjoint(run)}
+        self._keys = {ident: key for ident, key in self._keys.items() if key in held}
         self._chains.clear()
         self._touched, self._last_hits = set(), (None, 0, set(), ())
         kept = sum(map(len, self._runs.values())) + len(self._keys)
@@ -368,3 +358,12 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             raise InvariantError("a key has later copies but no first one")
         if self.num_blocks - self._key_of.count(None) != copies:
             raise InvariantError("a block holds a key the cache does not map to it")
+        parent = {}         # key -> the key of the block before it
+        for ident, run in self._runs.items():
+            parent.update(zip(run, [ident[0], *run[:-1]]))
+        parent.update((k, ident[0]) for ident, k in self._keys.items())
+        for key in self._first:
+            if key not in parent:
+                raise InvariantError(f"cached key {key} is in no key entry")
+            if parent[key] != _ROOT and parent[key] not in self._first:
+                raise InvariantError(f"cached key {key}'s prefix key {parent[key]} has no cached block")
