@@ -44,7 +44,10 @@ tables holding it, counted with multiplicity); a cached block holds exactly one 
 sits in that key's list of copies; a table's blocks hold exactly its own key chain's
 keys up to the first block not cached (full blocks it filled or hit), and no key after;
 a block partly filled in one table is the last block of every table holding it; a
-table covers its tokens and holds no block beyond the last one it needs.
+table covers its tokens and holds no block beyond the last one it needs; the prefix key
+of a cached key (the key of the block before it) is cached too (tables are keyed in order
+and free their deepest block first, so a copy of the block before a cached one is in a
+table or queued behind it).
 """
 from __future__ import annotations
 
@@ -90,7 +93,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._keys: dict[tuple, int] = {}
         self._runs: dict[tuple[int, int, int], list[int]] = {}
         self._next_key = 0
-        self._forget_after = self._next_key + KEYS_SLACK * num_blocks    # _next_key that prunes
+        self._forget_after = self._next_key + KEYS_SLACK * num_blocks    # free() forgets past it
         self._chains: dict[SeqShape, list[int]] = {}     # shape -> its keys, by recency
         # The last lookup's answer, good while no key it read has changed its first copy:
         # admitting a request looks its prefix up three times (its need, whether it fits,
