@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -306,6 +307,10 @@ def test_bounds_no_draw_can_meet_are_an_input_error(tmp_path):
         make_requests(tmp_path, prompt_tokens={"dist": "lognormal", "mean": 50, "cv": 0.1, "min": 3000, "max": 4000})
     assert info.value.field == "workload.prompt_tokens"
     assert "[min 3000, max 4000]" in str(info.value)
+    with warnings.catch_warnings(), pytest.raises(InputError) as info:    # draws past int64's range
+        warnings.simplefilter("error")
+        make_requests(tmp_path, prompt_tokens={"dist": "lognormal", "mean": 1e30, "cv": 0.1, "max": 4000})
+    assert "[min 1, max 4000]" in str(info.value)
 
 
 # --- whose tail content is whose -------------------------------------------------------

@@ -191,7 +191,10 @@ def _sampler(dist, base_dir: Path, src: str, field: str):
     if isinstance(dist, Lognormal):
         sigma2 = np.log1p(dist.cv ** 2)          # moments of the underlying normal
         mu = np.log(dist.mean) - sigma2 / 2
-        raw = lambda k, rng: np.rint(rng.lognormal(mu, np.sqrt(sigma2), k)).astype(np.int64)  # noqa: E731
+        # draws past max become max + 1 before the cast (rejected all the same): a draw past
+        # int64's range would cast to garbage, with a RuntimeWarning
+        raw = lambda k, rng: np.minimum(np.rint(rng.lognormal(mu, np.sqrt(sigma2), k)),  # noqa: E731
+                                        dist.max + 1).astype(np.int64)
     else:
         values = _read_column(dist, base_dir, src, field)
         raw = lambda k, rng: rng.choice(values, k)    # noqa: E731
