@@ -271,17 +271,22 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
         An entry is kept while a cached block or a live sequence's chain holds one of its
         keys. Both hold whole prefixes (a chain runs from the table's start, and a cached
-        key's prefix key is cached too: _check_cache), so every entry that a kept one
-        hangs below is kept with it, and equal prefixes keep equal keys wherever they can
-        still meet. Forgetting the rest is exact: a prefix seen again gets a new key, and
-        no block or chain holds the old one to tell the difference. The chains kept for
-        lookups and the last lookup's answer go too (a waiting request's chain is made
-        again, from what is kept, when it is next looked up)."""
+        key's prefix key is cached too: the module's invariants), so every entry that a
+        kept one hangs below is kept with it (checked here: its parent key is held), and
+        equal prefixes keep equal keys wherever they can still meet. Forgetting the rest
+        is exact: a prefix seen again gets a new key, and no block or chain holds the old
+        one to tell the difference. The chains kept for lookups and the last lookup's
+        answer go too (a waiting request's chain is made again, from what is kept, when
+        it is next looked up)."""
         held = set(self._first)
         for seq in self._seqs.values():
             held.update(seq.chain)
         self._runs = {ident: run for ident, run in self._runs.items() if not held.isdisjoint(run)}
         self._keys = {ident: key for ident, key in self._keys.items() if key in held}
+        held.add(_ROOT)
+        orphans = [ident for ident in [*self._runs, *self._keys] if ident[0] not in held]
+        if orphans:
+            raise InvariantError(f"key entries {orphans[:3]} are kept, but not the keys they hang below")
         self._chains.clear()
         self._touched, self._last_hits = set(), (None, 0, set(), ())
         kept = sum(map(len, self._runs.values())) + len(self._keys)
@@ -361,12 +366,3 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             raise InvariantError("a key has later copies but no first one")
         if self.num_blocks - self._key_of.count(None) != copies:
             raise InvariantError("a block holds a key the cache does not map to it")
-        parent = {}         # key -> the key of the block before it
-        for ident, run in self._runs.items():
-            parent.update(zip(run, [ident[0], *run[:-1]]))
-        parent.update((k, ident[0]) for ident, k in self._keys.items())
-        for key in self._first:
-            if key not in parent:
-                raise InvariantError(f"cached key {key} is in no key entry")
-            if parent[key] != _ROOT and parent[key] not in self._first:
-                raise InvariantError(f"cached key {key}'s prefix key {parent[key]} has no cached block")
