@@ -51,7 +51,7 @@ table or queued behind it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from kvsim.allocators.base import InvariantError, SeqShape
 from kvsim.allocators.free_queue import LinkedFreeQueue
@@ -64,12 +64,9 @@ KEYS_SLACK = 4      # keys made between two prunings: at least this many per blo
 
 @dataclass
 class _CachedSeq(_Seq):
-    keys: list[int] = field(default_factory=list)  # keys of the leading cacheable full blocks
+    keyed: int = 0                                   # leading blocks that hold their keys: chain[:keyed]
     hashed: int = 0                                  # full blocks looked at so far
     chain: list[int] = field(default_factory=list)   # its shape's keys, as far as they were made
-
-    def copy(self) -> "_CachedSeq":
-        return replace(self, table=list(self.table), keys=list(self.keys))
 
 
 class PrefixCachingPagedAllocator(PagedAllocator):
@@ -196,14 +193,14 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         """Give keys to the blocks the sequence has filled since the last call."""
         full = seq.tokens // self.block_size
         start = seq.hashed
-        if start >= full or len(seq.keys) != start:   # nothing new, or uncacheable
+        if start >= full or seq.keyed != start:   # nothing new, or uncacheable
             seq.hashed = max(start, full)
             return
         # keys up to the first uncacheable block; it and every later one stay uncached
         if len(seq.chain) < full:
             seq.chain = self._chain(seq.shape, full)
         keys = seq.chain[start:full]
-        seq.keys.extend(keys)
+        seq.keyed = start + len(keys)
         seq.hashed = full
         if not keys:
             return
@@ -319,7 +316,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
         # the hits hold their keys already: the chain's first ones
         chain = self._chain(shape)
-        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keys=chain[:len(hits)],
+        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keyed=len(hits),
                                               hashed=len(hits), chain=chain)
         self._cache_full_blocks(seq)
         return True
@@ -348,10 +345,10 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _check_table(self, seq_id: int, seq: _CachedSeq) -> None:
         keys = list(map(self._key_of.__getitem__, seq.table))
-        n = len(seq.keys)
-        if keys[:n] != seq.keys or keys[n:].count(None) != len(keys[n:]):
+        n = seq.keyed
+        if keys[:n] != seq.chain[:n] or keys[n:].count(None) != len(keys[n:]):
             raise InvariantError(f"seq {seq_id}'s blocks hold keys {keys}, "
-                                 f"but its own chain is {seq.keys}")
+                                 f"but its own chain is {seq.chain[:n]}")
 
     def _check_cache(self) -> None:
         copies = 0
