@@ -91,7 +91,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._runs: dict[tuple[int, int, int], list[int]] = {}
         self._next_key = 0
         self._forget_after = self._next_key + KEYS_SLACK * num_blocks    # free() forgets past it
-        self._chains: dict[SeqShape, list[int]] = {}     # shape -> its keys, by recency
+        self._chains: dict[SeqShape, tuple[list[int], bool]] = {}   # shape -> _make_chain's answer, by recency
         # The last lookup's answer, good while no key it read has changed its first copy:
         # admitting a request looks its prefix up three times (its need, whether it fits,
         # allocate), and a request that waits for memory is looked up at every step.
@@ -120,8 +120,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
     def _chain(self, shape: SeqShape, blocks: int = 0) -> list[int]:
         """Keys of the shape's full blocks up to the first uncacheable one: the blocks of
         its final length, or its first `blocks` where a sequence grew past that length.
-        A shape's keys never change (keys are never pruned), so the chains of the shapes
-        looked up lately are kept: a waiting request is looked up every step."""
+        A shape's keys change only when unheld keys are forgotten (_forget_keys, which
+        drops the kept chains), so the chains of the shapes looked up lately are kept: a
+        waiting request is looked up every step."""
         kept = self._chains.pop(shape, None)
         if kept is None or (len(kept[0]) < blocks and not kept[1]):
             kept = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
