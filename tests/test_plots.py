@@ -1,12 +1,13 @@
 """Plots: the four PNGs are written, valid and closed; downsampling keeps time means."""
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
 from matplotlib import pyplot
 
-from kvsim.report.plots import FILES, downsample, latency_samples, policy_colours, save, write_plots
+from kvsim.report.plots import DRAW_RC, FILES, downsample, latency_samples, policy_colours, save, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -139,7 +140,8 @@ def test_an_opaque_figure_is_saved_as_rgb_with_print_pngs_pixels(tmp_path):
     from PIL import Image
     fig = small_figure()
     fig.set_dpi(110)
-    FigureCanvasAgg(fig).print_png(tmp_path / "matplotlib.png")
+    with matplotlib.rc_context(DRAW_RC):
+        FigureCanvasAgg(fig).print_png(tmp_path / "matplotlib.png")
     save(small_figure(), tmp_path / "kvsim.png")
     theirs, ours = Image.open(tmp_path / "matplotlib.png"), Image.open(tmp_path / "kvsim.png")
     assert (theirs.mode, ours.mode) == ("RGBA", "RGB")
@@ -214,6 +216,27 @@ def test_every_figure_carries_its_context():
     from kvsim.report.plots import figures
     figs = figures(make_summary(["a"]), make_timeseries(["a"]), make_requests(["a"]), context="rag_8k · ctx")
     assert all(fig._suptitle is not None and "rag_8k · ctx" in fig._suptitle.get_text() for fig in figs.values())
+
+
+def test_the_context_clears_the_legends_beside_the_axes():
+    """A long context line, centred, ran into the policy legend at the upper right of the
+    utilization figure (rag_8k's own context did)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from kvsim.report.plots import figures
+    names = ["contiguous", "contiguous-pow2", "paged-16"]
+    ts = make_timeseries(["contiguous", "paged-16"])
+    ts = pd.concat([ts, ts[ts["policy"] == "contiguous"].assign(policy="contiguous-pow2")], ignore_index=True)
+    context = ("rag_8k · llama-3-8b on h100-80gb, tp 1 · poisson 4 req/s · engine vllm-v1 · "
+               "step costs differ per policy (see the summary)")
+    figs = figures(make_summary(names), ts, make_requests(names), context=context)
+    with_legends = [fig for fig in figs.values() if fig.legends]
+    assert len(with_legends) >= 2
+    for fig in with_legends:
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)
+        title = fig._suptitle.get_window_extent(renderer)
+        assert not any(title.overlaps(legend.get_window_extent(renderer)) for legend in fig.legends)
 
 
 def test_the_engines_columns_draw_where_present_and_never_memory_bound_runs_show_n_a(tmp_path):
