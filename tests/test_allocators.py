@@ -1,4 +1,6 @@
 """Exact block ids, holes and breakdowns on small hand-worked cases, per allocator."""
+import random
+
 import pytest
 
 from kvsim.allocators import (
@@ -302,6 +304,41 @@ def test_free_queues_keep_their_order_in_bulk():
     linked.remove(2)
     linked.put([9])
     assert list(linked) == [0, 1, 3, 9] and linked.take(2) == [0, 1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_linked_queue_keeps_a_linked_lists_order(seed):
+    """Removed entries stay in the list and are skipped: takes, puts and removals give
+    what a doubly linked list (here an OrderedDict) gives, through many rebuilds when
+    hits take blocks back faster than allocations pass them (removals dominate)."""
+    from collections import OrderedDict
+
+    from kvsim.allocators.free_queue import LinkedFreeQueue
+    rng = random.Random(seed)
+    n = 3000
+    queue, linked, out = LinkedFreeQueue(n), OrderedDict.fromkeys(range(n)), []
+    rebuilds = 0
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.1 and linked:
+            count = rng.randint(1, len(linked))
+            taken = queue.take(count)
+            assert taken == [linked.popitem(last=False)[0] for _ in range(count)]
+            out += taken
+        elif op < 0.55 and out:
+            rng.shuffle(out)
+            blocks, out = out[:300], out[300:]
+            queue.put(blocks)
+            linked.update(dict.fromkeys(blocks))
+        elif linked:
+            for block in rng.sample(list(linked), min(len(linked), 200)):
+                queue.remove(block)
+                del linked[block]
+                out.append(block)
+                rebuilds += queue._removed == 0
+        assert len(queue) == len(linked)
+    assert list(queue) == list(linked)
+    assert rebuilds > 3 and len(queue._ids) < 3 * n
 
 
 def test_a_table_that_holds_a_block_twice_is_an_invariant_violation():

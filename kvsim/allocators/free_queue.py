@@ -8,12 +8,15 @@ into the list (the list is cut when the head has passed half of it); with releas
 the head, the queue is a stack whose head is the list's end.
 
 `LinkedFreeQueue` serves the prefix cache, whose hit on a queued block takes it out of
-the middle: an OrderedDict, as vLLM V1's doubly linked FreeKVCacheBlockQueue
-(kv_cache_utils.py: "to remove from the middle in O(1)").
+the middle, as vLLM V1's doubly linked FreeKVCacheBlockQueue does (kv_cache_utils.py:
+"to remove from the middle in O(1)"). Here the block stays in the list, counted as
+removed, and is skipped when the head reaches it: a block's removed entries always come
+before its live one (the list is in release order), so the next entry of a block with
+removals pending is one of them. Runs are still taken and returned in slices; only a
+run that holds a removed entry is walked in Python.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Iterable, Iterator
 
 
@@ -52,28 +55,49 @@ class FreeQueue:
         self._ids.extend(blocks)      # the tail, or (a stack) the head: the last put is taken first
 
 
-class LinkedFreeQueue:
+class LinkedFreeQueue(FreeQueue):
     """Free block ids 0..n-1 in queue order, released to the tail; any may be taken out
     of the middle (`remove`)."""
-    to_head = False
 
     def __init__(self, n: int):
-        self._ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(n))
+        super().__init__(n)
+        self._skip: dict[int, int] = {}     # block -> its removed entries still in the list
+        self._removed = 0                   # their total
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return super().__len__() - self._removed
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._ids)
+        skip = dict(self._skip)
+        for b in super().__iter__():
+            if skip.get(b):
+                skip[b] -= 1
+            else:
+                yield b
 
     def take(self, count: int) -> list[int]:
-        pop = self._ids.popitem
-        return [pop(False)[0] for _ in range(count)]
-
-    def put(self, blocks: Iterable[int]) -> None:
-        ids = self._ids
-        for b in blocks:        # (faster than OrderedDict.update)
-            ids[b] = None
+        skip, kept = self._skip, []
+        run = super().take(count)
+        while skip and not skip.keys().isdisjoint(run):    # drop removed entries, take more
+            for b in run:
+                n = skip.get(b)
+                if n is None:
+                    kept.append(b)
+                    continue
+                if n == 1:
+                    del skip[b]
+                else:
+                    skip[b] = n - 1
+                self._removed -= 1
+            run = super().take(count - len(kept))
+        return kept + run if kept else run
 
     def remove(self, block: int) -> None:
-        del self._ids[block]
+        """Take a queued block out (the caller knows it is queued). When removed entries
+        are most of the list, it is rebuilt without them: where hits take blocks back
+        faster than allocations pass them, they would pile up."""
+        self._skip[block] = self._skip.get(block, 0) + 1
+        self._removed += 1
+        if self._removed > 1024 and self._removed * 2 > len(self._ids) - self._head:
+            self._ids, self._head = list(self), 0
+            self._skip, self._removed = {}, 0
