@@ -341,13 +341,33 @@ def test_the_linked_queue_keeps_a_linked_lists_order(seed):
     assert rebuilds > 3 and len(queue._ids) < 3 * n
 
 
+def test_reference_counts_are_kept_from_the_first_shared_block():
+    """Until a block is shared, the queue says every count (1 outside it, 0 in it), so
+    none is kept; the first fork makes them, blocks taken for later growth included."""
+    alloc = PagedAllocator(8, 4)
+    assert admit(alloc, 1, 6, 6) and admit(alloc, 2, 4)
+    alloc.free(2)
+    taken = alloc.take_free(1)
+    assert alloc._ref is None
+    assert [alloc.ref_count(b) for b in range(8)] == [1, 1, 0, 1, 0, 0, 0, 0] and taken == [3]
+    alloc.extend(1, 9, taken)
+    assert alloc.fork(1, 3) and alloc._ref == [2, 2, 0, 2, 0, 0, 0, 0]
+    assert alloc.grow(3, 10) and alloc.block_table(3) == [0, 1, 4]    # copy on write
+    assert [alloc.ref_count(b) for b in range(5)] == [2, 2, 0, 1, 1]
+    alloc.check_invariants()
+    alloc.free(1)
+    alloc.free(3)
+    assert alloc._ref == [0] * 8 and alloc.free_blocks == [5, 6, 7, 2, 3, 4, 1, 0]
+    alloc.check_invariants()
+
+
 def test_a_table_that_holds_a_block_twice_is_an_invariant_violation():
     """Sharing and dropping count each block of a table once (in bulk): a table naming a
     block twice must be caught, though every reference count agrees with the tables."""
     alloc = PagedAllocator(8, 4)
     assert alloc.allocate(1, shape(8, 0), 8) and alloc.block_table(1) == [0, 1]
     alloc._seqs[1].table = [0, 0]       # block 0 twice, its count 2; block 1 back in the queue
-    alloc._ref[0], alloc._ref[1], alloc._shared = 2, 0, 1
+    alloc._ref, alloc._shared = [2] + [0] * 7, 1
     alloc._free.put([1])
     with pytest.raises(InvariantError, match=r"seq 1's table \[0, 0\] holds a block twice"):
         alloc.check_invariants()

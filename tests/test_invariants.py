@@ -554,8 +554,8 @@ def _queue_a_held_block(alloc, *args):
     held = [b for seq in alloc._seqs.values() for b in seq.table]
     if held:                    # a block still in a table is queued as free too
         alloc._free.put([held[0]])
-    else:                       # a queued block keeps a reference
-        alloc._ref[next(iter(alloc._free))] = 1
+    else:                       # a queued block is queued again
+        alloc._free.put([next(iter(alloc._free))])
 
 
 def _forget_growth(alloc, seq_id, *args):

@@ -28,6 +28,10 @@ Not modelled: vLLM V1 keeps block 0 out of the pool as its "null block" (the
 placeholder for skipped sliding-window blocks; block_pool.py BlockPool.__init__), so
 its pool has one usable block fewer than kvsim's.
 
+Reference counts are kept from the first shared block on (a fork, a prefix-cache hit):
+until then every block outside the queue has one holder, which the queue says, so
+taking and releasing a run of blocks is a slice of the queue alone.
+
 Invariants: each block id is either in the free queue (count 0) or in as many block
 tables as its reference count says; a table (with its released leading blocks) covers
 its tokens and holds no block beyond the last one it needs.
@@ -106,7 +110,8 @@ class PagedAllocator:
         # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables; the
         # head is the next block handed out (kvsim.allocators.free_queue).
         self._free = self._make_queue()
-        self._ref = [0] * num_blocks
+        # Reference counts, None until a block is first shared (the queue says them till then)
+        self._ref: list[int] | None = None
         self._shared = 0              # blocks with count > 1: the breakdown's slow path
         self._seqs: dict[int, _Seq] = {}
 
@@ -121,7 +126,16 @@ class PagedAllocator:
         return list(self._seqs[seq_id].table)
 
     def ref_count(self, block: int) -> int:
-        return self._ref[block]
+        return self._counts()[block]
+
+    def _counts(self) -> list[int]:
+        """The reference counts, made from the queue where none are kept yet."""
+        if self._ref is not None:
+            return self._ref
+        counts = [1] * self.num_blocks
+        for b in self._free:
+            counts[b] = 0
+        return counts
 
     def tokens_of(self, seq_id: int) -> int | None:
         seq = self._seqs.get(seq_id)
@@ -137,13 +151,16 @@ class PagedAllocator:
         """Hand out `count` blocks from the queue head."""
         blocks = self._free.take(count)
         ref = self._ref
-        for b in blocks:
-            ref[b] = 1
+        if ref is not None:
+            for b in blocks:
+                ref[b] = 1
         return blocks
 
     def _share(self, blocks: list[int]) -> None:
         """One reference more on each block (distinct blocks: a table holds none twice);
         queued ones (prefix-cache hits) leave the queue. In bulk: a request shares hundreds."""
+        if self._ref is None:
+            self._ref = self._counts()
         ref = self._ref
         before = [ref[b] for b in blocks]
         for b in compress(blocks, map(not_, before)):
@@ -156,8 +173,11 @@ class PagedAllocator:
         """One reference fewer on each block (distinct), in the order given; blocks nobody
         holds rejoin the queue at the end FREE_ORDERS says, one after the other."""
         ref = self._ref
+        if ref is None:                # never shared: each had one holder, its last
+            self._free.put(blocks)
+            return
         blocks = list(blocks)
-        if not self._shared:           # each had one holder, its last
+        if not self._shared:
             for b in blocks:
                 ref[b] = 0
             self._free.put(blocks)
@@ -217,7 +237,7 @@ class PagedAllocator:
         extra = blocks_for(num_tokens, self.block_size) - seq.logical_blocks()
         # Writing into a partly filled block that others share: copy it first.
         cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0
-               and self._ref[seq.table[-1]] > 1)
+               and self._shared and self._ref[seq.table[-1]] > 1)
         if extra + cow > len(self._free):
             return False
         if cow:
@@ -233,7 +253,7 @@ class PagedAllocator:
         seq = self._seqs[seq_id]
         extra = blocks_for(num_tokens, self.block_size) - seq.logical_blocks()
         cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0
-               and self._ref[seq.table[-1]] > 1)
+               and self._shared and self._ref[seq.table[-1]] > 1)
         return (extra + cow) * self.block_size
 
     def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
@@ -247,7 +267,7 @@ class PagedAllocator:
         window or a shared, partly filled last block: the next token slides or copies."""
         seq = self._seqs[seq_id]
         bs = self.block_size
-        if self.window is not None or (seq.tokens % bs and self._ref[seq.table[-1]] > 1):
+        if self.window is not None or (seq.tokens % bs and self._shared and self._ref[seq.table[-1]] > 1):
             return 0
         return max(0, min(seq.logical_blocks() * bs, seq.shape.final_tokens) - seq.tokens)
 
@@ -257,7 +277,8 @@ class PagedAllocator:
         do that later, in bulk): up to its final length, unless a window or a shared
         last block limits it to its room."""
         seq = self._seqs[seq_id]
-        if self.window is not None or (seq.tokens % self.block_size and self._ref[seq.table[-1]] > 1):
+        if self.window is not None or (seq.tokens % self.block_size and self._shared
+                                       and self._ref[seq.table[-1]] > 1):
             return self.room(seq_id)
         return max(0, seq.shape.final_tokens - seq.tokens)
 
@@ -349,13 +370,14 @@ class PagedAllocator:
                 raise InvariantError(f"seq {seq_id}'s table {seq.table} holds a block twice")
             holders.update(seq.table)
         queued = set(self._free)
+        ref = self._counts()
         fast_ok = (len(holders) + len(self._free) == self.num_blocks and len(queued) == len(self._free)
                    and holders.keys().isdisjoint(queued)
-                   and all(self._ref[b] == n for b, n in holders.items())
-                   and sum(self._ref) == holders.total() and min(self._ref, default=0) >= 0
+                   and all(ref[b] == n for b, n in holders.items())
+                   and sum(ref) == holders.total() and min(ref, default=0) >= 0
                    and self._shared == sum(n > 1 for n in holders.values()))
         if not fast_ok:   # find and name the culprit
-            self._diagnose(holders)
+            self._diagnose(holders, ref)
         last: dict[int, list[int]] = {}   # partly filled last block -> [tokens in it, tables]
         for seq_id, seq in self._seqs.items():
             table = seq.table
@@ -385,7 +407,7 @@ class PagedAllocator:
     def _check_cache(self) -> None:
         """A subclass's checks of what it keeps beside the tables."""
 
-    def _diagnose(self, counts: Counter) -> None:
+    def _diagnose(self, counts: Counter, ref: list[int]) -> None:
         queued: set[int] = set()
         for b in self._free:
             if not 0 <= b < self.num_blocks:
@@ -393,16 +415,16 @@ class PagedAllocator:
             if b in queued or b in counts:
                 where = "twice in the free queue" if b in queued else "both free and in a table"
                 raise InvariantError(f"block {b} is {where}")
-            if self._ref[b] != 0:
-                raise InvariantError(f"free block {b} has reference count {self._ref[b]}")
+            if ref[b] != 0:
+                raise InvariantError(f"free block {b} has reference count {ref[b]}")
             queued.add(b)
         for seq_id, seq in self._seqs.items():
             for b in seq.table:
                 if not 0 <= b < self.num_blocks:
                     raise InvariantError(f"block {b} in seq {seq_id}'s table is out of range")
-                if self._ref[b] != counts[b]:
+                if ref[b] != counts[b]:
                     raise InvariantError(f"block {b} (in seq {seq_id}'s table) has reference count "
-                                         f"{self._ref[b]} but {counts[b]} owners")
+                                         f"{ref[b]} but {counts[b]} owners")
         lost = sorted(set(range(self.num_blocks)) - queued - counts.keys())
         if lost:
             raise InvariantError(f"blocks {lost} are neither free nor in a table")
