@@ -239,6 +239,28 @@ def test_the_context_clears_the_legends_beside_the_axes():
         assert not any(title.overlaps(legend.get_window_extent(renderer)) for legend in fig.legends)
 
 
+def test_pinned_titles_sit_where_matplotlib_would_place_them(monkeypatch):
+    """BUILD_RC pins every title to the top of its axes, which is where matplotlib's
+    automatic placement puts them as long as nothing is drawn above an axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from kvsim.report import plots
+    names = ["contiguous", "paged-16"]
+    frames = make_summary(names), make_timeseries(names), make_requests(names)
+
+    def title_boxes() -> dict:
+        boxes = {}
+        for name, fig in plots.figures(*frames, context="ctx").items():
+            renderer = FigureCanvasAgg(fig).get_renderer()
+            fig.draw(renderer)
+            boxes[name] = [tuple(ax.title.get_window_extent(renderer).bounds) for ax in fig.axes]
+        return boxes
+
+    pinned = title_boxes()
+    monkeypatch.setattr(plots, "BUILD_RC", {})
+    assert title_boxes() == pinned
+
+
 def test_the_engines_columns_draw_where_present_and_never_memory_bound_runs_show_n_a(tmp_path):
     """The engines work adds engine, limited_by_* and memory_capacity_requests to the summary,
     the 'none' basis (fractions and achievable batch NaN) and a per-step limited_by column."""

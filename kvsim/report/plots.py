@@ -51,6 +51,10 @@ MAX_CDF_POINTS = 4000   # drawn points per latency CDF (a rank step under 1/4000
 # Text is drawn unhinted: FreeType's hinting of every glyph took a tenth of drawing the
 # five figures, for text that looks the same at this size.
 DRAW_RC = {"text.hinting": "no_hinting"}
+# Titles are pinned to the top of their axes, where matplotlib's automatic placement puts
+# them in these figures (nothing is drawn above an axes), but only after measuring the
+# axes' ticks again at each layout pass and draw: the same pixels, in 6% less time.
+BUILD_RC = {"axes.titley": 1.0}
 FILES = ("memory_breakdown.png", "utilization_batch.png", "latency.png",
          "throughput_batch.png", "latency_percentiles.png")
 
@@ -73,11 +77,20 @@ def _builders(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.Data
     """Each figure's file name and a function that builds it (one figure at a time)."""
     styles = policy_styles(summary, timeseries, requests)
     colours = {name: s.colour for name, s in styles.items()}
-    return dict(zip(FILES, (lambda: _memory_breakdown(summary, requests, colours),
-                            lambda: _utilization_batch(timeseries, styles),
-                            lambda: _latency(requests, styles),
-                            lambda: _throughput_batch(summary, colours),
-                            lambda: latency_percentiles(summary, colours))))
+    builders = (lambda: _memory_breakdown(summary, requests, colours),
+                lambda: _utilization_batch(timeseries, styles),
+                lambda: _latency(requests, styles),
+                lambda: _throughput_batch(summary, colours),
+                lambda: latency_percentiles(summary, colours))
+    return {name: _pinned_titles(build) for name, build in zip(FILES, builders)}
+
+
+def _pinned_titles(build: Callable[[], Figure]) -> Callable[[], Figure]:
+    """`build`, with its titles pinned (BUILD_RC)."""
+    def pinned() -> Figure:
+        with matplotlib.rc_context(BUILD_RC):
+            return build()
+    return pinned
 
 
 def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
