@@ -149,6 +149,21 @@ def test_an_opaque_figure_is_saved_as_rgb_with_print_pngs_pixels(tmp_path):
     assert ours.info["Software"].startswith("Matplotlib version")
 
 
+@pytest.mark.parametrize("channels, mode", [(3, "RGB"), (4, "RGBA")])
+def test_png_bytes_decode_to_the_pixels_given(channels, mode):
+    import io
+
+    from PIL import Image
+
+    from kvsim.report.plots import png_bytes
+    pixels = np.random.default_rng(channels).integers(0, 256, (37, 53, channels), dtype=np.uint8)
+    image = Image.open(io.BytesIO(png_bytes(pixels, 110, {"Software": "kvsim", "Note": "x"})))
+    assert image.mode == mode and image.size == (53, 37)
+    assert np.array_equal(np.asarray(image), pixels)
+    assert image.info["Software"] == "kvsim" and image.info["Note"] == "x"
+    assert image.info["dpi"] == pytest.approx((110, 110), abs=0.01)
+
+
 def test_a_figure_with_transparent_pixels_keeps_its_alpha_channel(tmp_path):
     from PIL import Image
     save(small_figure(facecolor="none"), tmp_path / "clear.png")

@@ -25,7 +25,9 @@ too, identical lines are labelled so, and each memory category has one fixed col
 """
 from __future__ import annotations
 
+import struct
 import textwrap
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -37,8 +39,6 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.mathtext import MathTextParser
 from matplotlib.patches import Patch
-from PIL import Image
-from PIL.PngImagePlugin import PngInfo
 
 from kvsim.parallel import ordered_map
 from kvsim.report.style import (bar_figure_width, policy_colours, policy_styles,  # noqa: F401 (re-exported)
@@ -128,21 +128,40 @@ def save(fig: Figure, path: Path) -> Path:
     once without output only to run its layout, then again; the same pixels).
 
     The pixels go out as matplotlib's print_png writes them, but as RGB where the figure
-    is opaque, as kvsim's are (an alpha channel of 255 only), and at zlib level 3, not 6:
-    a quarter less data, compressed in about 60% of the time, into files within a few
-    percent of the size. The figure is left as drawn, for the caller to drop: clearing
-    it would cost a tenth of the drawing again."""
+    is opaque, as kvsim's are (an alpha channel of 255 only), through `write_png`. The
+    figure is left as drawn, for the caller to drop: clearing it would cost a tenth of
+    the drawing again."""
     fig.set_dpi(DPI)
     canvas = FigureCanvasAgg(fig)
     with matplotlib.rc_context(DRAW_RC):
         canvas.draw()
-    image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-    if image.getchannel("A").getextrema() == (255, 255):
-        image = image.convert("RGB")
-    info = PngInfo()
-    info.add_text("Software", f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/")
-    image.save(path, "png", compress_level=3, dpi=(DPI, DPI), pnginfo=info)
+    pixels = np.asarray(canvas.buffer_rgba())
+    if pixels[..., 3].min() == 255:
+        pixels = pixels[..., :3]
+    software = f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/"
+    Path(path).write_bytes(png_bytes(pixels, DPI, {"Software": software}))
     return path
+
+
+def png_bytes(pixels: np.ndarray, dpi: float, text: dict[str, str]) -> bytes:
+    """A PNG of 8-bit RGB or RGBA `pixels` (height x width x 3 or 4): every row unfiltered,
+    zlib at level 3. Figures are mostly flat colour, so filtering gains them almost
+    nothing, and PIL's adaptive filter, which tries five per row, took 70% of its time to
+    write them (kvsim's five files within 1% of the size, in a third of the time)."""
+    height, width, channels = pixels.shape
+    rows = np.zeros((height, 1 + width * channels), np.uint8)    # filter byte 0: none
+    rows[:, 1:] = pixels.reshape(height, -1)
+    per_metre = round(dpi / 0.0254)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return b"".join([b"\x89PNG\r\n\x1a\n",
+                     chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, {3: 2, 4: 6}[channels], 0, 0, 0)),
+                     chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
+                     *(chunk(b"tEXt", f"{k}\0{v}".encode("latin-1")) for k, v in text.items()),
+                     chunk(b"IDAT", zlib.compress(rows.tobytes(), 3)),
+                     chunk(b"IEND", b"")])
 
 
 def build_mathtext() -> None:
