@@ -91,6 +91,9 @@ class FirstFit:
     def holes(self) -> list[tuple[int, int]]:
         return list(self._holes)
 
+    def hole_sizes(self) -> list[int]:
+        return [size for _, size in self._holes]
+
     def check(self) -> None:
         for (a, a_size), (b, _) in zip(self._holes, self._holes[1:]):
             if a + a_size == b:
@@ -153,6 +156,10 @@ class Buddy:
 
     def holes(self) -> list[tuple[int, int]]:
         return sorted((a, 1 << o) for o, addrs in self._free.items() for a in addrs)
+
+    def hole_sizes(self) -> list[int]:
+        """The free blocks' sizes, in no order (what `holes` sorts)."""
+        return [1 << o for o, addrs in self._free.items() for _ in addrs]
 
     def check(self) -> None:
         for order, addrs in self._free.items():
@@ -238,7 +245,7 @@ class ContiguousAllocator:
             raise ValueError(f"sequence {seq_id} is already allocated")
         requested = self._request(shape, num_tokens)
         placed = self._placement.placed_size(requested)
-        if keep_free and sum(size for _, size in self.holes()) - placed < keep_free:
+        if keep_free and sum(self._placement.hole_sizes()) - placed < keep_free:
             return False
         start = self._placement.place(requested)
         if start is None:
@@ -289,16 +296,16 @@ class ContiguousAllocator:
     def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
         """(unusable, free, starved): holes too small for the next sequence's region are
         unusable; all of them are when the region would eat into the watermark."""
-        sizes = [size for _, size in self.holes()]
+        sizes = self._placement.hole_sizes()
+        free = sum(sizes)
         if next_seq is None:
-            return 0, sum(sizes), False
+            return 0, free, False
         shape, tokens, keep_free = next_seq
         need = self._placement.placed_size(self._request(shape, tokens))
         unusable = sum(size for size in sizes if size < need)
-        starved = unusable == sum(sizes) or sum(sizes) - need < keep_free
-        if starved:
-            unusable = sum(sizes)
-        return unusable, sum(sizes) - unusable, starved
+        if unusable == free or free - need < keep_free:
+            return free, 0, True
+        return unusable, free - unusable, False
 
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
         """Each region split by split_used, its placement padding, and the holes
