@@ -97,7 +97,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # admitting a request looks its prefix up three times (its need, whether it fits,
         # allocate), and a request that waits for memory is looked up at every step.
         self._touched: set[int] = set()      # keys whose first copy changed since then
-        self._last_hits: tuple = (None, 0, set(), ())    # (shape, num_tokens, keys read, hits)
+        self._last_hits: tuple = (None, 0, set(), ())    # (shape, blocks, keys read, hits)
         # Set by kvsim.engine.simulate from the workload (RequestTable.private_tails): no
         # request's tail content is another's, so the fast path may key output blocks late.
         self.private_tails = False
@@ -177,18 +177,22 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         return chain, False
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
-        """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens."""
-        last_shape, last_tokens, read, hits = self._last_hits
-        if last_tokens == num_tokens and last_shape == shape and self._touched.isdisjoint(read):
-            return list(hits)
+        """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens. The
+        last lookup of the same shape answers for any length whose answer it holds: one
+        within its hits, or any if a miss ended them (a chunk's lookup then the whole
+        prompt's, a recompute's after a shorter one)."""
         blocks = max(num_tokens - 1, 0) // self.block_size
+        last_shape, last_blocks, read, hits = self._last_hits
+        if last_shape == shape and (blocks <= len(hits) or len(hits) < last_blocks) \
+                and self._touched.isdisjoint(read):
+            return list(hits[:blocks])
         chain = self._chain(shape, blocks)[:blocks]
         hits = list(map(self._first.get, chain))
         if None in hits:
             del hits[hits.index(None):]
         # the answer depends on the hits' keys and on the first key missed
         self._touched = set()
-        self._last_hits = (shape, num_tokens, set(chain[:len(hits) + 1]), tuple(hits))
+        self._last_hits = (shape, blocks, set(chain[:len(hits) + 1]), tuple(hits))
         return hits
 
     def _cache_full_blocks(self, seq: _CachedSeq) -> None:
