@@ -43,6 +43,12 @@ def _import_writing() -> None:
     enabled = gc.isenabled()
     gc.disable()
     try:
+        import matplotlib.artist
+
+        # As it defines each Artist class, matplotlib writes the class's settable
+        # properties into docstrings (kwdoc): a fifth of these imports, for help text
+        # this process never shows. (Only here: a library user's matplotlib is untouched.)
+        matplotlib.artist.kwdoc = lambda artist: ""
         import pyarrow.parquet  # noqa: F401
 
         from kvsim.report.plots import build_mathtext
