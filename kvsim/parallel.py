@@ -32,19 +32,32 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+_FROZEN = 0     # frozen() blocks open in this process
+
+
 @contextmanager
 def frozen() -> Iterator[None]:
     """Everything alive now is left out of garbage collections until the block ends
     (gc.freeze): what lives as long as the block, and what forked workers inherit
     (a full collection visits every object, and in a worker copies each page that holds
-    one). Freezes within the block (a nested frozen(), or gc.freeze) end with it."""
-    outermost = not gc.get_freeze_count()
+    one). Freezes within the block (a nested frozen(), or gc.freeze) end with it. Only
+    an outermost block asks whether a caller froze first (gc.get_freeze_count walks
+    every frozen object: 10 ms before a run's figures are forked)."""
+    global _FROZEN
+    outermost = not _FROZEN and not gc.get_freeze_count()
+    _FROZEN += 1
     gc.freeze()
     try:
         yield
     finally:
+        _FROZEN -= 1
         if outermost:
             gc.unfreeze()
+
+
+def freezing() -> bool:
+    """Whether a frozen() block is open in this process."""
+    return _FROZEN > 0
 
 
 def can_fork() -> bool:

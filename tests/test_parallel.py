@@ -67,6 +67,18 @@ def test_a_freeze_ends_with_the_outermost_one():
     assert gc.get_freeze_count() == 0
 
 
+def test_a_callers_own_freeze_is_left_as_it_was():
+    gc.freeze()
+    try:
+        with frozen():
+            with frozen():
+                pass
+            assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
 def test_a_run_leaves_nothing_frozen_with_or_without_workers(tmp_path, monkeypatch):
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
     (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(BASE))

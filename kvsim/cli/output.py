@@ -40,6 +40,7 @@ def _import_writing() -> None:
     process: the garbage collector is off meanwhile, and where a freeze is on (beside
     workers: kvsim.parallel.frozen) it is frozen after, to end with it. Collections that
     visit all of it took a tenth of this, and then the first one after it 0.05 s more."""
+    from kvsim.parallel import freezing
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -54,7 +55,7 @@ def _import_writing() -> None:
         from kvsim.report.plots import build_mathtext
         build_mathtext()
     finally:
-        if gc.get_freeze_count():
+        if freezing():
             gc.freeze()
         if enabled:
             gc.enable()
