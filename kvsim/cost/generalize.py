@@ -26,7 +26,7 @@ import numpy as np
 from kvsim.errors import InputError
 from kvsim.cost.fit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token, gemm_kn,
                     gemm_work, predict_elementwise, predict_gemm)
-from kvsim.cost.profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_names
+from kvsim.cost.profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_meta, shipped_names
 from kvsim.specs import GPUSpec, ModelSpec
 
 GPU_FITS = SHIPPED / "gpus.json"
@@ -104,10 +104,10 @@ def fits_for(gpu: GPUSpec) -> dict | None:
 def find_shipped(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
     """The shipped profile of this GPU whose layer shapes match; the same model name first."""
     shape = model_shape(model)
-    found = [p for p in map(load_profile, shipped_names())
-             if p.meta["gpu"] == gpu.name and same_shape(p.meta["model"], shape)]
-    found.sort(key=lambda p: p.meta["model"].get("name") != model.name)
-    return found[0] if found else None
+    found = [name for name in shipped_names()
+             if shipped_meta(name)["gpu"] == gpu.name and same_shape(shipped_meta(name)["model"], shape)]
+    found.sort(key=lambda name: shipped_meta(name)["model"].get("name") != model.name)
+    return load_profile(found[0]) if found else None
 
 
 def predict_linear(fits: dict, shape: dict, tps=TP_GRID, tokens=None) -> pd.DataFrame:

@@ -153,6 +153,12 @@ def load_profile(ref: str | Path, base_dir: Path = Path("."), src: str = "comman
 
 
 @lru_cache(maxsize=None)
+def shipped_meta(name: str) -> dict:
+    """A shipped profile's meta.json alone (choosing among them need not read their tables)."""
+    return json.loads((SHIPPED / name / "meta.json").read_text())
+
+
+@lru_cache(maxsize=None)
 def _shipped(name: str) -> Profile:
     return _read(SHIPPED / name, "kvsim", f"shipped profile {name}")
 
