@@ -10,6 +10,7 @@ import platform
 import shutil
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import click
@@ -54,6 +55,7 @@ def _import_writing() -> None:
 
         from kvsim.report.plots import build_mathtext
         build_mathtext()
+        _versions()
     finally:
         if freezing():
             gc.freeze()
@@ -67,7 +69,7 @@ def run_meta(scn, src: str, results, started: float) -> dict:
     gib = 1 << 30
     return {
         "kvsim_version": __version__, "python": platform.python_version(),
-        "versions": _versions(),
+        "versions": dict(_versions()),
         "scenario": src, "seed": scn.seed, "policies": [p.name for p in scn.policies],
         "wall_time_s": round(time.monotonic() - started, 3),
         "kv_pool": {
@@ -84,7 +86,9 @@ def run_meta(scn, src: str, results, started: float) -> dict:
     }
 
 
+@lru_cache(maxsize=None)
 def _versions() -> dict:
+    """The installed versions run.json names (read while the policies run: _import_writing)."""
     from importlib import metadata
     out = {}
     for name in ("numpy", "pandas", "simpy", "matplotlib", "pydantic", "click"):
