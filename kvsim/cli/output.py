@@ -34,8 +34,9 @@ def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariant
 
 
 def _import_writing() -> None:
-    """What writing the run's files first loads: matplotlib and its mathtext grammar,
-    pyarrow's Parquet writer. Done while the policies run in worker processes (a lone
+    """What writing the run's files first loads: matplotlib (without the property lists
+    in its docstrings) and its mathtext grammar, pyarrow's Parquet writer, the package
+    versions run.json names. Done while the policies run in worker processes (a lone
     policy too, unless a progress bar follows it here), so that the processes that write
     the files, forked from this one, inherit them. What they create lives as long as the
     process: the garbage collector is off meanwhile, and where a freeze is on (beside
