@@ -236,8 +236,7 @@ class PagedAllocator:
         check_growth(seq_id, seq.tokens, num_tokens)
         extra = blocks_for(num_tokens, self.block_size) - seq.logical_blocks()
         # Writing into a partly filled block that others share: copy it first.
-        cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0
-               and self._shared and self._ref[seq.table[-1]] > 1)
+        cow = num_tokens > seq.tokens and self._shares_partial_last(seq)
         if extra + cow > len(self._free):
             return False
         if cow:
@@ -252,9 +251,13 @@ class PagedAllocator:
     def slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
         seq = self._seqs[seq_id]
         extra = blocks_for(num_tokens, self.block_size) - seq.logical_blocks()
-        cow = (num_tokens > seq.tokens and seq.tokens % self.block_size != 0
-               and self._shared and self._ref[seq.table[-1]] > 1)
+        cow = num_tokens > seq.tokens and self._shares_partial_last(seq)
         return (extra + cow) * self.block_size
+
+    def _shares_partial_last(self, seq: _Seq) -> bool:
+        """Whether the sequence's last block is partly filled and others hold it too (its
+        next token copies it). No block is shared while `_shared` is 0, counts kept or not."""
+        return bool(seq.tokens % self.block_size and self._shared and self._ref[seq.table[-1]] > 1)
 
     def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
         """Nothing to do: vLLM caches a full block when it allocates it (prefix.py)."""
@@ -266,10 +269,9 @@ class PagedAllocator:
         token count, each filling a reserved slot of its last block. 0 with a sliding
         window or a shared, partly filled last block: the next token slides or copies."""
         seq = self._seqs[seq_id]
-        bs = self.block_size
-        if self.window is not None or (seq.tokens % bs and self._shared and self._ref[seq.table[-1]] > 1):
+        if self.window is not None or self._shares_partial_last(seq):
             return 0
-        return max(0, min(seq.logical_blocks() * bs, seq.shape.final_tokens) - seq.tokens)
+        return max(0, min(seq.logical_blocks() * self.block_size, seq.shape.final_tokens) - seq.tokens)
 
     def block_room(self, seq_id: int) -> int:
         """Tokens the sequence can gain where each token only counts or, on a full last
@@ -277,8 +279,7 @@ class PagedAllocator:
         do that later, in bulk): up to its final length, unless a window or a shared
         last block limits it to its room."""
         seq = self._seqs[seq_id]
-        if self.window is not None or (seq.tokens % self.block_size and self._shared
-                                       and self._ref[seq.table[-1]] > 1):
+        if self.window is not None or self._shares_partial_last(seq):
             return self.room(seq_id)
         return max(0, seq.shape.final_tokens - seq.tokens)
 

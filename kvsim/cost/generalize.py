@@ -104,9 +104,10 @@ def fits_for(gpu: GPUSpec) -> dict | None:
 def find_shipped(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
     """The shipped profile of this GPU whose layer shapes match; the same model name first."""
     shape = model_shape(model)
-    found = [name for name in shipped_names()
-             if shipped_meta(name)["gpu"] == gpu.name and same_shape(shipped_meta(name)["model"], shape)]
-    found.sort(key=lambda name: shipped_meta(name)["model"].get("name") != model.name)
+    metas = {name: shipped_meta(name) for name in shipped_names()}
+    found = [name for name, meta in metas.items()
+             if meta["gpu"] == gpu.name and same_shape(meta["model"], shape)]
+    found.sort(key=lambda name: metas[name]["model"].get("name") != model.name)
     return load_profile(found[0]) if found else None
 
 
