@@ -259,6 +259,22 @@ class InlineModel(Strict):
     sliding_window: int | None = Field(None, ge=1)
     max_position_embeddings: int | None = Field(None, ge=1)
     alibi: bool = False
+    num_experts: int = Field(0, ge=0)            # MoE (kvsim.specs.ModelSpec); 0: dense
+    experts_per_token: int = Field(0, ge=0)
+    moe_intermediate_size: int | None = Field(None, ge=1)
+    shared_expert_size: int = Field(0, ge=0)
+    dense_layers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _experts(self):
+        if bool(self.num_experts) != bool(self.experts_per_token):
+            raise ValueError("num_experts and experts_per_token go together")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts "
+                             f"({self.num_experts})")
+        if self.dense_layers >= self.num_layers and self.num_experts:
+            raise ValueError(f"dense_layers ({self.dense_layers}) leaves no MoE layer of {self.num_layers}")
+        return self
 
 
 class HFModel(Strict):

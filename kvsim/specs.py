@@ -8,6 +8,11 @@ elements per layer and token, with no separate K and V. So
     bytes per token = 2 * layers * kv_heads * head_dim * dtype bytes      (MHA/GQA/MQA)
     bytes per token = layers * (kv_lora_rank + qk_rope_head_dim) * dtype bytes   (MLA)
 
+A mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek) replaces the MLP of its MoE
+layers by `num_experts` routed experts, of which each token uses `experts_per_token`,
+plus optional always-used shared experts. Memory holds every expert; a token computes
+on its active parameters only (kvsim.cost.moe prices the weights a step reads).
+
 Model shapes and GPU peaks are the published figures collected in
 shared/guide/FACTS.md (model cards and vendor datasheets).
 """
@@ -43,6 +48,11 @@ class ModelSpec:
     sliding_window: int | None = None
     max_position_embeddings: int | None = None   # context length: max_model_len's default
     alibi: bool = False           # ALiBi attention biases instead of rotary embeddings (BLOOM)
+    num_experts: int = 0          # MoE: routed experts per MoE layer (0: a dense MLP)
+    experts_per_token: int = 0    # MoE: routed experts each token uses (top-k)
+    moe_intermediate_size: int | None = None   # MoE: one routed expert's FFN width (default intermediate_size)
+    shared_expert_size: int = 0   # MoE: FFN width of the always-used shared experts together
+    dense_layers: int = 0         # MoE: layers with a dense MLP of intermediate_size (DeepSeek's first ones)
 
     @property
     def is_mla(self) -> bool:
@@ -64,8 +74,36 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def expert_params(self) -> float:
+        """One routed expert of one layer: gate, up and down projections (SwiGLU)."""
+        return 3 * self.hidden_size * self.expert_ffn
+
+    @property
+    def routed_params(self) -> float:
+        """Every routed expert of every MoE layer: held in memory, read only where touched."""
+        return self.moe_layers * self.num_experts * self.expert_params
+
+    @property
     def flop_params(self) -> float:
-        return self.active_params or self.params
+        """Parameters one token computes on: all of a dense model's; a MoE model's given
+        active_params, else all but the routed experts it does not choose."""
+        if self.active_params:
+            return self.active_params
+        if self.is_moe:
+            return self.params - self.routed_params + self.moe_layers * self.experts_per_token * self.expert_params
+        return self.params
 
     def weight_bytes(self) -> float:
         return self.params * DTYPE_BITS[self.dtype] / 8
@@ -152,12 +190,20 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "opt-13b": _model("opt-13b", 40, 40, 40, 128, 5120, 20480, 50272, 12.9e9, dtype="fp16",
                       max_position_embeddings=2048),
     # MLA: the per-head fields describe queries; the cache holds the 512 + 64 latent.
-    "deepseek-v2": _model("deepseek-v2", 60, 128, 128, 128, 5120, 1536, 102400, 236e9,
+    # MoE (the models' config.json: n_routed_experts, num_experts_per_tok, n_shared_experts,
+    # moe_intermediate_size, first_k_dense_replace, intermediate_size of the dense layers):
+    # V2 160 routed experts of width 1536, 6 per token, 2 shared, 1 dense layer of 12288;
+    # V3 256 of width 2048, 8 per token, 1 shared, 3 dense layers of 18432. With the MLA
+    # projections these give 235.8B / 21.4B (V2) and 670.9B / 37.5B (V3) parameters, the
+    # published 236B / 21B and 671B / 37B, which are the figures kept here.
+    "deepseek-v2": _model("deepseek-v2", 60, 128, 128, 128, 5120, 12288, 102400, 236e9,
                           active_params=21e9, kv_lora_rank=512, qk_rope_head_dim=64,
-                          max_position_embeddings=163840),
-    "deepseek-v3": _model("deepseek-v3", 61, 128, 128, 128, 7168, 2048, 129280, 671e9,
+                          max_position_embeddings=163840, num_experts=160, experts_per_token=6,
+                          moe_intermediate_size=1536, shared_expert_size=2 * 1536, dense_layers=1),
+    "deepseek-v3": _model("deepseek-v3", 61, 128, 128, 128, 7168, 18432, 129280, 671e9,
                           active_params=37e9, kv_lora_rank=512, qk_rope_head_dim=64,
-                          max_position_embeddings=163840),
+                          max_position_embeddings=163840, num_experts=256, experts_per_token=8,
+                          moe_intermediate_size=2048, shared_expert_size=2048, dense_layers=3),
     # BLOOM-176B (bigscience/bloom config.json: n_layer 70, n_head 112, hidden 14336; MHA,
     # ALiBi, a plain 4x GELU MLP, vocabulary 250,880; 176,247,271,424 parameters on its
     # model card). fp16: the dtype of the serving measurements in shared/data/serving.
@@ -206,10 +252,16 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     kv_heads = size("num_key_value_heads", cfg.get("num_key_value_heads") or heads)
     dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(
         cfg.get("torch_dtype", "bfloat16"), "bf16")
-    # Dense estimate: attention projections + gated (3 matrices) or plain (2) MLP + embeddings.
+    moe = _hf_experts(cfg, layers, size)
+    # Dense estimate: attention projections + gated (3 matrices) or plain (2) MLP + embeddings
+    # (one matrix when the LM head is tied to them); MoE layers hold every expert and a router.
     mlp_mats = 3 if cfg.get("hidden_act", "silu") in ("silu", "swiglu") else 2
     attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    params = layers * (attn + mlp_mats * hidden * ffn) + 2 * vocab * hidden
+    dense_mlp = (layers - moe["moe_layers"]) * mlp_mats * hidden * ffn
+    experts = moe["moe_layers"] * (moe["num_experts"] * (3 * hidden * (moe["moe_intermediate_size"] or ffn) + hidden)
+                                   + 3 * hidden * moe["shared_expert_size"])
+    embeddings = (1 if cfg.get("tie_word_embeddings") else 2) * vocab * hidden
+    params = layers * attn + dense_mlp + experts + embeddings
     return ModelSpec(
         name=cfg.get("_name_or_path") or Path(path).parent.name or "hf-model",
         num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -218,7 +270,41 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         qk_rope_head_dim=size("qk_rope_head_dim", cfg.get("qk_rope_head_dim") or 0, minimum=0),
         sliding_window=cfg.get("sliding_window") and size("sliding_window"),
         max_position_embeddings=cfg.get("max_position_embeddings") and size("max_position_embeddings"),
+        num_experts=moe["num_experts"], experts_per_token=moe["experts_per_token"],
+        moe_intermediate_size=moe["moe_intermediate_size"], shared_expert_size=moe["shared_expert_size"],
+        dense_layers=layers - moe["moe_layers"] if moe["num_experts"] else 0,
     )
+
+
+def _hf_experts(cfg: dict, layers: int, size) -> dict:
+    """A config.json's mixture of experts, under each family's names (Hugging Face
+    transformers' configuration classes): Mixtral `num_local_experts` (each expert as wide
+    as intermediate_size); Qwen2/Qwen3-MoE `num_experts`, `moe_intermediate_size`,
+    `shared_expert_intermediate_size`, MoE every `decoder_sparse_step` layers except
+    `mlp_only_layers`; DeepSeek `n_routed_experts`, `n_shared_experts` experts of
+    moe_intermediate_size, dense below `first_k_dense_replace`, then every `moe_layer_freq`.
+    All take `num_experts_per_tok`. A dense model gets zeros."""
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    none = {"num_experts": 0, "experts_per_token": 0, "moe_intermediate_size": None,
+            "shared_expert_size": 0, "moe_layers": 0}
+    if not experts:
+        return none
+    key = next(k for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k))
+    experts = size(key)
+    top_k = size("num_experts_per_tok")
+    if top_k > experts:
+        raise ValueError(f"num_experts_per_tok ({top_k}) exceeds {key} ({experts})")
+    width = cfg.get("moe_intermediate_size") and size("moe_intermediate_size")
+    if cfg.get("n_routed_experts"):     # DeepSeek
+        shared = (cfg.get("n_shared_experts") or 0) * (width or size("intermediate_size"))
+        first, freq = cfg.get("first_k_dense_replace") or 0, cfg.get("moe_layer_freq") or 1
+        moe_layers = sum(1 for i in range(layers) if i >= first and i % freq == 0)
+    else:                               # Mixtral, Qwen-MoE
+        shared = cfg.get("shared_expert_intermediate_size") or 0
+        step, dense = cfg.get("decoder_sparse_step") or 1, set(cfg.get("mlp_only_layers") or ())
+        moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    return {"num_experts": experts, "experts_per_token": top_k, "moe_intermediate_size": width,
+            "shared_expert_size": int(shared), "moe_layers": moe_layers}
 
 
 def with_kv_heads(model: ModelSpec, num_kv_heads: int | None) -> ModelSpec:

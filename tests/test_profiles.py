@@ -5,6 +5,7 @@ Tests that read the measured source data skip cleanly when ../shared/data is abs
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -113,8 +114,10 @@ def test_fit_gemm_and_elementwise_recover_their_parameters():
 def test_model_shape_infers_gated_mlp_and_dense_equivalent_moe():
     assert model_shape(MODEL_PRESETS["llama-3-8b"])["gated_mlp"] is True
     assert model_shape(MODEL_PRESETS["opt-13b"])["gated_mlp"] is False
-    ds = model_shape(MODEL_PRESETS["deepseek-v2"])
+    # active parameters without the experts that give them: a dense MLP of equal work
+    ds = model_shape(replace(MODEL_PRESETS["deepseek-v2"], num_experts=0, experts_per_token=0))
     assert ds["dense_equivalent"] and 5000 < ds["intermediate_size"] < 15000
+    assert "dense_equivalent" not in model_shape(MODEL_PRESETS["deepseek-v2"])   # priced by experts
     assert token_grid(64, 4) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
 
 

@@ -47,7 +47,7 @@ def gemm_kn(shape: dict, op: str, tp: int) -> tuple[float, float]:
 
 def elementwise_bytes_per_token(shape: dict, op: str, tp: int) -> float:
     """Bytes an elementwise op reads and writes per token (one GPU's share)."""
-    h, f = shape["hidden_size"], shape["intermediate_size"]
+    h, f = shape["hidden_size"], shape.get("mlp_act_width", shape["intermediate_size"])   # MoE: kvsim.cost.moe
     qk = (shape["num_heads"] + shape["num_kv_heads"]) * shape["head_dim"]
     gated = shape.get("gated_mlp", True)
     elems = {"emb": 2 * h, "input_layernorm": 2 * h, "post_attention_layernorm": 2 * h, "add": 3 * h,

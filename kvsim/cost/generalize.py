@@ -10,10 +10,11 @@ ordinary Profile whose ``origin`` says "predicted".
 Shapes come from the ModelSpec. Two things the spec does not say are inferred:
 * gated MLP (SwiGLU, 3 matrices) or plain (2, e.g. OPT's ReLU): whichever parameter
   estimate is closer to the model's published parameter count;
-* MoE and MLA models (DeepSeek): a dense-equivalent MLP width chosen so the per-token
-  GEMM parameters match the published active parameters, and MLA's projections folded
-  into one QKV-like GEMM. Expert routing, load imbalance and grouped GEMMs are not
-  modelled, so decode at large batch (which touches many experts) is underestimated.
+* MLA models (DeepSeek): MLA's projections folded into one QKV-like GEMM.
+MoE models' MLPs are priced by the experts their tokens touch (kvsim.cost.moe): the
+expected distinct experts at each token count of the grid, one grouped GEMM per
+projection. A model that gives active_params without its experts gets a
+dense-equivalent MLP width matching those active parameters instead.
 """
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ import numpy as np
 from kvsim.errors import InputError
 from kvsim.cost.fit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token, gemm_kn,
                     gemm_work, predict_elementwise, predict_gemm)
+from kvsim.cost.moe import MOE_OPS, act_width, moe_mlp_seconds
 from kvsim.cost.profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_meta, shipped_names
 from kvsim.specs import GPUSpec, ModelSpec
 
 GPU_FITS = SHIPPED / "gpus.json"
 TP_GRID = (1, 2, 4, 8)
 SHAPE_KEYS = ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size")
+MOE_KEYS = ("num_experts", "experts_per_token", "moe_intermediate_size", "shared_expert_size", "dense_layers")
 
 
 def token_grid(max_tokens: int = 32768, per_octave: int = 16) -> list[int]:
@@ -59,7 +62,12 @@ def model_shape(model: ModelSpec) -> dict:
             + model.kv_lora_rank * heads * 2 * d + heads * d * h
         shape["qkv_width"] = attn // h - heads * d     # one GEMM standing for q and the latent
     emb = 2 * model.vocab_size * h
-    if model.active_params:
+    if model.is_moe:
+        shape |= {"num_experts": model.num_experts, "experts_per_token": model.experts_per_token,
+                  "moe_intermediate_size": model.expert_ffn, "shared_expert_size": model.shared_expert_size,
+                  "dense_layers": model.dense_layers, "gated_mlp": True}
+        shape["mlp_act_width"] = act_width(shape)
+    elif model.active_params:
         per_layer = (model.active_params - emb) / model.num_layers - attn
         shape["intermediate_size"] = max(int(per_layer / (3 * h)), 1)
         shape["gated_mlp"] = True
@@ -72,7 +80,9 @@ def model_shape(model: ModelSpec) -> dict:
 
 
 def same_shape(a: dict, b: dict) -> bool:
-    return all(int(a.get(k, -1)) == int(b.get(k, -2)) for k in SHAPE_KEYS)
+    """The same layer shapes: a dense profile never stands for a MoE model of equal widths."""
+    return (all(int(a.get(k, -1)) == int(b.get(k, -2)) for k in SHAPE_KEYS)
+            and all(int(a.get(k) or 0) == int(b.get(k) or 0) for k in MOE_KEYS))
 
 
 @lru_cache(maxsize=None)
@@ -120,6 +130,9 @@ def predict_linear(fits: dict, shape: dict, tps=TP_GRID, tokens=None) -> pd.Data
     for tp in tps:
         cols = {"tp": np.full(len(tokens), tp), "num_tokens": tokens}
         for op in GEMM_OPS:
+            if shape.get("num_experts") and op in MOE_OPS:
+                cols[op] = moe_mlp_seconds(fits["gemm"], shape, op, tokens, tp, peak, bw) * 1e3
+                continue
             k, n = gemm_kn(shape, op, tp)
             flops, nbytes = gemm_work(tokens, k, n)
             cols[op] = predict_gemm(fits["gemm"], flops, nbytes, peak, bw) * 1e3
@@ -143,7 +156,8 @@ def synthesize(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
     meta = {
         "format": FORMAT, "name": f"{gpu.name}-{model.name}-predicted", "gpu": gpu.name,
         "device": fits["device"], "model": shape, "dtype": "bf16",
-        "origin": {"linear": f"predicted by {how} (fitted on {', '.join(fits['models'])})",
+        "origin": {"linear": f"predicted by {how} (fitted on {', '.join(fits['models'])})"
+                             + ("; MoE MLP by the experts each token count touches" if model.is_moe else ""),
                    "attention": fits["attention_origin"]},
         "attention": fits["attention"], "allreduce": fits["allreduce"],
         "peak_flops": fits["peak_flops"], "bandwidth": fits["bandwidth"],

@@ -7,7 +7,9 @@ describes the step as a `StepBatch`; a cost model turns it into seconds.
 `Roofline` is the ideal bound: the step takes as long as the slower of reading its
 bytes at peak HBM bandwidth and doing its FLOPs at peak dense BF16 compute. It ignores
 kernel efficiency, launch and scheduling overheads and tensor-parallel communication,
-so its times are lower bounds; every output that uses it says "roofline".
+so its times are lower bounds; every output that uses it says "roofline". A MoE
+model's step reads its shared weights and the experts its tokens touch
+(kvsim.cost.moe.expected_experts) and computes on the active parameters.
 
 `Profiled` sums measured per-operator kernel times (kvsim.cost.profiles, kvsim.cost.fit) part
 by part and adds the engine's overhead and tensor-parallel communication
@@ -24,7 +26,8 @@ from kvsim.errors import InputError
 from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synthesize
 from kvsim.cost.fit import LINEAR_OPS, PER_STEP_OPS, kv_bytes_per_token
 from kvsim.cost.overhead import DEFAULT, NONE, Comm, Overhead, inline, load_overhead
-from kvsim.specs import GPUSpec, KVSpec, ModelSpec
+from kvsim.cost.moe import expected_experts
+from kvsim.specs import DTYPE_BITS, GPUSpec, KVSpec, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,12 @@ class Roofline:
         self.bandwidth = gpu.hbm_tb_s * 1e12
         self.weight_bytes = model.weight_bytes()
         self.flops_per_token = 2 * model.flop_params        # one multiply-add per weight
+        self.moe = None
+        if model.is_moe:      # (bytes of the weights every step reads, of one layer's expert, ...)
+            per_param = DTYPE_BITS[model.dtype] / 8
+            self.weight_bytes -= model.routed_params * per_param
+            self.moe = (model.moe_layers * model.expert_params * per_param,
+                        model.experts_per_token, model.num_experts)
         # QK^T and PV: two matmuls, 2 FLOPs per multiply-add, over every query head.
         self.flops_per_pair = 4 * model.num_layers * model.num_heads * model.head_dim
         self.kv_bytes_per_token = kv.bytes_per_token
@@ -134,7 +143,11 @@ class Roofline:
     def step_time(self, batch: StepBatch) -> float:
         flops = batch.new_tokens * self.flops_per_token + batch.attended_pairs * self.flops_per_pair
         # Weights are read once per step; KV is read for attention and written for new tokens.
-        moved = self.weight_bytes + (batch.kv_tokens_read + batch.new_tokens) * self.kv_bytes_per_token
+        weights = self.weight_bytes
+        if self.moe:
+            layer_expert, k, experts = self.moe
+            weights += layer_expert * float(expected_experts(batch.new_tokens, k, experts))
+        moved = weights + (batch.kv_tokens_read + batch.new_tokens) * self.kv_bytes_per_token
         return max(flops / self.peak_flops, moved / self.bandwidth) / self.tp
 
 
