@@ -42,7 +42,8 @@ def test_compare_a_sweep_writes_a_self_contained_report(sweep, monkeypatch):
     work, _ = sweep
     monkeypatch.chdir(work)
     code, out, err = kvsim("compare", "sw", "--out", "cmp")
-    assert (code, err) == (0, "") and out == "compared 2 run(s): wrote cmp/report.html\n"
+    assert (code, err) == (0, "") and out.endswith("\ncompared 2 run(s): wrote cmp/report.html\n")
+    assert out.startswith("verdict: Pick pow2") and "- Rate sweep: " in out
     page = (work / "cmp" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 6            # five figures and the sweep
     assert not re.search(r'src="(?!data:)', page)                # nothing loaded from beside it
@@ -90,15 +91,15 @@ def test_reproduce_one_claim_writes_the_table(tmp_path, monkeypatch):
     csv = pd.read_csv(tmp_path / "claims" / "claims.csv")
     assert list(csv.columns) == ["id", "claim", "source", "scenario", "measured", "expected", "verdict", "why"]
     assert csv.id.tolist() == ["1a", "1b"] and csv.verdict.tolist() == ["holds", "holds"]
-    assert "| 1a |" in out and (tmp_path / "claims" / "claims.md").read_text().startswith(
+    assert out.startswith("1a: holds: ") and (tmp_path / "claims" / "claims.md").read_text().startswith(
         "Measured with `kvsim reproduce --claim 1`.")
     assert "<table" in (tmp_path / "claims" / "report.html").read_text()
     assert one_error_line(*kvsim("reproduce", "--claim", "42")).startswith(
         "kvsim: error: command line: --claim: unknown claim 42")
 
 
-def test_the_table_shows_tail_latency_prefix_hits_where_cached_and_each_cost_model():
-    from kvsim.cli.output import print_table
+def test_the_wide_table_shows_tail_latency_prefix_hits_where_cached_and_each_cost_model():
+    from kvsim.cli.table import print_run
     summary = pd.DataFrame(dict(policy=["a", "b"], kv_utilization=[0.5, 0.6], internal_fraction=[0.1, 0.0],
                                 external_fraction=[0.0, 0.0], achievable_batch_size=[3.0, 4.0],
                                 throughput_tok_s=[100.0, 120.0], ttft_p50_s=[0.1, 0.1], ttft_p99_s=[1.5, 0.9],
@@ -108,16 +109,19 @@ def test_the_table_shows_tail_latency_prefix_hits_where_cached_and_each_cost_mod
     out = io.StringIO()
     sys_stdout, sys.stdout = sys.stdout, out
     try:
-        print_table(summary)
-        print_table(summary.assign(prefix_hit_rate=0.0, cost_model="roofline",
-                                   limited_by_memory=[0.9, 0.2], limited_by_arrivals=[0.1, 0.8]))
+        print_run(summary, wide=True)
+        print_run(summary.assign(prefix_hit_rate=0.0, cost_model="roofline",
+                                 limited_by_memory=[0.9, 0.2], limited_by_arrivals=[0.1, 0.8]), wide=True)
+        print_run(summary.assign(cost_model="roofline"))
     finally:
         sys.stdout = sys_stdout
     first, second = out.getvalue().split("step costs of b: profile:x\n")
     assert "ttft p99 s" in first and "tpot p50 s" in first and "prefix hit" in first and "25.0%" in first
     assert "step costs of a: roofline" in first
+    second, third = second.split("step costs of b: roofline\n")
     assert "prefix hit" not in second and "limited by" in second and "memory 90%" in second
-    assert "arrivals 80%" in second and second.rstrip().endswith("step costs: roofline")
+    assert "arrivals 80%" in second and "step costs of a: roofline" in second
+    assert "step costs: roofline\n" in third
 
 
 def test_progress_bars_reach_their_total_one_per_policy(monkeypatch):

@@ -18,7 +18,8 @@ from kvsim import __version__
 from kvsim.allocators import InvariantError
 from kvsim.cli.args import model_arg
 from kvsim.cli.cost import calibrate, cost
-from kvsim.cli.output import print_table, run_meta, simulate_with_progress, swap_in, write_run
+from kvsim.cli.output import run_meta, simulate_with_progress, swap_in, write_run
+from kvsim.cli.table import WIDE_HELP, print_run
 from kvsim.cli.report import compare, reproduce
 from kvsim.cli.sweep import capacity, sweep
 from kvsim.errors import InputError
@@ -57,6 +58,7 @@ def cli():
 @click.option("--policy", "policies", multiple=True, metavar="NAME",
               help="Run only this policy (repeatable).")
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary table.")
+@click.option("--wide", is_flag=True, help=WIDE_HELP)
 @click.option("--check-invariants", is_flag=True, envvar="KVSIM_CHECK_INVARIANTS",
               help="Verify the allocator and scheduler after every step (slower).")
 @click.option("--exact-steps", is_flag=True, envvar="KVSIM_EXACT_STEPS",
@@ -73,7 +75,7 @@ def cli():
 @click.option("--rates", metavar="R1,R2,..|START:STOP:STEP",
               help="Rerun at each arrival rate (req/s) into DIR/rate-R/, and draw latency and "
                    "throughput against rate (rate_sweep.png, rates.csv).")
-def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, exact_steps, bucket_s,
+def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invariants, exact_steps, bucket_s,
         force, jobs, profile, rates):
     """Run every policy of SCENARIO on one request stream and write results and plots.
 
@@ -109,13 +111,13 @@ def run(scenario, out, seed, num_requests, policies, quiet, check_invariants, ex
     with frozen():
         if rate_list is not None:
             from kvsim.cli.report import run_rates
-            run_rates(scn, base_dir, str(scenario), rate_list, out, quiet=quiet,
+            run_rates(scn, base_dir, str(scenario), rate_list, out, quiet=quiet, wide=wide,
                       check_invariants=check_invariants, started=started, **how)
             return
         results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **how)
         _write_results(results, scn, out, run_meta(scn, str(scenario), results, started), how["workers"])
     if not quiet:
-        print_table(results.summary, scn)
+        print_run(results.summary, scn, wide=wide)
         click.echo(f"wrote {out}/")
 
 

@@ -1,5 +1,6 @@
 """What `kvsim run` and `kvsim compare`/`reproduce` share: running with a progress bar,
-writing a run's folder (swapped in whole), run.json, and the terminal table."""
+writing a run's folder (swapped in whole) and run.json. The terminal table is
+kvsim.cli.table's."""
 from __future__ import annotations
 
 import gc
@@ -158,57 +159,6 @@ def _write_table(table, folder: Path, name: str) -> None:
 def _scenario_yaml(scn) -> str:
     import yaml
     return yaml.safe_dump(scn.model_dump(mode="json", exclude_none=True), sort_keys=False)
-
-
-# (column, heading, format); optional ones appear only where the run has them
-SHOWN = [("policy", "policy", "{}"), ("kv_utilization", "kv util", "{:.1%}"),
-         ("internal_fraction", "internal", "{:.1%}"), ("external_fraction", "external", "{:.1%}"),
-         ("achievable_batch_size", "achv batch", "{:.1f}"), ("throughput_tok_s", "tok/s", "{:,.0f}"),
-         ("ttft_p50_s", "ttft p50 s", "{:.3g}"), ("ttft_p99_s", "ttft p99 s", "{:.3g}"),
-         ("tpot_p50_s", "tpot p50 s", "{:.3g}"), ("prefix_hit_rate", "prefix hit", "{:.1%}"),
-         ("preemptions", "preempt", "{}"), ("requests_rejected", "rejected", "{}"),
-         ("fraction_basis", "basis", "{}")]
-
-
-def print_table(summary, scn=None) -> None:
-    """The run's table; prefix hits only where a policy caches prefixes, the limit of each
-    batch where the run records it; the footer names the step-cost models."""
-    from kvsim.report.verdict import limiting_factor
-    caching = any(getattr(p, "enable_prefix_caching", False) for p in scn.policies) if scn else \
-        bool((summary.get("prefix_hit_rate", 0) > 0).any())
-    shown = [c for c in SHOWN if c[0] in summary and (c[0] != "prefix_hit_rate" or caching)]
-    heads = [h for _, h, _ in shown]
-    records = summary.to_dict(orient="records")
-    rows = [[_cell(r[c], fmt) for c, _, fmt in shown] for r in records]
-    if any(k.startswith("limited_by_") for k in summary.columns):
-        heads.append("limited by")
-        for row, r in zip(rows, records):
-            what, share, _ = limiting_factor(r)
-            row.append(f"{what.split(' (')[0]} {share:.0%}" if share is not None else what)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-    for line in [heads] + rows:
-        click.echo("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths))))
-    from kvsim.report.plots import BASIS
-    bases = list(dict.fromkeys(summary["fraction_basis"].astype(str))) if "fraction_basis" in summary else []
-    click.echo("fractions and achv batch: " + "; ".join(f"basis '{b}': {BASIS.get(b, b)}" for b in bases))
-    if "engine" in summary:
-        click.echo("engine: " + ", ".join(dict.fromkeys(summary["engine"].astype(str))))
-    if "replicas" in summary:
-        n, router = summary["replicas"].iloc[0], summary["router"].iloc[0]
-        click.echo(f"fleet: {n} replicas behind a {router} router; rows are the fleet's (batch and "
-                   "fractions per replica, over replica-time); each replica in replica_summary.csv")
-    costs = dict(zip(summary.policy.astype(str), summary.cost_model.astype(str)))
-    if len(set(costs.values())) == 1:
-        click.echo(f"step costs: {next(iter(costs.values()))}")
-    else:
-        for name, cost in costs.items():
-            click.echo(f"step costs of {name}: {cost}")
-
-
-def _cell(value, fmt: str) -> str:
-    if isinstance(value, float) and math.isnan(value):
-        return "n/a"
-    return fmt.format(value)
 
 
 class Progress:

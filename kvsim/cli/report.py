@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from kvsim.cli.output import print_table, run_meta, simulate_with_progress, swap_in, write_run
+from kvsim.cli.output import run_meta, simulate_with_progress, swap_in, write_run
+from kvsim.cli.table import claim_lines, echo_wrapped, print_run
 from kvsim.errors import InputError
 
 
@@ -28,7 +29,11 @@ def compare(dirs, out, force):
 
     runs = [load_run(p) for p in find_runs(list(dirs))]
     _refuse_foreign(out, "report.html", force)
-    swap_in(out, lambda tmp: build_report(runs, tmp))
+    verdict: list[str] = []
+    swap_in(out, lambda tmp: verdict.extend(build_report(runs, tmp)))
+    echo_wrapped("verdict: " + verdict[0])
+    for line in verdict[1:]:
+        echo_wrapped("- " + line)
     click.echo(f"compared {len(runs)} run(s): wrote {out}/report.html")
 
 
@@ -45,7 +50,7 @@ def reproduce(quick, out, only, scenarios, force):
 
     Runs the scenarios in scenarios/claims/ and writes claims.csv, claims.md and
     report.html: per claim what kvsim measured, what was claimed, and whether it holds."""
-    from kvsim.report.claims import Context, default_scenarios, markdown, reproduce as run_claims, select, write
+    from kvsim.report.claims import Context, default_scenarios, reproduce as run_claims, select, write
 
     select(only)     # unknown ids fail before anything runs
     _refuse_foreign(out, "claims.csv", force)
@@ -60,12 +65,13 @@ def reproduce(quick, out, only, scenarios, force):
         work.table = table
 
     swap_in(out, work)
-    click.echo(markdown(work.table).split("\n\n")[0])
+    for line in claim_lines(work.table):
+        click.echo(line)
     click.echo(f"({time.monotonic() - started:.0f} s) wrote {out}/claims.csv, claims.md, report.html")
 
 
 def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: bool,
-              check_invariants: bool, started: float, **how) -> None:
+              check_invariants: bool, started: float, wide: bool = False, **how) -> None:
     """`kvsim run --rates`: one run folder per rate under `out`, then the sweep's curves."""
     from kvsim.report.figures import rate_sweep
     from kvsim.report.plots import save
@@ -95,9 +101,10 @@ def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: 
     if not quiet:
         for rate, at, results, _ in runs:
             click.echo(f"--- {rate:g} req/s")
-            print_table(results.summary, at)
+            print_run(results.summary, at, wide=wide)
+        click.echo("--- the sweep")
         for line in summary_lines(table):
-            click.echo(line)
+            echo_wrapped(line)
         click.echo(f"wrote {out}/ (rate-*/ per rate, rates.csv, rate_sweep.png)")
 
 

@@ -58,7 +58,7 @@ class Bar:
 @click.option("--resume", is_flag=True, help="Keep the finished points in --out; run the missing and failed ones.")
 @click.option("--quick", is_flag=True, help="Use the sweep file's quick: block (a smaller sweep).")
 @click.option("--force", is_flag=True, help="Start over in an --out that holds earlier results.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True, help="No progress bar and no tables.")
 def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
     """Run every point of SWEEP (a base scenario, a grid over its fields, seeds) and write
     one row per (point, policy), a summary with confidence intervals, and plots."""
@@ -99,6 +99,10 @@ def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
         bar.close()
     rows, summary, errors = store.write_tables(plan)
     write_sweep_plots(summary, plan.params, out, workers or cores())
+    if not quiet:
+        from kvsim.cli.table import sweep_tables
+        for line in sweep_tables(summary, plan.params):
+            click.echo(line)
     click.echo(f"{len(rows)} rows from {rows['point'].nunique() if len(rows) else 0} finished runs; "
                f"{len(errors)} failed" + (" (errors.csv; --resume retries them)" if len(errors) else "")
                + f"; wrote {out}/")
@@ -190,8 +194,9 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
                 f"{router} router)")
     _write(out, table, cap.probe_table(probes, targets), targets, meta, rate is None)
     if not quiet:
-        click.echo(head)
-        click.echo(table.to_string(index=False, na_rep="-"))
+        from kvsim.cli.table import capacity_lines
+        for line in capacity_lines(head, table):
+            click.echo(line)
         click.echo(f"wrote {out}/")
 
 

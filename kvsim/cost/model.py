@@ -18,6 +18,7 @@ scenario's `cost_model` into one of the two.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -112,6 +113,18 @@ def describe(label: str, extrapolated: int, steps: int, reasons) -> str:
     reasons = sorted(set(reasons))
     why = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
     return f"{label} [extrapolated in {extrapolated}/{steps} steps: {why}]"
+
+
+_DESCRIBED = re.compile(r"^(?P<label>.*?) \[extrapolated in (?P<n>\d+)/(?P<steps>\d+) steps: (?P<why>.*)\]$")
+
+
+def undescribe(text: str) -> tuple[str, int, int, str]:
+    """describe() read back: (label, steps extrapolated, steps, why); (text, 0, 0, "")
+    for a label without extrapolations."""
+    m = _DESCRIBED.match(str(text))
+    if not m:
+        return str(text), 0, 0, ""
+    return m["label"], int(m["n"]), int(m["steps"]), m["why"]
 
 
 class NoProfile(LookupError):

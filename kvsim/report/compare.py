@@ -104,8 +104,9 @@ def combine(runs: list[RunFolder]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
     return tuple(pd.concat(frames, ignore_index=True) for frames in out)
 
 
-def build_report(runs: list[RunFolder], out: Path) -> Path:
-    """Write the PNGs and report.html into `out` (which must exist); return the page."""
+def build_report(runs: list[RunFolder], out: Path) -> list[str]:
+    """Write the PNGs and report.html into `out` (which must exist); return the verdict
+    (its first line the recommendation, then a line per policy and the sweep's)."""
     from kvsim.report.figures import rate_sweep
     from kvsim.report.plots import save, write_plots
 
@@ -155,6 +156,5 @@ def build_report(runs: list[RunFolder], out: Path) -> Path:
     body += [html.pre(yaml.safe_dump(s, sort_keys=False)) for s in scenarios]
     body.append(html.heading("Versions and KV pool sizing"))
     body += [html.pre(f"{r.path}:\n" + json.dumps(r.meta, indent=2)) for r in focus]
-    page = out / "report.html"
-    page.write_text(html.page("kvsim compare", body), encoding="utf-8")
-    return page
+    (out / "report.html").write_text(html.page("kvsim compare", body), encoding="utf-8")
+    return verdict

@@ -146,3 +146,37 @@ def _distinct(summary: pd.DataFrame | None, column: str) -> list[str]:
         return []
     values = [str(v) for v in summary[column] if not (isinstance(v, float) and math.isnan(v))]
     return list(dict.fromkeys(values))
+
+
+# --- swept fields ----------------------------------------------------------------
+KNOWN_FIELDS = {"rate_per_s": "arrival rate (req/s)", "num_requests": "requests",
+                "tensor_parallel_size": "tensor_parallel_size", "seed": "seed"}
+
+
+def param_label(path: str) -> str:
+    """A sweep's dotted path in words: `workload.arrival.rate_per_s` -> 'arrival rate
+    (req/s)', `policies[allocator=paged].block_size` -> 'block_size (paged policies)',
+    `policies[*].kv_cache_dtype` -> 'kv_cache_dtype (every policy)'. Engine settings keep
+    vLLM's names, which their users know."""
+    leaf = path.rsplit(".", 1)[-1]
+    words = KNOWN_FIELDS.get(leaf, leaf)
+    selectors = [s for s in _selectors(path) if s]
+    return f"{words} ({', '.join(selectors)})" if selectors else words
+
+
+def _selectors(path: str) -> list[str]:
+    out = []
+    for part in path.split(".")[:-1]:
+        name, _, sel = part.partition("[")
+        sel = sel.rstrip("]")
+        if not sel:
+            continue
+        single = "policy" if name == "policies" else name.removesuffix("s")
+        if sel == "*":
+            out.append(f"every {single}")
+        elif "=" in sel:
+            key, value = sel.split("=", 1)
+            out.append(f"{name} with {key} {value}" if key != "allocator" else f"{value} {name}")
+        else:
+            out.append(f"{single} {sel}")
+    return out

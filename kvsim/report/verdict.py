@@ -67,8 +67,9 @@ def sentence(row: Mapping, targets: Mapping[str, float] | None = None,
         missed = misses(row, targets)
         slo = ("meets every latency target (" + _targets_text(targets) + ")" if not missed
                else "misses " + "; ".join(missed))
+        slo += ", with"
     else:
-        slo = "has no latency targets to meet (add an slo: block)"
+        slo = "reaches"      # pick() says once that no targets are set
     tput = _num(row, "throughput_tok_s")
     p99, tpot = _num(row, "ttft_p99_s"), _num(row, "tpot_p50_s")
     what, share, inferred = limiting_factor(row)
@@ -76,7 +77,7 @@ def sentence(row: Mapping, targets: Mapping[str, float] | None = None,
     if inferred:
         limit += " (inferred: this run records no limited_by_* columns)"
     batch = _num(row, "mean_batch_size")
-    return (f"{name}{at} {slo}, with {tput:,.0f} output tok/s, TTFT p99 {_s(p99)} and TPOT p50 "
+    return (f"{name}{at} {slo} {tput:,.0f} output tok/s, TTFT p99 {_s(p99)} and TPOT p50 "
             f"{_s(tpot)}; its batch (mean {batch:.1f}) was limited by {limit}.")
 
 
@@ -92,10 +93,11 @@ def pick(summary: pd.DataFrame, targets: Mapping[str, float] | None = None) -> s
     close = [r for r in ok if tput[id(r)] >= TIE * top] or ok
     best = min(close, key=lambda r: _num(r, "ttft_p99_s") if not math.isnan(_num(r, "ttft_p99_s")) else math.inf)
     why = "it meets every target and" if targets else "it"
+    unset = "" if targets else " No latency targets are set: add an slo: block to weigh latency."
     if len(close) > 1:
         return (f"Pick {best['policy']}: {why} matches the best throughput ({top:,.0f} tok/s, within 1%) "
-                f"with the lowest TTFT p99 ({_s(_num(best, 'ttft_p99_s'))}).")
-    return f"Pick {best['policy']}: {why} has the highest throughput ({top:,.0f} tok/s)."
+                f"with the lowest TTFT p99 ({_s(_num(best, 'ttft_p99_s'))}).{unset}")
+    return f"Pick {best['policy']}: {why} has the highest throughput ({top:,.0f} tok/s).{unset}"
 
 
 def _targets_text(targets: Mapping[str, float]) -> str:
