@@ -320,10 +320,11 @@ class ProfileCost(Strict):
 
 
 def _spec_kind(value) -> str:
-    """A model or GPU is a preset name, a Hugging Face config, or given inline."""
+    """A model or GPU is a preset name, a Hugging Face config, or given inline (as read
+    from YAML, or as the validated object when a scenario is written back)."""
     if isinstance(value, str):
         return "preset"
-    return "hf" if isinstance(value, dict) and "hf_config" in value else "inline"
+    return "hf" if isinstance(value, HFModel) or isinstance(value, dict) and "hf_config" in value else "inline"
 
 
 _SPEC_TAGS = {"preset": str, "inline": None, "hf": HFModel}
@@ -430,11 +431,12 @@ def read_yaml(path: Path, keys: str) -> dict:
 
 
 def validate_scenario(raw: dict, src: str) -> Scenario:
+    base = Path(src).parent
+    _check_files(raw, base, src)
     try:
         scn = Scenario.model_validate(raw)
     except ValidationError as e:
         raise _input_error(e, src) from None
-    base = Path(src).parent
     if isinstance(scn.model, str) and scn.model not in MODEL_PRESETS:
         raise InputError(src, "model", _unknown_model(scn.model))
     scn = _with_defaults(scn, base, src)
@@ -446,17 +448,27 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
         raise InputError(src, "gpu", _unknown(scn.gpu, GPU_PRESETS, "preset"))
     _check_engine(scn, src)
     wl = scn.workload
-    if wl.trace is not None and not (base / wl.trace).is_file():
-        raise InputError(src, "workload.trace", f"file {base / wl.trace} not found")
-    for key in ("prompt_tokens", "output_tokens"):
-        dist = getattr(wl, key)
-        if isinstance(dist, Empirical) and not (base / dist.file).is_file():
-            raise InputError(src, f"workload.{key}.file", f"file {base / dist.file} not found")
     if wl.dataset is not None:
         from kvsim.workload.datasets import DATASETS
         if wl.dataset not in DATASETS:
             raise InputError(src, "workload.dataset", _unknown(wl.dataset, DATASETS, "dataset"))
     return scn
+
+
+def _check_files(raw: dict, base: Path, src: str) -> None:
+    """A file the scenario names that is not there: the likeliest mistake, so it is said
+    before anything else is checked (paths are relative to the scenario's folder)."""
+    workload = raw.get("workload") if isinstance(raw.get("workload"), dict) else {}
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    named = [("workload.trace", workload.get("trace")), ("model.hf_config", model.get("hf_config"))]
+    for key in ("prompt_tokens", "output_tokens"):
+        dist = workload.get(key)
+        if isinstance(dist, dict) and dist.get("dist") == "empirical":
+            named.append((f"workload.{key}.file", dist.get("file")))
+    for field, name in named:
+        if isinstance(name, str) and name and not (base / name).is_file():
+            what = "a folder, not a file" if (base / name).is_dir() else "not found"
+            raise InputError(src, field, f"file {base / name} {what}")
 
 
 def _check_engine(scn: Scenario, src: str) -> None:
@@ -498,8 +510,8 @@ def _with_defaults(scn: Scenario, base: Path, src: str) -> Scenario:
     its context length, as vLLM does, when the scenario leaves it out."""
     try:
         model = scn.model_spec(base)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(src, "model.hf_config", f"not a usable config.json: {e!r}") from None
+    except ValueError as e:
+        raise InputError(src, "model.hf_config", str(e)) from None
     if scn.max_model_len is not None:
         return scn
     if model.max_position_embeddings is None:

@@ -229,18 +229,20 @@ GPU_PRESETS: dict[str, GPUSpec] = {
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config.json (missing fields take HF's defaults).
 
-    Raises KeyError naming the missing field, or ValueError for unreadable JSON.
+    Raises ValueError with a sentence for the user: the file is missing or unreadable,
+    not JSON, or lacks a field every decoder's config gives.
     """
-    cfg = json.loads(Path(path).read_text())
-    if not isinstance(cfg, dict):
-        raise ValueError("the file must hold a JSON object")
+    cfg = _read_config(Path(path))
+    # multimodal configs (Llama 4, Mistral 3, Qwen-VL) keep the language model's shape here
+    cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
 
     def size(key, default=None, minimum=1):
         value = cfg.get(key, default)
         if value is None:
-            raise KeyError(key)
+            raise ValueError(f"{path}: no {key} in it; is this a transformer model's config.json "
+                             "(from the model's Hugging Face page)?")
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{key} must be a whole number >= {minimum}, got {value!r}")
+            raise ValueError(f"{path}: {key} must be a whole number >= {minimum}, not {json.dumps(value)}")
         return value
 
     heads = size("num_attention_heads")
@@ -251,7 +253,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     vocab = size("vocab_size", 32000)
     kv_heads = size("num_key_value_heads", cfg.get("num_key_value_heads") or heads)
     dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(
-        cfg.get("torch_dtype", "bfloat16"), "bf16")
+        str(cfg.get("torch_dtype", "bfloat16")), "bf16")
     moe = _hf_experts(cfg, layers, size)
     # Dense estimate: attention projections + gated (3 matrices) or plain (2) MLP + embeddings
     # (one matrix when the LM head is tied to them); MoE layers hold every expert and a router.
@@ -268,7 +270,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         hidden_size=hidden, intermediate_size=ffn, vocab_size=vocab, params=float(params),
         dtype=dtype, kv_lora_rank=size("kv_lora_rank", cfg.get("kv_lora_rank") or 0, minimum=0),
         qk_rope_head_dim=size("qk_rope_head_dim", cfg.get("qk_rope_head_dim") or 0, minimum=0),
-        sliding_window=cfg.get("sliding_window") and size("sliding_window"),
+        sliding_window=_window(cfg) and size("sliding_window"),
         max_position_embeddings=cfg.get("max_position_embeddings") and size("max_position_embeddings"),
         num_experts=moe["num_experts"], experts_per_token=moe["experts_per_token"],
         moe_intermediate_size=moe["moe_intermediate_size"], shared_expert_size=moe["shared_expert_size"],
@@ -305,6 +307,37 @@ def _hf_experts(cfg: dict, layers: int, size) -> dict:
         moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
     return {"num_experts": experts, "experts_per_token": top_k, "moe_intermediate_size": width,
             "shared_expert_size": int(shared), "moe_layers": moe_layers}
+
+
+def _window(cfg: dict) -> int | None:
+    """The sliding window every layer uses, else None: Qwen2's configs name a window they
+    switch off (use_sliding_window: false), and where some layers attend in full
+    (layer_types, as gpt-oss alternates them) those layers keep every token, so kvsim
+    counts all layers as full (an upper bound on the cache)."""
+    if cfg.get("use_sliding_window") is False:
+        return None
+    if "full_attention" in (cfg.get("layer_types") or ()):
+        return None
+    return cfg.get("sliding_window")
+
+
+def _read_config(path: Path) -> dict:
+    """A config.json as a dict, every failure a plain sentence (ValueError)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: a folder; give the config.json inside it") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or 'not UTF-8 text'})") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: must hold a JSON object (a config.json), not a {type(cfg).__name__}")
+    return cfg
 
 
 def with_kv_heads(model: ModelSpec, num_kv_heads: int | None) -> ModelSpec:

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import click
@@ -46,6 +47,9 @@ class WholeHelpGroup(click.Group):
 @click.version_option(__version__, prog_name="kvsim")
 def cli():
     """Simulate how KV-cache allocation policies use GPU memory in LLM serving."""
+
+
+EMPTY_RUN = 3      # exit status of a run that completed nothing (as of an invariant violated)
 
 
 # --- kvsim run -------------------------------------------------------------------
@@ -115,6 +119,7 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
                       check_invariants=check_invariants, started=started, **how)
             return
         results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **how)
+        _refuse_empty(results, scn, str(scenario))
         _write_results(results, scn, out, run_meta(scn, str(scenario), results, started), how["workers"])
     if not quiet:
         print_run(results.summary, scn, wide=wide)
@@ -152,6 +157,17 @@ def _refuse_foreign(out: Path, name: str) -> None:
     if held != name:
         what = f"results of scenario '{held}'" if held else "files that are not kvsim results"
         raise InputError("command line", "--out", f"{out} holds {what}; pass --force to replace it")
+
+
+def _refuse_empty(results, scn, src: str) -> None:
+    """A run in which no policy completed a request has nothing to report: say why, write
+    nothing (such a run can leave millions of unfinished rows) and exit with status 3."""
+    from kvsim.report.verdict import nothing_completed
+    why = nothing_completed(results.summary, results.requests, scn.time_limit_s)
+    if why is not None:
+        click.echo(f"kvsim: warning: {src}: no request completed under any policy: {why}; "
+                   "nothing written", err=True)
+        raise click.exceptions.Exit(EMPTY_RUN)
 
 
 def _write_results(results, scn, out: Path, meta: dict, workers: int = 1) -> None:
@@ -197,7 +213,16 @@ cli.add_command(reproduce)
 
 # --- entry point -----------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; bad input becomes one line on stderr and exit status 2."""
+    """Run the CLI; bad input becomes one line on stderr and exit status 2. Warnings
+    that libraries raise are for kvsim's developers, not its users: they are not shown
+    (unless Python runs with -W or PYTHONWARNINGS)."""
+    with warnings.catch_warnings():
+        if not sys.warnoptions:
+            warnings.simplefilter("ignore")
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         code = cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:   # bare `kvsim`: the help, as click prints it

@@ -14,8 +14,8 @@ def model_arg(name: str):
     if name.endswith(".json") or Path(name).is_file():
         try:
             return model_from_hf_config(name)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise InputError(name, "file", f"not a usable Hugging Face config.json ({e!r})") from None
+        except ValueError as e:
+            raise InputError("command line", "--model", str(e)) from None
     close = difflib.get_close_matches(name.lower(), list(MODEL_PRESETS), n=1, cutoff=0.6)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     raise InputError("command line", "--model",

@@ -106,3 +106,25 @@ def _targets_text(targets: Mapping[str, float]) -> str:
 
 def _s(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.3g} s"
+
+
+def nothing_completed(summary: pd.DataFrame, requests: pd.DataFrame, time_limit_s: float | None) -> str | None:
+    """Why no request completed under any policy (None when some did): the time limit
+    ended the run first, or the requests were rejected (their commonest reason)."""
+    if len(summary) == 0 or int(summary["requests_completed"].sum()) > 0:
+        return None
+    outcomes = requests["outcome"].astype(str).value_counts()
+    rejected, unfinished = int(outcomes.get("rejected", 0)), int(outcomes.get("unfinished", 0))
+    why = []
+    if rejected:
+        reasons = requests.loc[requests["outcome"] == "rejected", "reason"].astype(str)
+        top = reasons.value_counts()
+        why.append(f"{rejected:,} request(s) were rejected (most: {top.index[0]})" if len(top) and top.index[0]
+                   else f"{rejected:,} request(s) were rejected")
+    if unfinished:
+        if time_limit_s is not None:
+            why.append(f"time_limit_s ({time_limit_s:g} s of simulated time) ended the run before "
+                       f"any of {unfinished:,} request(s) finished: raise it or drop it")
+        else:
+            why.append(f"{unfinished:,} request(s) were still running when the run ended")
+    return "; ".join(why) or "the workload produced no requests"
