@@ -63,6 +63,9 @@ def test_context_line_names_scenario_model_gpu_rate_engine_and_step_costs():
     assert context_line(scn, summary) == ("rag_8k · llama-3-8b on h100-80gb, tp 1 · poisson 4 req/s · "
                                           "engine vllm-v1 · step costs roofline")
     assert "step costs differ" in context_line(scn, summary.assign(cost_model=["x", "y"]))
+    # the same model, extrapolated in different steps, is one model
+    same = summary.assign(cost_model=["p + o [extrapolated in 5/9 steps: a]", "p + o [extrapolated in 7/7 steps: a; b]"])
+    assert context_line(scn, same).endswith("step costs p + o")
     assert context_line(scn, summary.drop(columns="engine"), swept=True).count("engine") == 0
 
 

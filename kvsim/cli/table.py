@@ -15,6 +15,8 @@ from typing import Callable, Mapping
 
 import click
 
+from kvsim.report.style import percent, seconds
+
 WIDTH = 100
 GAP = "  "
 MIN_NAME = 12      # a policy column is never cut below this many characters
@@ -29,19 +31,6 @@ def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:
 def echo_wrapped(text: str, width: int = WIDTH, indent: str = "  ") -> None:
     for line in wrap(text, width, indent):
         click.echo(line)
-
-
-def seconds(x: float) -> str:
-    """A latency in few characters: 144ms, 7.3ms, 70.8s, 1,234s."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if x < 1:
-        return f"{x * 1000:.3g}ms"
-    return f"{x:,.0f}s" if x >= 1000 else f"{x:.3g}s"
-
-
-def percent(x: float) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{x:.1%}"
 
 
 def layout(heads: list, rows: list[list[str]], width: int | None = WIDTH) -> list[str]:

@@ -22,14 +22,39 @@ import yaml
 from kvsim.errors import InputError
 from kvsim.report import html
 from kvsim.report.rates import summary_lines, sustained, sweep_table
-from kvsim.report.style import arrival_rate, context_line
+from kvsim.report.style import arrival_rate, context_line, percent, seconds
 from kvsim.report.verdict import pick, sentence
 
-KEY_COLUMNS = ["policy", "engine", "kv_utilization", "reservation_fraction", "internal_fraction",
-               "external_fraction", "kv_capacity_tokens", "memory_capacity_requests",
-               "achievable_batch_size", "mean_batch_size", "throughput_tok_s", "ttft_p50_s",
-               "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "prefix_hit_rate", "preemptions",
-               "requests_rejected", "fraction_basis"]
+def _count(x) -> str:
+    return f"{x:,.0f}"
+
+
+def _one(x) -> str:
+    return f"{x:,.1f}"
+
+
+# The summary as the report shows it, in two tables that fit the page: (column,
+# heading, format). Every column in full is in the table after them.
+MEMORY_COLUMNS = [("policy", "policy", str), ("engine", "engine", str), ("kv_utilization", "KV util", percent),
+                  ("reservation_fraction", "reserved", percent), ("internal_fraction", "internal", percent),
+                  ("external_fraction", "external", percent), ("kv_capacity_tokens", "KV capacity (tokens)", _count),
+                  ("memory_capacity_requests", "capacity (requests)", _one),
+                  ("achievable_batch_size", "achievable batch", _one), ("prefix_hit_rate", "prefix hit", percent),
+                  ("fraction_basis", "fractions over", str)]
+SERVING_COLUMNS = [("policy", "policy", str), ("mean_batch_size", "mean batch", _one),
+                   ("throughput_tok_s", "output tok/s", _count), ("request_throughput", "req/s", "{:.3g}".format),
+                   ("ttft_p50_s", "TTFT p50", seconds), ("ttft_p99_s", "TTFT p99", seconds),
+                   ("tpot_p50_s", "TPOT p50", seconds), ("tpot_p99_s", "TPOT p99", seconds),
+                   ("e2e_p99_s", "E2E p99", seconds), ("preemptions", "preempted", _count),
+                   ("requests_rejected", "rejected", _count)]
+
+
+def key_table(summary: pd.DataFrame, columns) -> pd.DataFrame:
+    """Some of the summary's columns, formatted for reading (engine only where runs differ)."""
+    shown = [c for c in columns if c[0] in summary
+             and (c[0] != "engine" or summary["engine"].astype(str).nunique() > 1)]
+    return pd.DataFrame({head: [fmt(v) if not (isinstance(v, float) and math.isnan(v)) else "n/a"
+                                for v in summary[col]] for col, head, fmt in shown})
 
 
 @dataclass
@@ -121,7 +146,6 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
     summary, timeseries, requests = combine(focus)
     scenarios = list({json.dumps(r.scenario, sort_keys=True): r.scenario for r in focus}.values())
     contexts = [context_line(s, summary) for s in scenarios]
-    body.append(html.items(contexts, "context"))
     targets = (scenarios[0].get("slo") or {}) if len(scenarios) == 1 else {}
     rate = arrival_rate(scenarios[0]) if len(scenarios) == 1 else None
 
@@ -131,6 +155,7 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
         verdict += ["Rate sweep: " + line for line in summary_lines(sweep)]
         verdict.append(f"The figures below show the run at {focus[0].rate:g} req/s (the highest rate some policy sustains).")
     body.append(html.items(verdict, "verdict"))
+    body += [html.paragraph(c, "context") for c in contexts]
 
     pngs = write_plots(summary, timeseries, requests, out, context=" | ".join(contexts))
     if sweep is not None:
@@ -145,13 +170,14 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
         body += [html.image(out / f, f) for f in files if (out / f).is_file()]
 
     body.append(html.heading("Summary"))
-    body.append(html.table(summary[[c for c in KEY_COLUMNS if c in summary]]))
+    body += [html.heading("Memory", 3), html.table(key_table(summary, MEMORY_COLUMNS)),
+             html.heading("Throughput and latency", 3), html.table(key_table(summary, SERVING_COLUMNS))]
     if sweep is not None:
         body += [html.heading("Rate sweep", 3), html.table(sweep)]
     body += [html.heading("Step-cost model per policy (with extrapolations)"),
              html.table(summary[[c for c in ("policy", "cost_model") if c in summary]])]
     body.append(html.heading("Every summary column"))
-    body.append(html.table(summary))
+    body.append(html.table(summary, scroll=True))
     body.append(html.heading("Scenario as run"))
     body += [html.pre(yaml.safe_dump(s, sort_keys=False)) for s in scenarios]
     body.append(html.heading("Versions and KV pool sizing"))

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from kvsim.cost.model import undescribe
+
 # matplotlib's tab20, dark shades first, then the light ones: the first ten are distinct.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
@@ -87,6 +89,20 @@ def same_as(series: dict[str, tuple]) -> dict[str, str]:
     return out
 
 
+# --- numbers in few characters (tables in the terminal and the report) ------------
+def seconds(x: float) -> str:
+    """A latency in few characters: 144ms, 7.3ms, 70.8s, 1,234s."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if x < 1:
+        return f"{x * 1000:.3g}ms"
+    return f"{x:,.0f}s" if x >= 1000 else f"{x:.3g}s"
+
+
+def percent(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
+
+
 # --- context ---------------------------------------------------------------------
 def arrival_rate(scenario: dict) -> float | None:
     """Requests per second of a scenario (as a dict, e.g. its scenario.yaml), or None."""
@@ -127,7 +143,7 @@ def context_line(scenario: dict | None, summary: pd.DataFrame | None = None, swe
     engines = _distinct(summary, "engine") or ([scenario["engine"]] if scenario.get("engine") else [])
     if engines:
         parts.append("engine " + "/".join(engines))
-    costs = _distinct(summary, "cost_model")
+    costs = list(dict.fromkeys(undescribe(c)[0] for c in _distinct(summary, "cost_model")))
     if len(costs) == 1:
         parts.append(f"step costs {costs[0]}")
     elif costs:
