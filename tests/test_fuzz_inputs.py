@@ -96,8 +96,9 @@ def kvsim_in(folder: Path, *args) -> tuple[int, str, str]:
 
 
 def assert_clean(code: int, out: str, err: str, folder: Path, sources: tuple[str, ...]) -> str:
-    """Ran (exit 0, results written) or failed as one named line (exit 2, nothing written).
-    Returns "ran" or "refused"."""
+    """Ran (exit 0, results written), completed nothing (exit 3, one warning line saying
+    why, nothing written) or failed as one named line (exit 2, nothing written).
+    Returns "ran", "empty" or "refused"."""
     assert "Traceback" not in out + err, err
     results = folder / "out"
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".")], "a temporary folder was left"
@@ -105,6 +106,10 @@ def assert_clean(code: int, out: str, err: str, folder: Path, sources: tuple[str
         assert err == "", err
         assert (results / "summary.csv").is_file()
         return "ran"
+    if code == 3:
+        assert err.startswith("kvsim: warning: ") and "no request completed under any policy: " in err, err
+        assert err.count("\n") == 1 and not results.exists(), err
+        return "empty"
     assert code == 2, (code, err)
     lines = err.replace("\r\n", "\n").rstrip("\n").split("\n")   # terminal lines, not str.splitlines
     assert len(lines) == 1, err
@@ -403,13 +408,14 @@ NONSENSE = {
     "pool smaller than one block": (_with(kv_cache_memory_gib=1.0e-6), "refused", "holds not even one block"),
     "activations fill the GPU": (_with(kv_cache_memory_gib=None, activation_memory_gib=79.0),
                                  "refused", "no memory left for the KV cache"),
-    # max_model_len beyond the pool under max reservation: runs, every request rejected
+    # max_model_len beyond the pool under max reservation: runs, every request rejected, so
+    # nothing completes: the warning names the rejections' reason and nothing is written
     "max_model_len beyond the pool": (_with(max_model_len=100_000, policies=[BASE["policies"][0] | {"reserve": "max"}],
                                             scheduler={"max_num_batched_tokens": 100_000}),
-                                      "ran", "reservation exceeds KV pool"),
+                                      "empty", "reservation exceeds KV pool"),
     "prompts longer than the pool": (_with(max_model_len=100_000, scheduler={"max_num_batched_tokens": 100_000},
                                            workload__prompt_tokens={"dist": "fixed", "value": 5000}),
-                                     "ran", "exceeds KV pool"),
+                                     "empty", "exceeds KV pool"),
 }
 ONCE_CRASHED = {
     # each once crashed or exhausted memory instead of exiting with 2
@@ -430,7 +436,7 @@ def test_physical_nonsense(tmp_path, case):
     proc = kvsim_subprocess(tmp_path, "run", "scenario.yaml", "--out", "out", "--quiet", "--num-requests", "5")
     outcome = assert_clean(proc.returncode, proc.stdout, proc.stderr, tmp_path, ("scenario.yaml",))
     assert outcome == expected
-    if outcome == "refused":
+    if outcome in ("refused", "empty"):
         assert reason in proc.stderr
     else:
         requests = pd.read_parquet(tmp_path / "out" / "requests.parquet")

@@ -216,7 +216,7 @@ def test_bad_flags_exit_2_with_one_line(args, needle, capsys):
 
 
 @pytest.mark.parametrize("content, needle", [
-    ("{not json", "JSONDecodeError"),
+    ("{not json", "not JSON (line 1, column 2"),
     ("{}", "num_attention_heads"),
     ("[1, 2]", "config.json"),
     ('{"num_attention_heads": 32, "hidden_size": 4096}', "num_hidden_layers"),
