@@ -128,7 +128,8 @@ class Workload(Strict):
     prompt_tokens: LengthDist | None = None
     output_tokens: LengthDist | None = None
     dataset: str | None = None     # joint lengths from a preset (kvsim.workload.datasets)
-    trace: str | None = None       # CSV of arrival time and lengths, replayed as is
+    trace: str | None = None       # a request trace (kvsim.workload.traces), replayed as is
+    time_scale: float | None = Field(None, gt=0, le=1e6)   # a trace's arrivals times this
     n: int = Field(1, ge=1, le=64)           # parallel samples per request
     beam_width: int = Field(1, ge=1, le=64)  # beams per request
     prefix: PrefixGroups | None = None
@@ -146,7 +147,9 @@ class Workload(Strict):
         if self.n > 1 and self.beam_width > 1:
             raise ValueError("choose n (parallel sampling) or beam_width (beam search), not both")
         if self.trace is not None and self.sharing is not None:
-            raise ValueError("a trace has no token identities: drop prefix, rag or conversation")
+            raise ValueError("a trace brings its own prompts: drop prefix, rag or conversation")
+        if self.trace is None and self.time_scale is not None:
+            raise ValueError("time_scale stretches a trace's arrivals: give a trace or drop time_scale")
 
         sources = [self.trace is not None, self.dataset is not None,
                    self.prompt_tokens is not None or self.output_tokens is not None]

@@ -1,4 +1,5 @@
-"""Tests for kvsim.workload.datasets: length presets, arrival statistics and the trace reader.
+"""Tests for kvsim.workload.datasets: length presets and arrival statistics (the trace
+reader's own tests are in test_traces.py).
 
 Checks against the real traces in /work/shared/data skip when that folder is absent;
 everything else runs from the package's own derived json."""
@@ -12,14 +13,12 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kvsim.workload.datasets import DATASETS, Dataset, arrival_stats, read_trace, sample_lengths
-from kvsim.errors import InputError
+from kvsim.workload.datasets import DATASETS, Dataset, arrival_stats, sample_lengths
+from kvsim.workload.traces import read_trace
 
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO.parent / "shared" / "data" / "traces"
-TINY = Path(__file__).parent / "data" / "tiny_trace.csv"
 FILE_PRESETS = ["sharegpt-multiturn", "arxiv-summarization", "azure-conv", "azure-code"]
 PUBLISHED = {"sharegpt": (161.31, 337.99), "alpaca": (19.31, 58.45)}  # vLLM paper
 CSV_OF = {
@@ -174,93 +173,3 @@ def test_derive_script_reproduces_the_shipped_json():
     shipped = (REPO / "kvsim" / "data" / "datasets.json").read_text("utf-8")
     assert derive.dumps(derive.derive(TRACES)) == shipped
     assert len(shipped) < 40_000
-
-
-# ------------------------------------------------------------ read_trace
-
-def write(tmp_path: Path, text: str | bytes, name: str = "t.csv") -> Path:
-    path = tmp_path / name
-    path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    return path
-
-
-def test_read_trace_good_file_sorts_stably_and_keeps_times(tmp_path):
-    path = write(tmp_path, "arrival_time,prompt_tokens,output_tokens,extra\n"
-                           "5.0,10,1,a\n3.5,20,2,b\n5.0,30,3,c\n\n4,40.0,4,d\n")
-    got = read_trace(path)
-    assert list(got.columns) == ["arrival_s", "prompt_tokens", "output_tokens"]
-    assert got.dtypes.tolist() == [np.float64, np.int64, np.int64]
-    assert got.arrival_s.tolist() == [3.5, 4.0, 5.0, 5.0]       # not shifted to 0
-    assert got.prompt_tokens.tolist() == [20, 40, 10, 30]       # ties keep file order
-
-
-def test_tiny_trace_example():
-    got = read_trace(TINY)
-    assert len(got) == 10 and got.arrival_s.iloc[0] == 0.0
-    assert got.arrival_s.is_monotonic_increasing
-    assert got.prompt_tokens.sum() == 9585 and got.output_tokens.sum() == 1520
-
-
-HEAD = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
-BAD = {  # case -> (file content, field, words the message must contain)
-    "binary": (bytes(range(256)) * 8, "file", "not a text CSV"),
-    "latin-1": ("arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,caf\xe9\n".encode("latin-1"),
-                "file", "UTF-8"),
-    "empty": ("", "columns", "arrived_at / arrival_s / arrival_time"),
-    "no columns": ("a,b\n1,2\n", "columns", "found: a, b"),
-    "two arrivals": ("arrived_at,arrival_s,prompt_tokens,output_tokens\n0,0,1,1\n",
-                     "columns", "several columns"),
-    "no decode": ("arrived_at,num_prefill_tokens\n0,1\n", "columns", "num_decode_tokens / output_tokens"),
-    "header only": (HEAD, "rows", "no data rows"),
-    "text length": (HEAD + "0,5,5\n1,abc,5\n", "line 3", "num_prefill_tokens='abc'"),
-    "NaN length": (HEAD + "0,5,NaN\n", "line 2", "num_decode_tokens='NaN'"),
-    "empty cell": (HEAD + "0,5,5\n0.5,,5\n", "line 3", "whole number"),
-    "negative": (HEAD + "0,5,5\n1,5,5\n2,-3,5\n", "line 4", "'-3'"),
-    "fraction": (HEAD + "0,5,2.5\n", "line 2", "whole number"),
-    "zero": (HEAD + "0,0,5\n", "line 2", "from 1"),
-    "huge": (HEAD + "0,1e30,5\n", "line 2", "from 1"),
-    "inf arrival": (HEAD + "inf,5,5\n", "line 2", "finite"),
-    "negative arrival": (HEAD + "-1,5,5\n", "line 2", ">= 0"),
-    "ragged": (HEAD + "0,5,5\n1,5\n", "line 3", "2 fields"),
-    "after blank": (HEAD + "0,5,5\n\n\n1,x,5\n", "line 5", "'x'"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD))
-def test_read_trace_bad_input(tmp_path, case):
-    content, field, words = BAD[case]
-    path = write(tmp_path, content)
-    with pytest.raises(InputError) as info:
-        read_trace(path)
-    err = info.value
-    assert (err.source, err.field) == (str(path), field)
-    assert words in err.message and "\n" not in str(err)
-    assert str(err).startswith(f"{path}: {field}: ")
-
-
-@pytest.mark.parametrize("what", ["missing", "folder"])
-def test_read_trace_unreadable_path(tmp_path, what):
-    path = tmp_path / "nope.csv" if what == "missing" else tmp_path
-    with pytest.raises(InputError) as info:
-        read_trace(path)
-    assert (info.value.source, info.value.field) == (str(path), "file")
-
-
-CELLS = st.sampled_from(["0", "1", "7", "2.5", "-1", "nan", "", "x", "1e3", "inf", '"', " 4 ",
-                         "\x00", "é", "1,2", '"3\n4"'])
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(body=st.one_of(
-    st.binary(max_size=200),
-    st.lists(st.lists(CELLS, min_size=1, max_size=4), max_size=6).map(
-        lambda rows: HEAD + "\n".join(",".join(r) for r in rows))))
-def test_read_trace_never_leaks_other_errors(tmp_path_factory, body):
-    path = write(tmp_path_factory.mktemp("fuzz"), body)
-    try:
-        got = read_trace(path)
-    except InputError as err:
-        assert err.source == str(path) and "\n" not in str(err)
-    else:
-        assert len(got) >= 1 and (got.prompt_tokens >= 1).all() and (got.output_tokens >= 1).all()
-        assert got.arrival_s.is_monotonic_increasing

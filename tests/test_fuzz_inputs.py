@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import kvsim, kvsim_command, wall_limit, with_changes
-from kvsim.workload.datasets import read_trace
+from kvsim.workload.traces import read_trace
 from kvsim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]

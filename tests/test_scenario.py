@@ -20,7 +20,8 @@ from kvsim.specs import GPU_PRESETS, MODEL_PRESETS
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
 SHARED_TRACE = REPO.parent / "shared" / "data" / "traces" / "splitwise_conv.csv"
-NEEDS_SHARED_DATA = {"azure_conv_replay.yaml"}
+NEEDS_SHARED_DATA = {"azure_conv_replay.yaml": SHARED_TRACE,
+                     "mooncake_synthetic.yaml": SHARED_TRACE.with_name("mooncake_synthetic_trace.jsonl")}
 
 BASE = {
     "name": "base",
@@ -78,8 +79,9 @@ def load_error(path: Path) -> str:
 # --- shipped scenarios ---------------------------------------------------------------
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
 def test_shipped_scenarios_load(path):
-    if path.name in NEEDS_SHARED_DATA and not SHARED_TRACE.is_file():
-        pytest.skip(f"needs {SHARED_TRACE} (reference data beside the checkout)")
+    needs = NEEDS_SHARED_DATA.get(path.name)
+    if needs is not None and not needs.is_file():
+        pytest.skip(f"needs {needs} (reference data beside the checkout)")
     scn, base_dir = load_scenario(path)
     assert isinstance(scn, Scenario)
     assert base_dir == path.parent

@@ -1,4 +1,4 @@
-"""Workload length presets and the trace reader.
+"""Workload length presets.
 
 A preset says how long a request's prompt and output are. Two kinds ship in
 ``kvsim/data/datasets.json`` (written by ``scripts/derive_datasets.py``):
@@ -20,25 +20,18 @@ A preset says how long a request's prompt and output are. Two kinds ship in
     filter would drop (either < 4, prompt > 1024, prompt + output > 2048) are redrawn.
 
 All randomness comes from the ``numpy.random.Generator`` passed in, so a given
-generator state gives the same lengths. ``read_trace`` loads a user's CSV trace and
-turns every kind of bad content into one ``InputError``.
+generator state gives the same lengths. Traces are read by kvsim.workload.traces.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
 import numpy as np
-import pandas as pd
-
-from kvsim.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -142,80 +135,3 @@ def arrival_stats(name: str) -> tuple[float, float] | None:
     """(mean arrival rate in req/s, coefficient of variation of inter-arrival times)
     measured over the source trace's hour, or None for presets without arrivals."""
     return _get(name).arrival
-
-
-# ---------------------------------------------------------------- trace reader
-
-_COLUMNS = {  # output column -> accepted input names, in order of preference
-    "arrival_s": ("arrived_at", "arrival_s", "arrival_time"),
-    "prompt_tokens": ("num_prefill_tokens", "prompt_tokens"),
-    "output_tokens": ("num_decode_tokens", "output_tokens"),
-}
-_MAX_TOKENS = 2**31 - 1
-
-
-def read_trace(path) -> pd.DataFrame:
-    """Read a CSV request trace into columns arrival_s (float seconds, as in the file,
-    not shifted), prompt_tokens and output_tokens (int64, >= 1), stably sorted by
-    arrival. Other columns are ignored. Bad input raises InputError(path, field, allowed),
-    with field "file", "columns", "rows" or "line N" (the file's 1-based line)."""
-    src = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise InputError(src, "file", "no such file; expected a CSV trace") from None
-    except OSError as exc:
-        raise InputError(src, "file", f"cannot read ({exc.strerror or exc}); expected a CSV trace") from None
-    try:
-        if b"\x00" in raw:
-            raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise InputError(src, "file", "not a text CSV file (binary or not UTF-8)") from None
-
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = [" ".join(h.split()) for h in next(reader, [])]  # one-line names
-        rows, lines = [], []
-        for row in reader:
-            if row and any(cell.strip() for cell in row):
-                rows.append(row)
-                lines.append(reader.line_num)
-    except csv.Error as exc:
-        raise InputError(src, f"line {reader.line_num}", f"malformed CSV ({exc})") from None
-
-    index = {}
-    for out, names in _COLUMNS.items():
-        present = [c for c in names if c in header]
-        if len(present) != 1:
-            found = ", ".join(header) if any(header) else "none"
-            problem = "several columns for" if present else "missing column for"
-            raise InputError(src, "columns", f"{problem} {out}: accepted names are "
-                             f"{' / '.join(names)} (found: {found})")
-        index[out] = header.index(present[0])
-    if not rows:
-        raise InputError(src, "rows", "no data rows; expected at least one request")
-    for row, line in zip(rows, lines):
-        if len(row) != len(header):
-            raise InputError(src, f"line {line}",
-                             f"{len(row)} fields, the header has {len(header)}")
-
-    columns = {out: _parse_column(src, [r[i] for r in rows], lines, out, header[i])
-               for out, i in index.items()}
-    frame = pd.DataFrame(columns)
-    return frame.sort_values("arrival_s", kind="stable").reset_index(drop=True)
-
-
-def _parse_column(src: str, cells: list[str], lines: list[int], out: str, header: str):
-    values = pd.to_numeric(pd.Series([c.strip() for c in cells], dtype=object),
-                           errors="coerce").to_numpy(dtype=np.float64)
-    if out == "arrival_s":
-        bad, allowed = ~(np.isfinite(values) & (values >= 0)), "a finite number of seconds >= 0"
-    else:
-        bad = ~(np.isfinite(values) & (values >= 1) & (values <= _MAX_TOKENS)
-                & (np.floor(values) == values))
-        allowed = f"a whole number of tokens from 1 to {_MAX_TOKENS}"
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise InputError(src, f"line {lines[i]}", f"{header}={cells[i].strip()!r}: {allowed}")
-    return values if out == "arrival_s" else values.astype(np.int64)

@@ -5,7 +5,8 @@ the scenario's seed, split into independent streams for arrivals and for lengths
 changing the arrival rate does not change the lengths drawn (and vice versa).
 
 Lengths outside a distribution's [min, max] are redrawn, and so is any request whose
-prompt + output exceeds max_model_len. A trace is replayed as it is: its requests that
+prompt + output exceeds max_model_len. A trace is replayed as it is (kvsim.workload.traces:
+its first num_requests requests, arrivals scaled by time_scale): its requests that
 exceed max_model_len are later rejected with that reason.
 """
 from __future__ import annotations
@@ -121,11 +122,8 @@ def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> R
     wl = scn.workload
     arrival_ss, length_ss, sharing_ss = np.random.SeedSequence(scn.seed).spawn(3)
     if wl.trace is not None:
-        from kvsim.workload.datasets import read_trace
-        df = read_trace(base_dir / wl.trace)
-        if wl.num_requests is not None:
-            df = df.iloc[: wl.num_requests]
-        return RequestTable(*(df[c].to_numpy() for c in ("arrival_s", "prompt_tokens", "output_tokens")))
+        from kvsim.workload.traces import trace_requests
+        return trace_requests(base_dir / wl.trace, wl.num_requests, wl.time_scale or 1.0)
     n = wl.num_requests
     arrivals = draw_arrivals(wl.arrival, n, np.random.default_rng(arrival_ss))
     length_rng = np.random.default_rng(length_ss)
