@@ -311,9 +311,11 @@ def test_kvsim_sweep_writes_rows_summary_and_plots_and_resumes(tmp_path):
     assert list(summary.columns[:4]) == [*SWEEP["grid"], "policy", "seeds"]
     assert not any(c.endswith("_ci95") for c in summary.columns)    # one seed: no interval
     assert len(pd.read_parquet(out / "results.parquet")) == 8
+    from kvsim.cli.sweep import sweep_context
     from kvsim.report.sweep_plots import write_sweep_plots      # drawn in 2 processes above
     (tmp_path / "serial").mkdir()
-    serial = write_sweep_plots(summary, list(SWEEP["grid"]), tmp_path / "serial", workers=1)
+    serial = write_sweep_plots(summary, list(SWEEP["grid"]), tmp_path / "serial", workers=1,
+                               context=sweep_context(load_sweep(path)))
     assert len(serial) == 2 and all(p.read_bytes() == (out / p.name).read_bytes() for p in serial)
 
     code, _, stderr = kvsim("sweep", path, "--out", out)

@@ -66,7 +66,9 @@ def _import_writing() -> None:
 
 
 def run_meta(scn, src: str, results, started: float) -> dict:
-    """run.json: versions, wall time, and the KV pool's sizing with each figure's scope."""
+    """run.json: versions, wall time, the KV pool's sizing with each figure's scope, and
+    the policy settings that leave step time unchanged (kvsim.report.unmodelled)."""
+    from kvsim.report.unmodelled import notes
     pool = results.pool
     gib = 1 << 30
     return {
@@ -85,6 +87,7 @@ def run_meta(scn, src: str, results, started: float) -> dict:
             "kv_pool_gib_total": round(pool.pool_bytes / gib, 3),
             "source": pool.source,
         },
+        "timing_notes": notes(scn, Path(src).parent),
     }
 
 
@@ -123,14 +126,18 @@ def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
     independent jobs, run in up to `workers` processes (kvsim.parallel)."""
     from kvsim.parallel import ordered_map
     from kvsim.report.plots import plot_jobs
+    from kvsim.report.colours import with_settings
     from kvsim.report.style import context_line
 
-    context = context_line(scn.model_dump(mode="json", exclude_none=True), results.summary)
+    scenario = scn.model_dump(mode="json", exclude_none=True)
+    context = context_line(scenario, results.summary)
     series = results.timeseries
     if results.per_replica is not None:        # a fleet's figures show replica 0
         series = series[series.replica == 0]
     jobs = [lambda: _write_tables(results, scn, folder),
-            *plot_jobs(results.summary, series, results.requests, folder, context=context)]
+            *plot_jobs(with_settings(results.summary, scenario), series, results.requests, folder,
+                       context=context, targets=scn.slo.targets() if scn.slo else None,
+                       notes=meta.get("timing_notes", ()))]
     # the longest jobs first, so that none ends the run alone: the latency CDFs, the step
     # series, the breakdown; the tables last, unless they are long (a million requests'
     # Parquet file takes longer than any figure)

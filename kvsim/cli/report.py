@@ -73,6 +73,7 @@ def reproduce(quick, out, only, scenarios, force):
 def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: bool,
               check_invariants: bool, started: float, wide: bool = False, **how) -> None:
     """`kvsim run --rates`: one run folder per rate under `out`, then the sweep's curves."""
+    from kvsim.report.colours import settings_frame
     from kvsim.report.figures import rate_sweep
     from kvsim.report.plots import save
     from kvsim.report.rates import summary_lines, sweep_table, with_rate
@@ -95,7 +96,7 @@ def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: 
         (tmp / "scenario.yaml").write_text(_scenario_yaml(scn))
         table.to_csv(tmp / "rates.csv", index=False)
         context = context_line(scn.model_dump(mode="json", exclude_none=True), runs[-1][2].summary, swept=True)
-        save(rate_sweep(table, context), tmp / "rate_sweep.png")
+        save(rate_sweep(table, context, settings=settings_frame(scn)), tmp / "rate_sweep.png")
 
     swap_in(out, write)
     if not quiet:

@@ -98,7 +98,7 @@ def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
     finally:
         bar.close()
     rows, summary, errors = store.write_tables(plan)
-    write_sweep_plots(summary, plan.params, out, workers or cores())
+    write_sweep_plots(summary, plan.params, out, workers or cores(), context=sweep_context(plan))
     if not quiet:
         from kvsim.cli.table import sweep_tables
         for line in sweep_tables(summary, plan.params):
@@ -107,6 +107,20 @@ def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
                f"{len(errors)} failed" + (" (errors.csv; --resume retries them)" if len(errors) else "")
                + f"; wrote {out}/")
     return 1 if len(errors) else 0
+
+
+def sweep_context(plan) -> str:
+    """The base scenario's context line (of the first point), and what the sweep varies."""
+    from kvsim.report.style import context_line, param_label
+    if not plan.points:
+        return ""
+    scenario = plan.points[0].scenario.model_dump(mode="json", exclude_none=True)
+    rate = any(p.endswith("rate_per_s") for p in plan.params)
+    varied = [param_label(p) for p in plan.params if len({str(q.params.get(p)) for q in plan.points}) > 1]
+    seeds = sorted({q.seed for q in plan.points})
+    return " · ".join(filter(None, [context_line(scenario, swept=rate),
+                                    "swept: " + ", ".join(varied) if varied else "",
+                                    f"seeds {', '.join(map(str, seeds))}"]))
 
 
 def _check_out(out: Path, marker: str, resume: bool, force: bool, advice: str) -> None:
@@ -192,7 +206,10 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
         head = (f"fewest GPUs serving {rate:g} requests/s within {shown} (GPUs = tensor_parallel_size "
                 f"{', '.join(map(str, cap.TP_SIZES))} x replicas {', '.join(map(str, cap.REPLICAS))}; "
                 f"{router} router)")
-    _write(out, table, cap.probe_table(probes, targets), targets, meta, rate is None)
+    from kvsim.report.style import context_line
+    context = context_line(scn.model_dump(mode="json", exclude_none=True), swept=rate is None)
+    from kvsim.report.colours import settings_frame
+    _write(out, table, cap.probe_table(probes, targets), targets, meta, rate is None, context, settings_frame(scn))
     if not quiet:
         from kvsim.cli.table import capacity_lines
         for line in capacity_lines(head, table):
@@ -200,7 +217,7 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
         click.echo(f"wrote {out}/")
 
 
-def _write(out: Path, table, probes, targets, meta, forward: bool) -> None:
+def _write(out: Path, table, probes, targets, meta, forward: bool, context: str = "", settings=None) -> None:
     """Write into a fresh folder beside `out`, then swap it in (as kvsim run does)."""
     from kvsim.cli.output import swap_in
     from kvsim.report.sweep_plots import write_capacity_plot
@@ -209,6 +226,6 @@ def _write(out: Path, table, probes, targets, meta, forward: bool) -> None:
         table.to_csv(tmp / "capacity.csv", index=False)
         probes.to_csv(tmp / "probes.csv", index=False)
         write_capacity_plot(table, probes, targets, "max_rate_per_s" if forward else "gpus",
-                            "rate_per_s" if forward else "gpus", tmp)
+                            "rate_per_s" if forward else "gpus", tmp, context, settings)
         (tmp / "capacity.json").write_text(json.dumps(meta, indent=2) + "\n")
     swap_in(out, write)

@@ -22,6 +22,7 @@ import yaml
 from kvsim.errors import InputError
 from kvsim.report import html
 from kvsim.report.rates import summary_lines, sustained, sweep_table
+from kvsim.report.colours import with_settings
 from kvsim.report.style import arrival_rate, context_line, percent, seconds
 from kvsim.report.verdict import pick, sentence
 
@@ -114,14 +115,15 @@ def is_sweep(runs: list[RunFolder]) -> bool:
 
 
 def combine(runs: list[RunFolder]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Summaries and tables of several runs, policies renamed folder/policy where they clash."""
+    """Summaries and tables of several runs, policies renamed folder/policy where they
+    clash; each summary with its contiguous policies' reservation (for their colours)."""
     if len(runs) == 1:
-        return runs[0].summary, runs[0].timeseries, runs[0].requests
+        return with_settings(runs[0].summary, runs[0].scenario), runs[0].timeseries, runs[0].requests
     names = [p for r in runs for p in r.summary["policy"].astype(str)]
     clash = len(names) != len(set(names))
     out = ([], [], [])
     for run in runs:
-        for i, frame in enumerate((run.summary, run.timeseries, run.requests)):
+        for i, frame in enumerate((with_settings(run.summary, run.scenario), run.timeseries, run.requests)):
             frame = frame.copy()
             if clash and "policy" in frame:
                 frame["policy"] = run.path.name + "/" + frame["policy"].astype(str)
@@ -159,7 +161,7 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
 
     pngs = write_plots(summary, timeseries, requests, out, context=" | ".join(contexts))
     if sweep is not None:
-        pngs.append(save(rate_sweep(sweep, context_line(runs[0].scenario, summary, swept=True)), out / "rate_sweep.png"))
+        pngs.append(save(rate_sweep(sweep, context_line(runs[0].scenario, summary, swept=True), settings=summary), out / "rate_sweep.png"))
         sweep.to_csv(out / "rates.csv", index=False)
     sections = [("Memory: where the KV pool went, and its capacity", ["memory_breakdown.png"]),
                 ("Memory and batch over time", ["utilization_batch.png"]),

@@ -16,10 +16,12 @@ from kvsim.report.rates import DIVERGENCE, sustained, unloaded_latency
 from kvsim.report.style import policy_styles
 
 
-def rate_sweep(table: pd.DataFrame, context: str = "", divergence: float = DIVERGENCE) -> Figure:
+def rate_sweep(table: pd.DataFrame, context: str = "", divergence: float = DIVERGENCE,
+               settings: pd.DataFrame | None = None) -> Figure:
     """Normalized latency and throughput against request rate, per policy; a policy's
-    sustained rate is ringed, and the divergence threshold drawn."""
-    styles = policy_styles(table)
+    sustained rate is ringed, and the divergence threshold drawn. `settings`: a frame of
+    the policies' settings (a summary), for their colours."""
+    styles = policy_styles(*([settings] if settings is not None else []), table)
     fig = Figure(figsize=(12.5, 4.8), layout="constrained")
     ax_lat, ax_tput = fig.subplots(1, 2)
     best = sustained(table, divergence)

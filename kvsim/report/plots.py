@@ -73,15 +73,19 @@ BASIS = {"waiting": "time-weighted while requests wait",
          "none": "never memory-bound: no fractions"}
 
 
-def _builders(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame):
+TIMED = {"latency.png", "throughput_batch.png", "latency_percentiles.png"}   # figures of time
+
+
+def _builders(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
+              targets: dict | None = None):
     """Each figure's file name and a function that builds it (one figure at a time)."""
     styles = policy_styles(summary, timeseries, requests)
     colours = {name: s.colour for name, s in styles.items()}
     builders = (lambda: _memory_breakdown(summary, requests, colours),
                 lambda: _utilization_batch(timeseries, styles),
-                lambda: _latency(requests, styles),
+                lambda: _latency(requests, styles, targets or {}),
                 lambda: _throughput_batch(summary, colours),
-                lambda: latency_percentiles(summary, colours))
+                lambda: latency_percentiles(summary, colours, targets or {}))
     return {name: _pinned_titles(build) for name, build in zip(FILES, builders)}
 
 
@@ -94,33 +98,37 @@ def _pinned_titles(build: Callable[[], Figure]) -> Callable[[], Figure]:
 
 
 def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
-            context: str = "") -> dict[str, Figure]:
-    """The five figures by file name (the notebooks show these; write_plots saves them)."""
-    figs = {name: build() for name, build in _builders(summary, timeseries, requests).items()}
-    for fig in figs.values():
-        add_context(fig, context)
+            context: str = "", targets: dict | None = None, notes=()) -> dict[str, Figure]:
+    """The five figures by file name (the notebooks show these; write_plots saves them).
+    targets: the scenario's latency targets (drawn on the latency figures); notes: lines
+    for the figures of time (kvsim.report.unmodelled's)."""
+    figs = {name: build() for name, build in _builders(summary, timeseries, requests, targets).items()}
+    for name, fig in figs.items():
+        add_context(fig, context, notes if name in TIMED else ())
     return figs
 
 
 def write_plots(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
-                out_dir: Path, context: str = "", workers: int = 1) -> list[Path]:
+                out_dir: Path, context: str = "", workers: int = 1, targets: dict | None = None,
+                notes=()) -> list[Path]:
     """Write the five figures into `out_dir` (which must exist); return their paths.
     workers: draw them in up to that many processes (kvsim.parallel; the same files)."""
-    jobs = plot_jobs(summary, timeseries, requests, out_dir, context)
+    jobs = plot_jobs(summary, timeseries, requests, out_dir, context, targets, notes)
     return ordered_map(lambda i: jobs[i](), len(jobs), workers)
 
 
 def plot_jobs(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
-              out_dir: Path, context: str = "") -> list[Callable[[], Path]]:
+              out_dir: Path, context: str = "", targets: dict | None = None,
+              notes=()) -> list[Callable[[], Path]]:
     """One job per figure, in FILES order: build it, save it into `out_dir`, return its path
     (independent of each other, so a caller may run them in any process)."""
     def job(name: str, build) -> Callable[[], Path]:
         def draw() -> Path:
             fig = build()
-            add_context(fig, context)
+            add_context(fig, context, notes if name in TIMED else ())
             return save(fig, Path(out_dir) / name)
         return draw
-    return [job(name, build) for name, build in _builders(summary, timeseries, requests).items()]
+    return [job(name, build) for name, build in _builders(summary, timeseries, requests, targets).items()]
 
 
 def save(fig: Figure, path: Path) -> Path:
@@ -172,14 +180,17 @@ def build_mathtext() -> None:
     MathTextParser("agg").parse(r"$10^{0}$")
 
 
-def add_context(fig: Figure, context: str) -> None:
+def add_context(fig: Figure, context: str, notes=()) -> None:
     """The run's context in small grey text above the figure's own titles, from the left
     edge: centred, it ran into a legend outside the axes at the upper right (which is at
-    most about 3 inches wide)."""
-    if context:
+    most about 3 inches wide). Notes (what a setting does not change) follow it, each
+    on lines of its own."""
+    if context or notes:
         inches = fig.get_figwidth() - (3.2 if fig.legends else 0.2)
         width = max(40, int(inches * 13))    # characters that surely fit at 8 pt
-        fig.suptitle("\n".join(textwrap.wrap(context, width)), fontsize=8, color="0.35", x=0.01, ha="left")
+        lines = textwrap.wrap(context, width) + [line for note in notes
+                                                  for line in textwrap.wrap("Note: " + note, width)]
+        fig.suptitle("\n".join(lines), fontsize=8, color="0.35", x=0.01, ha="left")
 
 
 def set_policy_ticks(ax, x, policies: list[str], colours: dict[str, str]) -> None:
@@ -332,7 +343,9 @@ def _utilization_batch(timeseries: pd.DataFrame, styles: dict) -> Figure:
     return fig
 
 
-def _latency(requests: pd.DataFrame, styles: dict) -> Figure:
+def _latency(requests: pd.DataFrame, styles: dict, targets: dict) -> Figure:
+    """CDFs with the percentiles marked (dotted lines at 0.5, 0.9, 0.99, labelled) and
+    each latency target drawn where its percentile must stay below it."""
     samples = latency_samples(requests)
     fig = Figure(figsize=(13.5, 4.5), layout="constrained")
     axes = fig.subplots(1, 3, sharey=True)
@@ -357,6 +370,11 @@ def _latency(requests: pd.DataFrame, styles: dict) -> Figure:
             ax.text(0.5, 0.5, "no completed requests", transform=ax.transAxes, ha="center")
         elif floor is not None:
             ax.set_xscale("log")
+        for pct, level in PERCENTILE_LEVELS:
+            ax.axhline(level, color="0.55", ls=":", lw=0.8)
+            ax.text(1.0, level, f" {pct}", transform=ax.get_yaxis_transform(), va="center", fontsize=7,
+                    color="0.35")
+        _targets_on_cdf(ax, col.removesuffix("_s"), targets)
         ax.set_xlabel(xlabel)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
@@ -368,6 +386,26 @@ def _latency(requests: pd.DataFrame, styles: dict) -> Figure:
                for n, st in styles.items()]
     fig.legend(handles=handles, loc="outside right upper", title="policy", fontsize=8)
     return fig
+
+
+PERCENTILE_LEVELS = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+TARGET_STYLE = {"p50": ":", "p90": "-.", "p99": "--"}      # a target's line, by its percentile
+
+
+def _targets_on_cdf(ax, metric: str, targets: dict) -> None:
+    """Each target of `metric` (e.g. ttft_p99_s <= 2) as a black line at its bound up to
+    its percentile's level, with a marker where the CDF must pass above it."""
+    for column, bound in targets.items():
+        name, _, pct = column.removesuffix("_s").rpartition("_")
+        if name != metric:
+            continue
+        level = dict(PERCENTILE_LEVELS).get(pct, 0.5 if pct == "p50" else None)
+        if level is None:
+            continue
+        ax.axvline(bound, ymax=level / 1.02, color="black", ls=TARGET_STYLE.get(pct, "--"), lw=1.1)
+        ax.plot([bound], [level], marker="v", color="black", ms=5)
+        ax.annotate(f"target {pct} ≤ {bound:g} s ", (bound, level), xytext=(-2, 3), textcoords="offset points",
+                    fontsize=7, ha="right")
 
 
 def cdf_points(v: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
@@ -420,20 +458,34 @@ def _throughput_batch(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
     return fig
 
 
-PERCENTILES = (("p50", 1.0), ("p90", 0.65), ("p99", 0.35))   # bar alpha per percentile
+# per percentile: bar opacity and hatch, so that the three differ without colour too
+PERCENTILES = (("p50", 1.0, ""), ("p90", 0.65, "//"), ("p99", 0.35, "xx"))
 
 
-def latency_percentiles(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
-    """TTFT and TPOT at p50, p90 and p99: one group of three bars per policy."""
+def latency_percentiles(summary: pd.DataFrame, colours: dict[str, str], targets: dict | None = None) -> Figure:
+    """TTFT and TPOT at p50, p90 and p99: one group of three bars per policy, told
+    apart by hatching as well as shade; each latency target a line (its style by
+    percentile) across its panel."""
     policies = summary["policy"].astype(str).tolist()
     fig = Figure(figsize=(2 * bar_figure_width(len(policies), extra=1.0), 4.6), layout="constrained")
     x = np.arange(len(policies))
     for ax, metric, label in zip(fig.subplots(1, 2), ("ttft", "tpot"),
                                  ("time to first token (s)", "time per output token (s)")):
-        for k, (pct, alpha) in enumerate(PERCENTILES):
+        for k, (pct, alpha, hatch) in enumerate(PERCENTILES):
             values = _numbers(summary, f"{metric}_{pct}_s")
-            ax.bar(x + (k - 1) * 0.27, np.nan_to_num(values), 0.27, alpha=alpha,
+            ax.bar(x + (k - 1) * 0.27, np.nan_to_num(values), 0.27, alpha=alpha, hatch=hatch,
                    color=[colours[p] for p in policies], edgecolor="0.3", linewidth=0.4)
+        handles = [Patch(facecolor="0.6", alpha=alpha, hatch=hatch, edgecolor="0.3", label=pct)
+                   for pct, alpha, hatch in PERCENTILES]
+        for column, bound in (targets or {}).items():
+            name, _, pct = column.removesuffix("_s").rpartition("_")
+            if name == metric:
+                ax.axhline(bound, color="black", ls=TARGET_STYLE.get(pct, "--"), lw=1.1)
+                handles.append(Line2D([], [], color="black", ls=TARGET_STYLE.get(pct, "--"),
+                                      label=f"target {pct} ≤ {bound:g} s"))
+        ax.legend(handles=handles, fontsize=7, loc="upper left")
+        top = ax.get_ylim()[1]
+        ax.set_ylim(0, top * 1.25 if top > 0 else 1)     # room for the legend
         ax.set_ylabel(label)
         ax.set_title(f"{metric.upper()} percentiles (bars: p50, p90, p99)", fontsize=10)
         set_policy_ticks(ax, x, policies, colours)

@@ -1,29 +1,23 @@
 """How every kvsim figure looks: a policy's colour and line style, tick labels that
 never collide, and the line of context each figure carries.
 
-A policy keeps its colour wherever it appears, in any run and any figure, because the
-colour is derived from its name (CRC-32 into the ten dark colours of a 20-colour
-palette; all twenty once a figure has more than ten policies) rather than from its
-position in a table; only two policies of one figure whose names land on the same
-colour are told apart by probing to the next free one, in name order. Line styles and
-markers cycle by position so that identical lines in one figure stay distinguishable.
-Only matplotlib-free helpers live here; kvsim.report.plots and kvsim.report.figures draw.
+A policy's colour follows from its settings (kvsim.report.colours: the allocator family
+sets the hue, block size or reservation the shade), so it is the same in every figure
+and run. Line styles and markers cycle by position so that identical lines in one
+figure stay distinguishable. Only matplotlib-free helpers live here; kvsim.report.plots
+and kvsim.report.figures draw.
 """
 from __future__ import annotations
 
 import math
 import textwrap
-import zlib
 from dataclasses import dataclass
 
 import pandas as pd
 
 from kvsim.cost.model import undescribe
+from kvsim.report.colours import policy_colours
 
-# matplotlib's tab20, dark shades first, then the light ones: the first ten are distinct.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
-           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LABEL_WIDTH = 14          # characters per line of a wrapped policy name
@@ -37,31 +31,8 @@ class Style:
     marker: str
 
 
-def policy_names(*frames: pd.DataFrame) -> list[str]:
-    """Policies in first-seen order across `frames` (summary first)."""
-    names: dict[str, None] = {}
-    for frame in frames:
-        if "policy" in frame:     # unique() keeps first-seen order, without a string per row
-            names.update(dict.fromkeys(str(name) for name in frame["policy"].unique()))
-    return list(names)
-
-
-def policy_colours(*frames: pd.DataFrame) -> dict[str, str]:
-    """One colour per policy named in `frames`, derived from the name (see module doc)."""
-    names = policy_names(*frames)
-    size = 10 if len(names) <= 10 else len(PALETTE)
-    taken: dict[int, str] = {}
-    for name in sorted(names):
-        slot = zlib.crc32(name.encode()) % size
-        while slot in taken and len(taken) < size:
-            slot = (slot + 1) % size
-        taken.setdefault(slot, name)
-    colour = {name: PALETTE[slot] for slot, name in taken.items()}
-    return {name: colour.get(name, PALETTE[zlib.crc32(name.encode()) % size]) for name in names}
-
-
 def policy_styles(*frames: pd.DataFrame) -> dict[str, Style]:
-    """Colour from the name; line style and marker by position, so no two lines match."""
+    """Colour from the settings; line style and marker by position, so no two lines match."""
     colours = policy_colours(*frames)
     return {name: Style(colours[name], LINESTYLES[i % len(LINESTYLES)], MARKERS[i % len(MARKERS)])
             for i, name in enumerate(colours)}
