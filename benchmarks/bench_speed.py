@@ -50,7 +50,7 @@ ONCE = ("sharegpt_100k", "sharegpt_1m")       # workloads (and their _prefix twi
 
 def child(args: list[str]) -> None:
     """Run `kvsim ARGS` in this process, then print its CPU seconds (with its worker
-    processes': kvsim.parallel) and the peak RSS of the largest of them."""
+    processes': kvsim.sim.parallel) and the peak RSS of the largest of them."""
     from kvsim.cli.app import exit_now, main
     code = main(args)
     me, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

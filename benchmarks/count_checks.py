@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def count(scenario: Path) -> None:
-    from kvsim import runner, scheduler
-    from kvsim.scenario import load_scenario
+    from kvsim.sim import runner, scheduler
+    from kvsim.config.scenario import load_scenario
 
     calls, requests = Counter(), Counter()
     real = scheduler.Scheduler.check

@@ -36,7 +36,7 @@ from kvsim.cost.generalize import gpu_fits
 from kvsim.cost.model import Profiled, StepBatch
 from kvsim.cost.overhead import FORMAT, NONE
 from kvsim.cost.overhead_fit import configurations, fit_overhead, predict
-from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, KVSpec
+from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS, KVSpec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_IN = REPO.parent / "shared" / "data" / "serving" / "splitwise_a100.csv"

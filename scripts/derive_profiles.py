@@ -44,7 +44,7 @@ from kvsim.cost.fit import (GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token,
                          fit_attention, fit_elementwise, fit_gemm, gemm_kn, gemm_work, kfold, mape,
                          predict_attention, predict_elementwise, predict_gemm)
 from kvsim.cost.profiles import FORMAT, Profile, save_profile
-from kvsim.specs import GPU_PRESETS, MODEL_PRESETS
+from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_IN = REPO.parent / "shared" / "data" / "profiling"

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.allocators import ALLOCATORS, Breakdown, SeqShape, make_allocator
-from kvsim.allocators.contiguous import PLACEMENTS, RESERVES
-from kvsim.specs import MODEL_PRESETS, KVSpec
+from kvsim.kvcache import ALLOCATORS, Breakdown, SeqShape, make_allocator
+from kvsim.kvcache.contiguous import PLACEMENTS, RESERVES
+from kvsim.model.specs import MODEL_PRESETS, KVSpec
 
 KV = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
 POOL_SLOTS = 200        # not a power of two: buddy gets arenas 128 + 64 + 8

@@ -3,12 +3,12 @@ import random
 
 import pytest
 
-from kvsim.allocators import (
+from kvsim.kvcache import (
     ALLOCATORS, Breakdown, ContiguousAllocator, InvariantError, PagedAllocator, SeqShape,
     make_allocator,
 )
-from kvsim.allocators.contiguous import next_power_of_two
-from kvsim.specs import MODEL_PRESETS, KVSpec
+from kvsim.kvcache.contiguous import next_power_of_two
+from kvsim.model.specs import MODEL_PRESETS, KVSpec
 
 
 def shape(prompt: int, output: int) -> SeqShape:
@@ -290,7 +290,7 @@ def test_make_allocator_unknown_kind_lists_valid_names():
 
 
 def test_free_queues_keep_their_order_in_bulk():
-    from kvsim.allocators.free_queue import FreeQueue, LinkedFreeQueue
+    from kvsim.kvcache.free_queue import FreeQueue, LinkedFreeQueue
     tail = FreeQueue(3000)                       # V1: released blocks join the tail
     assert tail.take(2000) == list(range(2000))  # the head has passed half: the list is cut
     tail.put([5, 7])
@@ -313,7 +313,7 @@ def test_the_linked_queue_keeps_a_linked_lists_order(seed):
     hits take blocks back faster than allocations pass them (removals dominate)."""
     from collections import OrderedDict
 
-    from kvsim.allocators.free_queue import LinkedFreeQueue
+    from kvsim.kvcache.free_queue import LinkedFreeQueue
     rng = random.Random(seed)
     n = 3000
     queue, linked, out = LinkedFreeQueue(n), OrderedDict.fromkeys(range(n)), []

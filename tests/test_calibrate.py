@@ -194,7 +194,7 @@ def test_against_prediction_reads_the_error_of_kvsims_prediction_before_a_gpu_wa
     from kvsim.cost.accuracy import report
     from kvsim.cost.generalize import fits_for, model_shape, predict_linear
     from kvsim.cost.profiles import Profile, save_profile
-    from kvsim.specs import GPU_PRESETS, MODEL_PRESETS
+    from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS
 
     shape = model_shape(MODEL_PRESETS["llama-3-8b"])
     linear = predict_linear(fits_for(GPU_PRESETS["h200"]), shape, [1, 2], [1, 64, 512, 4096])
@@ -218,7 +218,7 @@ def test_h200_profiles_measured_here_predict_their_recorded_steps(model):
     predicts the whole steps they recorded as calibrate did before writing them."""
     from kvsim.calibrate.validate import BLOCK, steps
     from kvsim.cost.model import Profiled
-    from kvsim.specs import GPU_PRESETS, KVSpec, MODEL_PRESETS
+    from kvsim.model.specs import GPU_PRESETS, KVSpec, MODEL_PRESETS
 
     prof = load_profile(H200 / model)
     assert prof.meta["device"] == "NVIDIA H200" and prof.meta["tools"]["cuda"]
@@ -236,7 +236,7 @@ def test_whole_steps_are_timed_only_where_the_models_weights_fit():
     from types import SimpleNamespace
     from kvsim.calibrate.validate import no_room
     from kvsim.cost.generalize import model_shape
-    from kvsim.specs import MODEL_PRESETS
+    from kvsim.model.specs import MODEL_PRESETS
 
     shape = model_shape(MODEL_PRESETS["llama-3-70b"])
     gpu = lambda free_gib: SimpleNamespace(tensor=torch.tensor,                            # noqa: E731

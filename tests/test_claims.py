@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from kvsim.report import claim_checks as cc
-from kvsim.report.claims import Context, default_scenarios, markdown
+from kvsim.reproduce import checks as cc
+from kvsim.reproduce.claims import Context, default_scenarios, markdown
 
 
 @pytest.fixture

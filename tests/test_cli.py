@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from helpers import kvsim, kvsim_command, one_error_line
-from kvsim.errors import InputError
-from kvsim.scenario import load_scenario
+from kvsim.config.errors import InputError
+from kvsim.config.scenario import load_scenario
 
 OUTPUT_FILES = {"summary.csv", "summary.json", "timeseries.parquet", "requests.parquet", "run.json",
                 "scenario.yaml", "memory_breakdown.png", "utilization_batch.png", "latency.png",
@@ -282,14 +282,14 @@ def test_crash_while_writing_leaves_an_existing_output_untouched(in_scenario_fol
     def broken_plots(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("kvsim.report.plots.plot_jobs", broken_plots)
+    monkeypatch.setattr("kvsim.plots.run_figures.plot_jobs", broken_plots)
     with pytest.raises(RuntimeError, match="disk full"):
         kvsim("run", "small.yaml", "--quiet", "--num-requests", "5")
     assert snapshot(results / "small") == before
     assert hidden_entries(results) == []
 
 
-@pytest.mark.parametrize("where", ["kvsim.runner.simulate", "kvsim.report.plots.plot_jobs"])
+@pytest.mark.parametrize("where", ["kvsim.sim.runner.simulate", "kvsim.plots.run_figures.plot_jobs"])
 def test_ctrl_c_leaves_an_existing_output_untouched(in_scenario_folder, monkeypatch, where):
     # Ctrl-C during the simulation or while results are written: exit 130, one line,
     # the earlier results as they were and no temporary folder left behind.

@@ -1,15 +1,15 @@
-"""What the fast path asks allocators (kvsim.allocators.base.CountedAllocator): how far a
+"""What the fast path asks allocators (kvsim.kvcache.base.CountedAllocator): how far a
 sequence may grow by counting alone (room), by counting and taking whole blocks in bulk
 (block_room, take_free, extend), its share of the breakdown (slots_of) and the free part
 of the breakdown alone (pool_free). Expected values are worked out by hand from the
-allocators' documented accounting (kvsim/allocators/base.py, paged.py, contiguous.py).
+allocators' documented accounting (kvsim/kvcache/base.py, paged.py, contiguous.py).
 """
 import random
 
 import pytest
 
-from kvsim.allocators import ContiguousAllocator, PagedAllocator, PrefixCachingPagedAllocator, SeqShape
-from kvsim.allocators.base import split_used
+from kvsim.kvcache import ContiguousAllocator, PagedAllocator, PrefixCachingPagedAllocator, SeqShape
+from kvsim.kvcache.base import split_used
 
 
 def test_paged_room_is_the_rest_of_its_last_block_up_to_its_final_length():

@@ -35,7 +35,7 @@ SUMMARIES = ("summary.csv", "summary.json")
 
 @pytest.fixture(autouse=True)
 def fast(monkeypatch):
-    monkeypatch.setattr("kvsim.report.plots.plot_jobs", lambda *args, **kwargs: [])
+    monkeypatch.setattr("kvsim.plots.run_figures.plot_jobs", lambda *args, **kwargs: [])
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
 
 
@@ -58,7 +58,7 @@ def rag_all(tmp_path_factory):
     """rag_8k with every policy, once for the module."""
     out = tmp_path_factory.mktemp("rag") / "all"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("kvsim.report.plots.plot_jobs", lambda *args, **kwargs: [])
+        mp.setattr("kvsim.plots.run_figures.plot_jobs", lambda *args, **kwargs: [])
         mp.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
         kvsim("run", RAG, "--out", out, "--quiet", "--num-requests", RAG_REQUESTS)
     return out

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from kvsim.allocators import ContiguousAllocator, PagedAllocator
-from kvsim.engine import simulate
-from kvsim.report.metrics import request_table, summarize
+from kvsim.kvcache import ContiguousAllocator, PagedAllocator
+from kvsim.sim.loop import simulate
+from kvsim.analysis.metrics import request_table, summarize
 from kvsim.workload.requests import RequestSpec
 
 from helpers import OneSecondSteps

@@ -9,11 +9,11 @@ import math
 
 import pytest
 
-from kvsim.allocators import ContiguousAllocator, PagedAllocator, SeqShape
-from kvsim.engine import simulate
+from kvsim.kvcache import ContiguousAllocator, PagedAllocator, SeqShape
+from kvsim.sim.loop import simulate
 from kvsim.engines import SGLang
-from kvsim.report.metrics import request_table, summarize
-from kvsim.scheduler import LIMITS, Scheduler, Seq, Step
+from kvsim.analysis.metrics import request_table, summarize
+from kvsim.sim.scheduler import LIMITS, Scheduler, Seq, Step
 from kvsim.workload.requests import RequestSpec
 
 from helpers import OneSecondSteps
@@ -104,7 +104,7 @@ def test_v0_counts_every_beam_against_max_num_seqs():
 
 
 def test_v0_swaps_a_preempted_group_by_default_and_recomputes_a_single_sequence():
-    from kvsim.scheduler import SwapSpace
+    from kvsim.sim.scheduler import SwapSpace
     swap = SwapSpace(capacity_bytes=1000, bytes_per_token=1.0, bandwidth_bytes_s=1e9)
     # two pairs of samples fill 16 slots by their second decode: the second pair goes to CPU
     groups = run("vllm-v0", make_requests((0.0, 4, 6), (0.0, 4, 6)), PagedAllocator(16, 1),
@@ -118,7 +118,7 @@ def test_v0_swaps_a_preempted_group_by_default_and_recomputes_a_single_sequence(
 
 
 def test_v1_and_sglang_run_samples_as_requests_that_share_the_prompt_through_the_cache():
-    from kvsim.allocators import PrefixCachingPagedAllocator
+    from kvsim.kvcache import PrefixCachingPagedAllocator
     reqs = [RequestSpec(0, 0.0, 8, 3)]
     alloc = PrefixCachingPagedAllocator(100, 4)
     result = run("vllm-v1", reqs, alloc, width=3)
@@ -191,7 +191,7 @@ def test_a_chunked_run_records_the_heads_chunk_not_its_whole_prompt():
 
 # --- engine settings and what each engine refuses -----------------------------------------
 def scenario(**extra):
-    from kvsim.scenario import validate_scenario
+    from kvsim.config.scenario import validate_scenario
     base = dict(name="s", model="llama-3-8b", gpu="a100-80gb", max_model_len=4096,
                 workload=dict(num_requests=4, arrival=dict(process="poisson", rate_per_s=1.0),
                               prompt_tokens=dict(dist="fixed", value=100),
@@ -232,14 +232,14 @@ def test_sglang_max_running_requests_follows_the_pool():
      "scheduler.max_num_seqs", "counts every sample or beam"),
 ])
 def test_what_an_engine_cannot_run_is_an_input_error(extra, field, words):
-    from kvsim.errors import InputError
+    from kvsim.config.errors import InputError
     with pytest.raises(InputError) as info:
         scenario(**extra)
     assert f": {field}: " in str(info.value) and words in str(info.value)
 
 
 def test_prefix_caching_defaults_follow_the_engine():
-    from kvsim.scenario import Paged
+    from kvsim.config.scenario import Paged
     p = Paged(name="p", allocator="paged")
     assert p.allocator_kind("vllm-v0") == ("paged", {"block_size": 16})
     assert p.allocator_kind("vllm-v1") == ("paged", {"block_size": 16, "prefix_caching": True})
@@ -265,7 +265,7 @@ def test_sglang_lpm_admits_the_longest_cached_prefix_first(policy, admitted):
     # tokens first) wait. fcfs takes r1: 20 + 4 < 30, and its allocation evicts r0's
     # leaf, so r2 (24 >= 30 - 24 reserved) waits for r1 to finish at t=5. lpm takes r2 (16
     # tokens cached: 4 + 4 < 30); r1 (24) no longer fits beside it and waits until t=5.
-    from kvsim.allocators import RadixCacheAllocator
+    from kvsim.kvcache import RadixCacheAllocator
     shared = ((100, 16),)
     reqs = [RequestSpec(0, 0.0, 20, 1, shared), RequestSpec(1, 0.5, 20, 4), RequestSpec(2, 0.5, 20, 4, shared)]
     result = run("sglang", reqs, RadixCacheAllocator(30), schedule_policy=policy)

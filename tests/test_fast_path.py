@@ -1,4 +1,4 @@
-"""The fast path (the default: kvsim.lazy and the engine loop that runs ahead of SimPy)
+"""The fast path (the default: kvsim.sim.lazy and the engine loop that runs ahead of SimPy)
 against the plain path (`--exact-steps`): the same summary, step table and request table,
 to the last bit, for every allocator, engine and sharing mode; the check mode still checks
 at every step; a run in time buckets keeps the summary's sums.
@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim import lazy
-from kvsim.allocators import InvariantError, PagedAllocator, PrefixCachingPagedAllocator, SeqShape
-from kvsim.engine import simulate
-from kvsim.errors import InputError
-from kvsim.runner import run_scenario
-from kvsim.scenario import validate_scenario
+from kvsim.sim import lazy
+from kvsim.kvcache import InvariantError, PagedAllocator, PrefixCachingPagedAllocator, SeqShape
+from kvsim.sim.loop import simulate
+from kvsim.config.errors import InputError
+from kvsim.sim.runner import run_scenario
+from kvsim.config.scenario import validate_scenario
 from kvsim.workload.requests import RequestSpec, RequestTable
 
 from helpers import OneSecondSteps
@@ -266,7 +266,7 @@ def test_a_prefix_cache_takes_blocks_in_bulk_only_where_tails_are_private(monkey
 
 
 def test_lazy_scheduler_is_used_where_it_applies():
-    from kvsim.allocators import RadixCacheAllocator
+    from kvsim.kvcache import RadixCacheAllocator
     from kvsim.engines import make_rules
     v1 = make_rules("vllm-v1")
     assert lazy.applies(PagedAllocator(4, 4), v1, {})

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from helpers import kvsim
-from kvsim.report.colours import FAMILIES, policy_colours, settings_frame, variant
-from kvsim.scenario import load_scenario
+from kvsim.plots.colours import FAMILIES, policy_colours, settings_frame, variant
+from kvsim.config.scenario import load_scenario
 
 
 def row(name, allocator="paged", **kw):
@@ -67,7 +67,7 @@ def test_unknown_settings_fall_back_to_the_name():
 def test_a_run_keeps_its_colours_when_run_again_with_policies_in_another_order(tmp_path):
     """Through the command: rag_8k's policies, all of them and then three in reverse
     order, give each policy the same colour in the breakdown figure's tick labels."""
-    from kvsim.report.colours import with_settings
+    from kvsim.plots.colours import with_settings
     scn, base = load_scenario("scenarios/rag_8k.yaml")
     full = policy_colours(with_settings(settings_frame(scn), scn.model_dump(mode="json")))
     some = scn.model_copy(update={"policies": list(reversed(scn.policies[2:5]))})
@@ -78,7 +78,7 @@ def test_a_run_keeps_its_colours_when_run_again_with_policies_in_another_order(t
 
 # --- latency figures ------------------------------------------------------------------
 def run_figures(tmp_path, **changes):
-    from kvsim.report.plots import figures
+    from kvsim.plots.run_figures import figures
     scn_doc = {
         "name": "figs", "seed": 1, "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 4096,
         "kv_cache_memory_gib": 1, "cost_model": "calibrated",
@@ -129,7 +129,7 @@ def test_a_setting_without_modelled_effect_on_time_is_noted_on_the_figures_of_ti
 def test_a_setting_the_model_prices_gets_no_note():
     """The roofline reads fewer bytes of an FP8 cache: its KV dtype is priced; a block
     size is not, by any shipped model."""
-    from kvsim.report.unmodelled import unmodelled_settings
+    from kvsim.analysis.unmodelled import unmodelled_settings
     scn, base = load_scenario("scenarios/rag_8k.yaml")
     roofline = scn.model_copy(update={"cost_model": "roofline"})
     assert "kv_cache_dtype" not in unmodelled_settings(roofline, base)
@@ -138,7 +138,7 @@ def test_a_setting_the_model_prices_gets_no_note():
 
 # --- sweep and capacity figures -------------------------------------------------------
 def test_intervals_stop_at_physical_bounds():
-    from kvsim.report.sweep_plots import clipped_errors
+    from kvsim.plots.sweep_figures import clipped_errors
     below, above = clipped_errors(np.array([0.5, 3.0, 0.98]), np.array([2.0, 1.0, 0.1]), None)
     assert below.tolist() == [0.5, 1.0, 0.1] and above.tolist() == [2.0, 1.0, 0.1]
     below, above = clipped_errors(np.array([0.98]), np.array([0.1]), 1.0)
@@ -146,7 +146,7 @@ def test_intervals_stop_at_physical_bounds():
 
 
 def test_sweep_figures_have_words_context_and_no_empty_metric_rows():
-    from kvsim.report.sweep_plots import _against, METRICS
+    from kvsim.plots.sweep_figures import _against, METRICS
     summary = pd.DataFrame({"workload.arrival.rate_per_s": [1, 2, 1, 2], "policy": ["a", "a", "b", "b"],
                             "allocator": "paged", "block_size": 16, "kv_cache_dtype": "bf16",
                             "throughput_tok_s": [10.0, 20.0, 11.0, 19.0], "throughput_tok_s_ci95": [15.0] * 4,
@@ -167,7 +167,7 @@ def test_kvsim_sweep_and_capacity_figures_carry_their_context(tmp_path, monkeypa
     def keep(fig, path):
         seen[path.name] = fig._suptitle.get_text().replace("\n", " ") if fig._suptitle else ""
         return path
-    monkeypatch.setattr("kvsim.report.sweep_plots.save", keep)
+    monkeypatch.setattr("kvsim.plots.sweep_figures.save", keep)
     doc = {"name": "c", "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 2048,
            "kv_cache_memory_gib": 1, "slo": {"ttft_p99_s": 1.0},
            "workload": {"num_requests": 20, "arrival": {"process": "poisson", "rate_per_s": 5.0},

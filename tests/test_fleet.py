@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from kvsim.allocators import PagedAllocator
-from kvsim.engine import simulate
-from kvsim.engines.router import LeastLoaded, PrefixAware, RoundRobin
+from kvsim.kvcache import PagedAllocator
+from kvsim.sim.loop import simulate
+from kvsim.sim.router import LeastLoaded, PrefixAware, RoundRobin
 from kvsim.workload.requests import RequestSpec
 
 from helpers import OneSecondSteps, kvsim, one_error_line

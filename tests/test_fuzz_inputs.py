@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 from helpers import kvsim, kvsim_command, wall_limit, with_changes
 from kvsim.workload.traces import read_trace
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZED: collections.Counter = collections.Counter()     # inputs tried, per kind
@@ -75,7 +75,7 @@ BASE = {
 @pytest.fixture(scope="module", autouse=True)
 def no_plots():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("kvsim.report.plots.plot_jobs", lambda *args, **kwargs: [])
+        mp.setattr("kvsim.plots.run_figures.plot_jobs", lambda *args, **kwargs: [])
         yield
 
 

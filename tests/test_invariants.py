@@ -38,14 +38,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pydantic import ValidationError
 
-from kvsim.allocators import ALLOCATORS, Breakdown, InvariantError, SeqShape, make_allocator
-from kvsim.allocators import contiguous
-from kvsim.allocators.paged import PagedAllocator
+from kvsim.kvcache import ALLOCATORS, Breakdown, InvariantError, SeqShape, make_allocator
+from kvsim.kvcache import contiguous
+from kvsim.kvcache.paged import PagedAllocator
 from kvsim.cli.app import main
-from kvsim import scenario
-from kvsim.engine import STEP_FIELDS, simulate
+from kvsim.config import scenario
+from kvsim.sim.loop import STEP_FIELDS, simulate
 from helpers import OneSecondSteps
-from kvsim.specs import MODEL_PRESETS, KVSpec
+from kvsim.model.specs import MODEL_PRESETS, KVSpec
 from kvsim.workload.requests import RequestSpec
 
 KV = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
@@ -605,7 +605,7 @@ def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, cul
 def test_check_mode_on_the_fast_path_catches_a_lost_token_where_it_was_lost(monkeypatch, n):
     """The fast path grows a lazy request's count when it catches it up, in planning or
     in completing a step: a token lost there is caught in that same step and phase."""
-    from kvsim import lazy
+    from kvsim.sim import lazy
     where = {"step": -1, "phase": ""}
     quiet, complete = lazy.LazyScheduler.quiet_tick, lazy.LazyScheduler.complete
 

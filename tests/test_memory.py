@@ -13,8 +13,8 @@ import pytest
 
 from helpers import kvsim_command, one_error_line
 from kvsim.cli.app import main
-from kvsim.memory import kv_footprint
-from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS
+from kvsim.model.memory import kv_footprint
+from kvsim.model.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_70B = MODEL_PRESETS["llama-3-70b"]
 SEED_70B = dict(per_token_bytes=327_680, per_request_bytes=2_684_354_560, total_bytes=85_899_345_920)

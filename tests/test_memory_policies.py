@@ -2,15 +2,15 @@
 import numpy as np
 import pytest
 
-from kvsim.allocators import PagedAllocator, SeqShape
-from kvsim.scenario import validate_scenario
-from kvsim.scheduler import SwapSpace
-from kvsim.specs import MODEL_PRESETS, KVSpec
+from kvsim.kvcache import PagedAllocator, SeqShape
+from kvsim.config.scenario import validate_scenario
+from kvsim.sim.scheduler import SwapSpace
+from kvsim.model.specs import MODEL_PRESETS, KVSpec
 from kvsim.workload.requests import generate_requests
 from helpers import OneSecondSteps
 from test_engine import make_requests, timeline
 
-from kvsim.engine import simulate
+from kvsim.sim.loop import simulate
 
 
 def run(requests, allocator, **options):
@@ -109,13 +109,13 @@ def test_conversation_turns_carry_the_whole_previous_context():
 
 
 def test_shared_content_must_leave_room_under_max_model_len():
-    from kvsim.errors import InputError
+    from kvsim.config.errors import InputError
     with pytest.raises(InputError, match="leaves no room"):
         requests_for(prefix=dict(groups=1, tokens=4096))
 
 
 def test_contiguous_prefix_caching_is_a_clear_error():
-    from kvsim.errors import InputError
+    from kvsim.config.errors import InputError
     bad = {**BASE, "policies": [dict(name="c", allocator="contiguous", enable_prefix_caching=True)]}
     with pytest.raises(InputError, match="contiguous allocation cannot share"):
         validate_scenario(bad, "s.yaml")
@@ -194,7 +194,7 @@ def test_fork_shares_blocks_and_copies_a_shared_partial_block_on_write():
 
 
 def test_contiguous_fork_is_a_full_copy():
-    from kvsim.allocators import ContiguousAllocator
+    from kvsim.kvcache import ContiguousAllocator
     alloc = ContiguousAllocator(20, 8, "oracle", "first-fit")
     assert alloc.allocate(0, SeqShape(4, 4), 5) and alloc.fork(0, 1)
     assert (alloc.region(0), alloc.region(1)) == ((0, 8), (8, 8))
@@ -221,7 +221,7 @@ def test_beam_search_completes_and_shares_blocks_under_different_block_sizes():
 
 
 def test_a_group_that_cannot_fit_an_empty_pool_is_rejected():
-    from kvsim.allocators import ContiguousAllocator
+    from kvsim.kvcache import ContiguousAllocator
     result = run(make_requests((0.0, 4, 4)), ContiguousAllocator(20, 8, "oracle", "first-fit"), width=3)
     assert [(s.outcome, s.reason) for s in result.seqs] == [
         ("rejected", "does not fit an empty KV pool with its 3 sequences")]
@@ -238,7 +238,7 @@ def test_a_group_that_cannot_grow_even_alone_is_rejected_not_retried_forever():
 
 
 def test_token_budget_below_the_group_width_is_an_input_error():
-    from kvsim.errors import InputError
+    from kvsim.config.errors import InputError
     bad = {**BASE, "engine": "vllm-v0", "max_model_len": 32, "scheduler": {"max_num_batched_tokens": 32},
            "workload": {**BASE["workload"], "n": 40, "prompt_tokens": {"dist": "fixed", "value": 8},
                         "output_tokens": {"dist": "fixed", "value": 8}}}

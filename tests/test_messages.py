@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from helpers import kvsim, kvsim_command, one_error_line
-from kvsim.scenario import load_scenario
+from kvsim.config.scenario import load_scenario
 
 REPR = re.compile(r"\b[A-Z]\w*(Error|Exception)\(")     # FileNotFoundError(2, ...), KeyError('x')
 
@@ -133,6 +133,6 @@ def test_a_run_whose_requests_are_all_rejected_says_the_reason(tmp_path):
                                            ({"sliding_window": 128, "layer_types": ["sliding_attention",
                                                                                     "full_attention"]}, None)])
 def test_a_config_s_sliding_window_counts_only_where_every_layer_uses_it(tmp_path, extra, window):
-    from kvsim.specs import model_from_hf_config
+    from kvsim.model.specs import model_from_hf_config
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **extra}))
     assert model_from_hf_config(tmp_path / "config.json").sliding_window == window

@@ -12,7 +12,7 @@ from kvsim.cost.fit import gemm_kn
 from kvsim.cost.generalize import find_shipped, model_shape, same_shape
 from kvsim.cost.model import Roofline, StepBatch, make_cost_model
 from kvsim.cost.moe import expected_experts, routed_gemm_work
-from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec, ModelSpec, model_from_hf_config
+from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec, ModelSpec, model_from_hf_config
 
 # mistralai/Mixtral-8x7B-v0.1 config.json, the fields kvsim reads
 MIXTRAL = {"hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,

@@ -18,9 +18,9 @@ from kvsim.cost.generalize import model_shape, synthesize
 from kvsim.cost.model import Profiled, StepBatch, make_cost_model
 from kvsim.cost.overhead import NONE, SHIPPED, Comm, Overhead, from_file, load_overhead
 from kvsim.cost.overhead_fit import configurations, fit_overhead, nnls, predict
-from kvsim.errors import InputError
-from kvsim.scenario import InlineOverhead, ProfileCost
-from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec
+from kvsim.config.errors import InputError
+from kvsim.config.scenario import InlineOverhead, ProfileCost
+from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec
 from helpers import kvsim
 from test_cost_cli import SCENARIO
 

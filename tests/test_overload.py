@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from helpers import wall_limit, with_changes
-from kvsim.runner import run_scenario
-from kvsim.scenario import validate_scenario
+from kvsim.sim.runner import run_scenario
+from kvsim.config.scenario import validate_scenario
 
 WALL_LIMIT_S = 60
 

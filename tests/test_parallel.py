@@ -1,4 +1,4 @@
-"""Policies and figures in worker processes (kvsim.parallel): the same results in the same
+"""Policies and figures in worker processes (kvsim.sim.parallel): the same results in the same
 order as one after the other, byte for byte on disk, and errors raised in a worker
 arrive whole in the caller."""
 import copy
@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvsim.allocators import InvariantError
-from kvsim.errors import InputError
-from kvsim.parallel import can_fork, frozen, ordered_map
-from kvsim.runner import run_scenario
-from kvsim.scenario import validate_scenario
+from kvsim.kvcache import InvariantError
+from kvsim.config.errors import InputError
+from kvsim.sim.parallel import can_fork, frozen, ordered_map
+from kvsim.sim.runner import run_scenario
+from kvsim.config.scenario import validate_scenario
 
 import helpers
 from test_fast_path import BASE, assert_same
@@ -144,7 +144,7 @@ def test_an_invariant_broken_in_a_worker_ends_the_run_as_in_one_process(tmp_path
     def broken(name, *args, **kwargs):
         raise InvariantError(f"{name}: block 3 lost")
 
-    monkeypatch.setattr("kvsim.runner.simulate", broken)
+    monkeypatch.setattr("kvsim.sim.runner.simulate", broken)
     (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(BASE))
     code, _, err = helpers.kvsim("run", tmp_path / "s.yaml", "--quiet", "--jobs", "2", "--out", tmp_path / "o")
     assert code == 3 and err.startswith("kvsim: invariant violated: ") and "block 3 lost" in err

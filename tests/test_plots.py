@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from matplotlib import pyplot
 
-from kvsim.report.plots import DRAW_RC, FILES, downsample, latency_samples, policy_colours, save, write_plots
+from kvsim.plots.run_figures import DRAW_RC, FILES, downsample, latency_samples, policy_colours, save, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -155,7 +155,7 @@ def test_png_bytes_decode_to_the_pixels_given(channels, mode):
 
     from PIL import Image
 
-    from kvsim.report.plots import png_bytes
+    from kvsim.plots.run_figures import png_bytes
     pixels = np.random.default_rng(channels).integers(0, 256, (37, 53, channels), dtype=np.uint8)
     image = Image.open(io.BytesIO(png_bytes(pixels, 110, {"Software": "kvsim", "Note": "x"})))
     assert image.mode == mode and image.size == (53, 37)
@@ -190,7 +190,7 @@ LONG_NAMES = ["contiguous-max-first-fit-reservation", "contiguous-pow2-buddy-all
 
 def test_tick_labels_never_overlap_with_eight_long_policy_names():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from kvsim.report.plots import figures
+    from kvsim.plots.run_figures import figures
     figs = figures(make_summary(LONG_NAMES), make_timeseries(LONG_NAMES, steps=50),
                    make_requests(LONG_NAMES, n=20), context="a scenario · a model on a GPU, tp 1")
     checked = 0
@@ -217,7 +217,7 @@ def test_a_policy_keeps_its_colour_whatever_else_is_in_the_figure():
 
 
 def test_identical_lines_are_labelled_as_coinciding():
-    from kvsim.report.plots import figures
+    from kvsim.plots.run_figures import figures
     ts = make_timeseries(["a"])
     ts = pd.concat([ts, ts.assign(policy="b")], ignore_index=True)
     fig = figures(make_summary(["a", "b"]), ts, make_requests(["a", "b"]))["utilization_batch.png"]
@@ -228,7 +228,7 @@ def test_identical_lines_are_labelled_as_coinciding():
 
 
 def test_every_figure_carries_its_context():
-    from kvsim.report.plots import figures
+    from kvsim.plots.run_figures import figures
     figs = figures(make_summary(["a"]), make_timeseries(["a"]), make_requests(["a"]), context="rag_8k · ctx")
     assert all(fig._suptitle is not None and "rag_8k · ctx" in fig._suptitle.get_text() for fig in figs.values())
 
@@ -238,7 +238,7 @@ def test_the_context_clears_the_legends_beside_the_axes():
     utilization figure (rag_8k's own context did)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from kvsim.report.plots import figures
+    from kvsim.plots.run_figures import figures
     names = ["contiguous", "contiguous-pow2", "paged-16"]
     ts = make_timeseries(["contiguous", "paged-16"])
     ts = pd.concat([ts, ts[ts["policy"] == "contiguous"].assign(policy="contiguous-pow2")], ignore_index=True)
@@ -259,7 +259,7 @@ def test_pinned_titles_sit_where_matplotlib_would_place_them(monkeypatch):
     automatic placement puts them as long as nothing is drawn above an axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from kvsim.report import plots
+    from kvsim.plots import run_figures as plots
     names = ["contiguous", "paged-16"]
     frames = make_summary(names), make_timeseries(names), make_requests(names)
 
@@ -279,7 +279,7 @@ def test_pinned_titles_sit_where_matplotlib_would_place_them(monkeypatch):
 def test_the_engines_columns_draw_where_present_and_never_memory_bound_runs_show_n_a(tmp_path):
     """The engines work adds engine, limited_by_* and memory_capacity_requests to the summary,
     the 'none' basis (fractions and achievable batch NaN) and a per-step limited_by column."""
-    from kvsim.report.plots import capacity_requests, figures
+    from kvsim.plots.run_figures import capacity_requests, figures
     policies = ["paged-16", "paged-16-fp8"]
     summary = make_summary(policies).assign(
         engine="vllm-v1", fraction_basis="none", limited_by_memory=0.0, limited_by_arrivals=1.0,
@@ -302,7 +302,7 @@ def test_the_engines_columns_draw_where_present_and_never_memory_bound_runs_show
 
 
 def test_a_long_latency_cdf_is_drawn_through_evenly_spaced_ranks():
-    from kvsim.report.plots import cdf_points
+    from kvsim.plots.run_figures import cdf_points
     v = np.sort(np.random.default_rng(1).exponential(size=10_001))
     x, y = cdf_points(v[:5])                                  # short: every sample
     assert list(x) == [v[0], *v[:5]] and list(y) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]

@@ -5,13 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.allocators import (
+from kvsim.kvcache import (
     Breakdown, InvariantError, PagedAllocator, PrefixCachingPagedAllocator, RadixCacheAllocator,
     SeqShape, make_allocator,
 )
-from kvsim.allocators.prefix import KEYS_SLACK
-from kvsim.allocators.runs import common_length, split_runs
-from kvsim.specs import MODEL_PRESETS, KVSpec
+from kvsim.kvcache.prefix import KEYS_SLACK
+from kvsim.kvcache.runs import common_length, split_runs
+from kvsim.model.specs import MODEL_PRESETS, KVSpec
 
 from test_fast_path import CASES, POLICIES, assert_same, run, scenario
 
@@ -476,7 +476,7 @@ def test_radix_pages_match_and_insert_whole_pages():
 
 
 def test_radix_page_size_from_the_scenario():
-    from kvsim.scenario import Paged
+    from kvsim.config.scenario import Paged
     radix = {"name": "r", "allocator": "paged", "enable_prefix_caching": True, "prefix_cache": "radix"}
     assert Paged.model_validate(radix).allocator_kind() == ("radix", {})
     assert Paged.model_validate({**radix, "block_size": 16}).allocator_kind() == (

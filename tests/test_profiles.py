@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 
 from kvsim.cost.model import Profiled, Roofline, StepBatch, describe, make_cost_model
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 from kvsim.cost.generalize import find_shipped, model_shape, synthesize, token_grid
 from kvsim.cost.fit import (fit_elementwise, fit_gemm, fit_ramp, gemm_work, predict_elementwise, predict_gemm,
                          predict_ramp)
 from kvsim.cost.profiles import SHIPPED, Profile, load_profile, save_profile, shipped_names
-from kvsim.scenario import ProfileCost, validate_scenario
-from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec
+from kvsim.config.scenario import ProfileCost, validate_scenario
+from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "profiling"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/profiling not present")

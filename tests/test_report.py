@@ -7,10 +7,10 @@ import math
 import pandas as pd
 import pytest
 
-from kvsim.errors import InputError
-from kvsim.report.rates import normalized_latency, parse_rates, sustained, sweep_table
-from kvsim.report.style import context_line
-from kvsim.report.verdict import arrival_limited, limiting_factor, pick, sentence
+from kvsim.config.errors import InputError
+from kvsim.analysis.rates import normalized_latency, parse_rates, sustained, sweep_table
+from kvsim.plots.style import context_line
+from kvsim.analysis.verdict import arrival_limited, limiting_factor, pick, sentence
 
 LIMITS = dict(limited_by_memory=0.7, limited_by_watermark=0.0, limited_by_max_num_seqs=0.1,
               limited_by_token_budget=0.05, limited_by_preemption=0.05, limited_by_arrivals=0.1)
@@ -102,7 +102,7 @@ def test_sweep_table_has_one_row_per_rate_and_policy():
 
 
 def test_html_table_escapes_and_embeds(tmp_path):
-    from kvsim.report import html
+    from kvsim.plots import html
     assert "&lt;b&gt;" in html.table(pd.DataFrame({"x": ["<b>"]}))
     png = tmp_path / "a.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\nxyz")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvsim.errors import InputError
-from kvsim.runner import plan_pool
-from kvsim.scenario import HFModel, Scenario, load_scenario
-from kvsim.specs import GPU_PRESETS, MODEL_PRESETS
+from kvsim.config.errors import InputError
+from kvsim.sim.runner import plan_pool
+from kvsim.config.scenario import HFModel, Scenario, load_scenario
+from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -429,7 +429,7 @@ def test_weights_no_gpu_can_hold_name_the_tp_that_fits(tmp_path):
     # 65.7 GiB of weights + ~0.5 GiB of activations per GPU fit under 90% of it (71.6 GiB)
     # (refused when the pool is planned, before any simulation: a sweep or a capacity
     # search over tp can still load the scenario)
-    from kvsim.runner import plan_pool
+    from kvsim.sim.runner import plan_pool
 
     def plan(**extra):
         scn, base = load_scenario(write_scenario(tmp_path, model="llama-3-70b", **extra))

@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from kvsim.errors import InputError
-from kvsim.report.slo import misses, parse_targets
-from kvsim.scenario import SLO
+from kvsim.config.errors import InputError
+from kvsim.analysis.slo import misses, parse_targets
+from kvsim.config.scenario import SLO
 
 
 def test_a_row_misses_a_target_above_it_or_when_nothing_completed():

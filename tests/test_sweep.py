@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from kvsim.cli.app import main
-from kvsim.errors import InputError
-from kvsim.runner import run_scenario
+from kvsim.config.errors import InputError
+from kvsim.sim.runner import run_scenario
 from kvsim.sweep.backends import LocalPool, run_point
 from kvsim.sweep.grid import load_sweep, set_path
 from kvsim.sweep.store import Store
@@ -312,7 +312,7 @@ def test_kvsim_sweep_writes_rows_summary_and_plots_and_resumes(tmp_path):
     assert not any(c.endswith("_ci95") for c in summary.columns)    # one seed: no interval
     assert len(pd.read_parquet(out / "results.parquet")) == 8
     from kvsim.cli.sweep import sweep_context
-    from kvsim.report.sweep_plots import write_sweep_plots      # drawn in 2 processes above
+    from kvsim.plots.sweep_figures import write_sweep_plots      # drawn in 2 processes above
     (tmp_path / "serial").mkdir()
     serial = write_sweep_plots(summary, list(SWEEP["grid"]), tmp_path / "serial", workers=1,
                                context=sweep_context(load_sweep(path)))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kvsim.allocators import PrefixCachingPagedAllocator
-from kvsim.errors import InputError
+from kvsim.kvcache import PrefixCachingPagedAllocator
+from kvsim.config.errors import InputError
 from kvsim.workload.traces import hash_segments, read_trace, trace_requests
 
 TINY = Path(__file__).parent / "data" / "tiny_trace.csv"

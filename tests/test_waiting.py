@@ -1,5 +1,5 @@
 """The waiting queue keeps the requests deep in a long queue as their arrival index and
-rebuilds each near the head (kvsim.waiting): by hand on a toy queue, then whole runs
+rebuilds each near the head (kvsim.sim.waiting): by hand on a toy queue, then whole runs
 that keep every waiting request as an index against runs that keep none, under each
 engine, on both paths: the same tables to the last bit."""
 import copy
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-import kvsim.waiting
-from kvsim.runner import run_scenario
-from kvsim.scenario import validate_scenario
-from kvsim.scheduler import Scheduler
-from kvsim.waiting import WaitingQueue
+import kvsim.sim.waiting
+from kvsim.sim.runner import run_scenario
+from kvsim.config.scenario import validate_scenario
+from kvsim.sim.scheduler import Scheduler
+from kvsim.sim.waiting import WaitingQueue
 
 from test_fast_path import BASE, assert_same, scenario
 
@@ -79,7 +79,7 @@ CASES = {
 
 def counted_run(doc, keep, monkeypatch, exact):
     """A run whose queue keeps `keep` requests as objects; also how many it rebuilt."""
-    monkeypatch.setattr(kvsim.waiting, "KEEP", keep)
+    monkeypatch.setattr(kvsim.sim.waiting, "KEEP", keep)
     calls = []
     arrived = Scheduler.arrived
     monkeypatch.setattr(Scheduler, "arrived", lambda self, seq, index: calls.append(index) or arrived(self, seq, index))

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from helpers import with_changes
-from kvsim.errors import InputError
-from kvsim.scenario import load_scenario
+from kvsim.config.errors import InputError
+from kvsim.config.scenario import load_scenario
 from kvsim.workload.requests import RequestSpec, generate_requests
 
 TINY_TRACE = Path(__file__).parent / "data" / "tiny_trace.csv"

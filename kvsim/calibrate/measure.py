@@ -39,11 +39,11 @@ import pandas as pd
 
 from kvsim import __version__
 from kvsim.calibrate.allreduce import measure as measure_allreduce
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 from kvsim.cost.generalize import gpu_fits, model_shape, token_grid
 from kvsim.cost.fit import LINEAR_OPS, fit_attention
 from kvsim.cost.profiles import FORMAT, Profile
-from kvsim.specs import GPU_PRESETS, ModelSpec
+from kvsim.model.specs import GPU_PRESETS, ModelSpec
 from kvsim.calibrate.validate import no_room, rms_norm, rope, validate
 
 KV_STORAGE = {"bf16": 16, "fp8": 8, "int8": 8}     # int4 has no torch storage type: not measured

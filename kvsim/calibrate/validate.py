@@ -24,7 +24,7 @@ import numpy as np
 
 from kvsim.cost.model import Profiled, StepBatch
 from kvsim.cost.profiles import Profile
-from kvsim.specs import GPUSpec, KVSpec, ModelSpec
+from kvsim.model.specs import GPUSpec, KVSpec, ModelSpec
 
 BLOCK = 16
 

@@ -16,16 +16,16 @@ from pathlib import Path
 import click
 
 from kvsim import __version__
-from kvsim.allocators import InvariantError
+from kvsim.kvcache import InvariantError
 from kvsim.cli.args import model_arg
 from kvsim.cli.cost import calibrate, cost
 from kvsim.cli.output import run_meta, simulate_with_progress, swap_in, write_run
 from kvsim.cli.table import WIDE_HELP, print_run
 from kvsim.cli.report import compare, reproduce
 from kvsim.cli.sweep import capacity, sweep
-from kvsim.errors import InputError
-from kvsim.memory import kv_footprint
-from kvsim.specs import DTYPE_BITS, MODEL_PRESETS, with_kv_heads
+from kvsim.config.errors import InputError
+from kvsim.model.memory import kv_footprint
+from kvsim.model.specs import DTYPE_BITS, MODEL_PRESETS, with_kv_heads
 
 
 class WholeHelpGroup(click.Group):
@@ -85,19 +85,19 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
 
     With --rates, run it once per arrival rate and add the sweep's curves and the highest
     rate each policy sustains."""
-    from kvsim.scenario import load_scenario
+    from kvsim.config.scenario import load_scenario
 
     started = time.monotonic()
     rate_list = None
     if rates is not None:
-        from kvsim.report.rates import parse_rates     # (pandas: not before the simulation, see kvsim.cli.output)
+        from kvsim.analysis.rates import parse_rates     # (pandas: not before the simulation, see kvsim.cli.output)
         rate_list = parse_rates(rates)
     scn, base_dir = load_scenario(scenario)
     scn = _override(scn, str(scenario), seed, num_requests, policies)
     if profile is not None:
         from kvsim.cost.generalize import check_profile
         from kvsim.cost.profiles import shipped_names
-        from kvsim.scenario import ProfileCost
+        from kvsim.config.scenario import ProfileCost
         ref = profile if profile in shipped_names() else str(Path(profile).resolve())
         check_profile(ref, scn.model_spec(base_dir), Path("."), "command line", "--profile")
         keep = {k: getattr(scn.cost_model, k, None) for k in ("overhead", "step_overhead_ms")}
@@ -108,7 +108,7 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
     out = out or Path("results") / scn.name
     if not force:
         _refuse_foreign(out, scn.name)
-    from kvsim.parallel import cores, frozen
+    from kvsim.sim.parallel import cores, frozen
     how = dict(exact_steps=exact_steps, bucket_s=bucket_s, workers=jobs or cores())
     # what is loaded by now (modules, the scenario) lives as long as the run: left out of
     # its garbage collections (a full one visits all of it: 10-15 ms at rag_8k's start)
@@ -162,7 +162,7 @@ def _refuse_foreign(out: Path, name: str) -> None:
 def _refuse_empty(results, scn, src: str) -> None:
     """A run in which no policy completed a request has nothing to report: say why, write
     nothing (such a run can leave millions of unfinished rows) and exit with status 3."""
-    from kvsim.report.verdict import nothing_completed
+    from kvsim.analysis.verdict import nothing_completed
     why = nothing_completed(results.summary, results.requests, scn.time_limit_s)
     if why is not None:
         click.echo(f"kvsim: warning: {src}: no request completed under any policy: {why}; "

@@ -4,8 +4,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from kvsim.errors import InputError
-from kvsim.specs import GPU_PRESETS, MODEL_PRESETS, model_from_hf_config
+from kvsim.config.errors import InputError
+from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS, model_from_hf_config
 
 
 def model_arg(name: str):

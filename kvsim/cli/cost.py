@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from kvsim.cli.args import gpu_arg, model_arg
-from kvsim.errors import InputError
-from kvsim.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, KVSpec, resolve_kv_dtype
+from kvsim.config.errors import InputError
+from kvsim.model.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, KVSpec, resolve_kv_dtype
 
 
 @click.command()
@@ -37,7 +37,7 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
          roofline, overhead, as_json):
     """Predicted time of one engine step and its parts."""
     from kvsim.cost.model import Roofline, StepBatch, describe, make_cost_model
-    from kvsim.scenario import ProfileCost
+    from kvsim.config.scenario import ProfileCost
 
     if (prefill_tokens is None) == (decode_batch is None):
         raise InputError("command line", "--prefill-tokens", "give either --prefill-tokens T "

@@ -22,7 +22,7 @@ from kvsim import __version__
 def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariants: bool, label: str = "",
                            **how):
     """run_scenario with a progress bar; `how` is its exact_steps, bucket_s and workers."""
-    from kvsim.runner import run_scenario
+    from kvsim.sim.runner import run_scenario
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
     try:
         results = run_scenario(scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants,
@@ -41,9 +41,9 @@ def _import_writing() -> None:
     policy too, unless a progress bar follows it here), so that the processes that write
     the files, forked from this one, inherit them. What they create lives as long as the
     process: the garbage collector is off meanwhile, and where a freeze is on (beside
-    workers: kvsim.parallel.frozen) it is frozen after, to end with it. Collections that
+    workers: kvsim.sim.parallel.frozen) it is frozen after, to end with it. Collections that
     visit all of it took a tenth of this, and then the first one after it 0.05 s more."""
-    from kvsim.parallel import freezing
+    from kvsim.sim.parallel import freezing
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -55,7 +55,7 @@ def _import_writing() -> None:
         matplotlib.artist.kwdoc = lambda artist: ""
         import pyarrow.parquet  # noqa: F401
 
-        from kvsim.report.plots import build_mathtext
+        from kvsim.plots.run_figures import build_mathtext
         build_mathtext()
         _versions()
     finally:
@@ -67,8 +67,8 @@ def _import_writing() -> None:
 
 def run_meta(scn, src: str, results, started: float) -> dict:
     """run.json: versions, wall time, the KV pool's sizing with each figure's scope, and
-    the policy settings that leave step time unchanged (kvsim.report.unmodelled)."""
-    from kvsim.report.unmodelled import notes
+    the policy settings that leave step time unchanged (kvsim.analysis.unmodelled)."""
+    from kvsim.analysis.unmodelled import notes
     pool = results.pool
     gib = 1 << 30
     return {
@@ -123,11 +123,11 @@ def swap_in(out: Path, write) -> None:
 
 def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
     """One run's files into `folder` (which must exist); the tables and each figure are
-    independent jobs, run in up to `workers` processes (kvsim.parallel)."""
-    from kvsim.parallel import ordered_map
-    from kvsim.report.plots import plot_jobs
-    from kvsim.report.colours import with_settings
-    from kvsim.report.style import context_line
+    independent jobs, run in up to `workers` processes (kvsim.sim.parallel)."""
+    from kvsim.sim.parallel import ordered_map
+    from kvsim.plots.run_figures import plot_jobs
+    from kvsim.plots.colours import with_settings
+    from kvsim.plots.style import context_line
 
     scenario = scn.model_dump(mode="json", exclude_none=True)
     context = context_line(scenario, results.summary)

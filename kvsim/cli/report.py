@@ -10,7 +10,7 @@ import click
 
 from kvsim.cli.output import run_meta, simulate_with_progress, swap_in, write_run
 from kvsim.cli.table import claim_lines, echo_wrapped, print_run
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 
 
 @click.command()
@@ -25,7 +25,7 @@ def compare(dirs, out, force):
     limited its batch), the memory breakdown and capacity, memory and batch over time,
     latency percentiles and CDFs, throughput against rate for a sweep, and the tables
     (summary, scenario as run, step-cost models, versions)."""
-    from kvsim.report.compare import build_report, find_runs, load_run
+    from kvsim.plots.compare import build_report, find_runs, load_run
 
     runs = [load_run(p) for p in find_runs(list(dirs))]
     _refuse_foreign(out, "report.html", force)
@@ -50,7 +50,7 @@ def reproduce(quick, out, only, scenarios, force):
 
     Runs the scenarios in scenarios/claims/ and writes claims.csv, claims.md and
     report.html: per claim what kvsim measured, what was claimed, and whether it holds."""
-    from kvsim.report.claims import Context, default_scenarios, reproduce as run_claims, select, write
+    from kvsim.reproduce.claims import Context, default_scenarios, reproduce as run_claims, select, write
 
     select(only)     # unknown ids fail before anything runs
     _refuse_foreign(out, "claims.csv", force)
@@ -73,11 +73,11 @@ def reproduce(quick, out, only, scenarios, force):
 def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: bool,
               check_invariants: bool, started: float, wide: bool = False, **how) -> None:
     """`kvsim run --rates`: one run folder per rate under `out`, then the sweep's curves."""
-    from kvsim.report.colours import settings_frame
-    from kvsim.report.figures import rate_sweep
-    from kvsim.report.plots import save
-    from kvsim.report.rates import summary_lines, sweep_table, with_rate
-    from kvsim.report.style import context_line
+    from kvsim.plots.colours import settings_frame
+    from kvsim.plots.curves import rate_sweep
+    from kvsim.plots.run_figures import save
+    from kvsim.analysis.rates import summary_lines, sweep_table, with_rate
+    from kvsim.plots.style import context_line
 
     runs = []
     for i, rate in enumerate(rates):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 
 RAY_HELP = "Run on Ray: a cluster's ADDRESS, or 'local' to start one for this run (pip install 'kvsim[ray]')."
 WORKERS_HELP = "Processes (or, with --ray local, CPUs) [default: this machine's cores]."
@@ -62,8 +62,8 @@ class Bar:
 def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
     """Run every point of SWEEP (a base scenario, a grid over its fields, seeds) and write
     one row per (point, policy), a summary with confidence intervals, and plots."""
-    from kvsim.parallel import cores
-    from kvsim.report.sweep_plots import write_sweep_plots
+    from kvsim.sim.parallel import cores
+    from kvsim.plots.sweep_figures import write_sweep_plots
     from kvsim.sweep.grid import load_sweep
     from kvsim.sweep.store import Store
 
@@ -111,7 +111,7 @@ def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
 
 def sweep_context(plan) -> str:
     """The base scenario's context line (of the first point), and what the sweep varies."""
-    from kvsim.report.style import context_line, param_label
+    from kvsim.plots.style import context_line, param_label
     if not plan.points:
         return ""
     scenario = plan.points[0].scenario.model_dump(mode="json", exclude_none=True)
@@ -161,8 +161,8 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
     """The highest arrival rate each policy of SCENARIO sustains within latency targets
     (bisection over the rate), or with --rate the fewest GPUs that serve that rate."""
     from kvsim.cli.app import _override
-    from kvsim.report.slo import parse_targets
-    from kvsim.scenario import load_scenario
+    from kvsim.analysis.slo import parse_targets
+    from kvsim.config.scenario import load_scenario
     from kvsim.sweep import capacity as cap
 
     scn, base_dir = load_scenario(scenario)
@@ -206,9 +206,9 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
         head = (f"fewest GPUs serving {rate:g} requests/s within {shown} (GPUs = tensor_parallel_size "
                 f"{', '.join(map(str, cap.TP_SIZES))} x replicas {', '.join(map(str, cap.REPLICAS))}; "
                 f"{router} router)")
-    from kvsim.report.style import context_line
+    from kvsim.plots.style import context_line
     context = context_line(scn.model_dump(mode="json", exclude_none=True), swept=rate is None)
-    from kvsim.report.colours import settings_frame
+    from kvsim.plots.colours import settings_frame
     _write(out, table, cap.probe_table(probes, targets), targets, meta, rate is None, context, settings_frame(scn))
     if not quiet:
         from kvsim.cli.table import capacity_lines
@@ -220,7 +220,7 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
 def _write(out: Path, table, probes, targets, meta, forward: bool, context: str = "", settings=None) -> None:
     """Write into a fresh folder beside `out`, then swap it in (as kvsim run does)."""
     from kvsim.cli.output import swap_in
-    from kvsim.report.sweep_plots import write_capacity_plot
+    from kvsim.plots.sweep_figures import write_capacity_plot
 
     def write(tmp: Path) -> None:
         table.to_csv(tmp / "capacity.csv", index=False)

@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 import click
 
-from kvsim.report.style import percent, seconds
+from kvsim.plots.style import percent, seconds
 
 WIDTH = 100
 GAP = "  "
@@ -88,7 +88,7 @@ def _value(column: str, fmt: Callable[[float], str]) -> Callable[[Mapping], str]
 
 
 def _limit(row: Mapping) -> str:
-    from kvsim.report.verdict import limiting_factor
+    from kvsim.analysis.verdict import limiting_factor
     what, share, _ = limiting_factor(row)
     what = SHORT_LIMITS.get(what, what.split(" (")[0])
     return f"{what} {share:.0%}" if share is not None else what
@@ -120,7 +120,7 @@ def run_table(summary, targets: Mapping[str, float] | None = None, caching: bool
               width: int = WIDTH) -> list[str]:
     """The default table of `kvsim run`: ESSENTIAL columns (those the summary has), an
     SLO column where targets are set, then OPTIONAL ones that still fit."""
-    from kvsim.report.slo import misses
+    from kvsim.analysis.slo import misses
     records = summary.to_dict(orient="records")
     has = set(summary.columns) | {"limited"}
     if caching is None:
@@ -168,7 +168,7 @@ def step_cost_note(summary) -> str:
 
 def print_run(summary, scn=None, wide: bool = False, width: int = WIDTH) -> None:
     """A run's table, its notes and the verdict: WIDTH columns, or everything with `wide`."""
-    from kvsim.report.verdict import pick, sentence
+    from kvsim.analysis.verdict import pick, sentence
     targets = scn.slo.targets() if scn is not None and scn.slo is not None else {}
     caching = any(getattr(p, "enable_prefix_caching", False) for p in scn.policies) if scn else None
     if wide:
@@ -204,7 +204,7 @@ def print_run(summary, scn=None, wide: bool = False, width: int = WIDTH) -> None
 
 def column_note(summary, wide: bool) -> str:
     """What the table's memory columns mean (the time window they are weighted over)."""
-    from kvsim.report.plots import BASIS
+    from kvsim.plots.run_figures import BASIS
     bases = list(dict.fromkeys(summary["fraction_basis"].astype(str))) if "fraction_basis" in summary else []
     if wide:
         return "fractions and achv batch: " + "; ".join(f"basis '{b}': {BASIS.get(b, b)}" for b in bases)
@@ -268,7 +268,7 @@ SWEPT: list[Column] = [
 def sweep_tables(summary, params: list[str], width: int = WIDTH) -> list[str]:
     """Per swept field (two or more values): one row per policy and value, each metric
     the mean over the other swept fields' values and the seeds."""
-    from kvsim.report.style import param_label
+    from kvsim.plots.style import param_label
     lines: list[str] = []
     if summary.empty:
         return lines

@@ -26,7 +26,7 @@ import numpy as np
 from kvsim.cost.fit import LINEAR_OPS, PER_STEP_OPS, fit_attention, kfold, mape, predict_attention
 from kvsim.cost.generalize import fits_for, predict_linear
 from kvsim.cost.profiles import SHIPPED, Profile
-from kvsim.specs import GPU_PRESETS
+from kvsim.model.specs import GPU_PRESETS
 
 
 def linear_heldout(profile: Profile) -> dict[str, float]:

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 from kvsim.cost.fit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token, gemm_kn,
                     gemm_work, predict_elementwise, predict_gemm)
 from kvsim.cost.moe import MOE_OPS, act_width, moe_mlp_seconds
 from kvsim.cost.profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_meta, shipped_names
-from kvsim.specs import GPUSpec, ModelSpec
+from kvsim.model.specs import GPUSpec, ModelSpec
 
 GPU_FITS = SHIPPED / "gpus.json"
 TP_GRID = (1, 2, 4, 8)

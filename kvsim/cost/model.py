@@ -23,17 +23,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synthesize
 from kvsim.cost.fit import LINEAR_OPS, PER_STEP_OPS, kv_bytes_per_token
 from kvsim.cost.overhead import DEFAULT, NONE, Comm, Overhead, inline, load_overhead
 from kvsim.cost.moe import expected_experts
-from kvsim.specs import DTYPE_BITS, GPUSpec, KVSpec, ModelSpec
+from kvsim.model.specs import DTYPE_BITS, GPUSpec, KVSpec, ModelSpec
 
 
 @dataclass(frozen=True)
 class Decodes:
-    """Decoding sequences given only in sum (kvsim.lazy's): how many, the tokens their
+    """Decoding sequences given only in sum (kvsim.sim.lazy's): how many, the tokens their
     contexts hold together, and how many blocks of `block_size` those contexts fill
     (each context rounded up; 0 when block_size is None)."""
     count: int
@@ -181,7 +181,7 @@ class Profiled:
     time above (kernels and all-reduce) hides (kvsim.cost.overhead.Overhead.launch_wait).
     `overhead` None keeps the profile's own fixed step_overhead_s (0 in shipped profiles).
     `price` names what a step left the measured ranges for; the run counts them
-    (kvsim.engine), so this object keeps no history and `label` is fixed.
+    (kvsim.sim.loop), so this object keeps no history and `label` is fixed.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, profile=None,

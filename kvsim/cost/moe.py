@@ -1,7 +1,7 @@
 """What a mixture-of-experts layer costs in one step: the experts its tokens touch.
 
 An MoE layer routes each token to k of its E experts (Mixtral: top 2 of 8). Memory
-holds all E experts (kvsim.memory sizes the KV pool after them), but a step reads only
+holds all E experts (kvsim.model.memory sizes the KV pool after them), but a step reads only
 the weights of the experts that at least one of its tokens chose, and each token
 computes on its k experts alone. The rule kvsim uses for the number of experts touched:
 

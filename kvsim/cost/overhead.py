@@ -43,8 +43,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from kvsim.errors import InputError
-from kvsim.specs import GPU_PRESETS, GPUSpec
+from kvsim.config.errors import InputError
+from kvsim.model.specs import GPU_PRESETS, GPUSpec
 
 FORMAT = "kvsim-overhead/2"
 FORMATS = ("kvsim-overhead/1", FORMAT)     # /1: no launch_per_layer_ms (0)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 from kvsim.cost.fit import LINEAR_OPS
 
 FORMAT = "kvsim-profile/1"

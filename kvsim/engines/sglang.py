@@ -27,7 +27,7 @@ clients send it. Parallel samples are separate requests.
 """
 from __future__ import annotations
 
-from kvsim.scheduler import Scheduler, Seq, Step, with_limit
+from kvsim.sim.scheduler import Scheduler, Seq, Step, with_limit
 
 CLIP_MAX_NEW_TOKENS = 4096
 MAX_PREFILL_TOKENS = 16384
@@ -60,7 +60,7 @@ class SGLang:
         self.ratio = max(self.ratio - self.decay, self.min_ratio)
 
     def head_waits(self, s: Scheduler) -> None:
-        """Quiet ticks with requests waiting (kvsim.lazy): none here. The admission test
+        """Quiet ticks with requests waiting (kvsim.sim.lazy): none here. The admission test
         reads every decoding request (lazy_ok)."""
         return None
 

@@ -23,8 +23,8 @@ in chunks.
 """
 from __future__ import annotations
 
-from kvsim.allocators import NextSeq, SeqShape
-from kvsim.scheduler import Scheduler, Seq, Step, with_limit
+from kvsim.kvcache import NextSeq, SeqShape
+from kvsim.sim.scheduler import Scheduler, Seq, Step, with_limit
 
 
 class VllmV0:
@@ -108,7 +108,7 @@ class VllmV0:
                     else "max_num_seqs" if seqs + s.width > s.max_num_seqs else "")
 
     def head_waits(self, s: Scheduler) -> tuple[str, NextSeq] | None:
-        """For kvsim.lazy's quiet ticks: where this step admits no prompt and so decodes
+        """For kvsim.sim.lazy's quiet ticks: where this step admits no prompt and so decodes
         every running request (unchunked, nothing swapped out: `schedule`), why the
         waiting head waits and what it needs (as _prefills finds them); None where it
         would be admitted or rejected, or the step is planned otherwise."""

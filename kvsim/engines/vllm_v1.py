@@ -18,7 +18,7 @@ fans a request with n > 1 out into n), whose prompts meet in the prefix cache.
 """
 from __future__ import annotations
 
-from kvsim.scheduler import Scheduler, Seq, Step, with_limit
+from kvsim.sim.scheduler import Scheduler, Seq, Step, with_limit
 
 
 class VllmV1:
@@ -39,7 +39,7 @@ class VllmV1:
         """A step that only decodes every running request changes nothing else here."""
 
     def head_waits(self, s: Scheduler) -> None:
-        """Quiet ticks with requests waiting (kvsim.lazy): none here. A step runs the running
+        """Quiet ticks with requests waiting (kvsim.sim.lazy): none here. A step runs the running
         requests first, on the token budget the waiting ones share."""
         return None
 

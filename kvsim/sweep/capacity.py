@@ -2,7 +2,7 @@
 fewest GPUs that serve a given rate.
 
 A rate *meets* the targets when the policy's summary row at that rate misses none of
-them (kvsim.report.slo.misses) and no request is left unfinished by `time_limit_s`
+them (kvsim.analysis.slo.misses) and no request is left unfinished by `time_limit_s`
 (its latency is unknown, and only a server that cannot keep up leaves requests behind).
 Each policy runs alone on the scenario's requests with the arrival rate replaced; the
 same seed gives the same requests and the same arrival draws at every rate, scaled in
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kvsim.errors import InputError
-from kvsim.report.metrics import tidy
-from kvsim.report.slo import misses
-from kvsim.scenario import Gamma, Poisson, Scenario
+from kvsim.config.errors import InputError
+from kvsim.analysis.metrics import tidy
+from kvsim.analysis.slo import misses
+from kvsim.config.scenario import Gamma, Poisson, Scenario
 from kvsim.sweep.backends import Outcome, Task
 from kvsim.sweep.grid import scenario_id
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvsim.errors import InputError
-from kvsim.scenario import Scenario, read_yaml, validate_scenario
+from kvsim.config.errors import InputError
+from kvsim.config.scenario import Scenario, read_yaml, validate_scenario
 
 
 class _Strict(BaseModel):

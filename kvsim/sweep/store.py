@@ -8,7 +8,7 @@ the tables built from them.
     OUT/summary.csv               one row per (point, policy): the mean over seeds and,
                                   with several seeds, each metric's 95% interval (_ci95)
     OUT/errors.csv                the failed points, if any
-    OUT/sweep_<parameter>.png     plots (kvsim.report.sweep_plots)
+    OUT/sweep_<parameter>.png     plots (kvsim.plots.sweep_figures)
 
 A point's file is written under a temporary name and renamed, so an interrupted sweep
 (Ctrl-C, a killed process, a lost node) leaves every finished point intact and no
@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from kvsim.report.metrics import tidy
+from kvsim.analysis.metrics import tidy
 from kvsim.sweep.backends import Outcome, Task
 from kvsim.sweep.grid import Point, Sweep
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.workload import sharing as share
-from kvsim.allocators import SeqShape
-from kvsim.errors import InputError
-from kvsim.scenario import Burst, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
+from kvsim.kvcache import SeqShape
+from kvsim.config.errors import InputError
+from kvsim.config.scenario import Burst, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
 
 MAX_REDRAW_ROUNDS = 200
 NO_TAIL = np.iinfo(np.int64).min     # a RequestTable's tail id for "the request's own id"
@@ -87,7 +87,7 @@ class RequestTable:
         """Whether each request's tail content (the rest of its prompt and its output) is
         its own: no other request has the same tail or holds it among its shared runs (an
         earlier turn of a conversation is a later turn's run). Then no key of a block that
-        holds output can be looked up by another request (kvsim.allocators.prefix)."""
+        holds output can be looked up by another request (kvsim.kvcache.prefix)."""
         if self._private is None:
             ids = self.id_column()
             tails = ids if self.tail_ids is None else np.where(self.tail_ids == NO_TAIL, ids, self.tail_ids)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.scenario import RAG, Conversation, PrefixGroups
+from kvsim.config.scenario import RAG, Conversation, PrefixGroups
 
 
 def shared_tokens(sharing) -> int:

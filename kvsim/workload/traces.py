@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 
 HASH_BLOCK_TOKENS = 512          # tokens per Mooncake hash id
 MAX_TOKENS = 2**31 - 1

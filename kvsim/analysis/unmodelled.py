@@ -1,0 +1,65 @@
+"""Which of a scenario's policy settings leave the step time unchanged, as the step-cost
+model prices it.
+
+A policy's block size, KV dtype and scale granularity change what fits in the KV pool;
+whether they also change how long a step of the same batch takes depends on the cost
+model (a profile may time attention per block size or per dtype; the roofline reads
+fewer bytes of a quantized cache; some fits take neither). This asks the model itself:
+for every policy, and every other value of a setting that some policy of the scenario
+uses, it prices the same few steps (a long prefill, a decode of many sequences, a step
+with both) with only that setting changed. A setting none of whose changes moves any of
+those times has no modelled effect on step time, and the figures say so: differences
+between such policies come from memory alone (batch size, queueing, preemption).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvsim.cost.model import StepBatch, make_cost_model
+from kvsim.model.specs import KVSpec, resolve_kv_dtype
+
+SETTINGS = {"block_size": "block size", "kv_cache_dtype": "KV dtype", "kv_scale": "KV scale granularity"}
+PROBES = (StepBatch.build([(2048, 0)], []),                         # a long prefill
+          StepBatch.build([], [2000] * 64),                         # 64 sequences decoding
+          StepBatch.build([(512, 1024)], [3000] * 16 + [500] * 16))  # a chunk among decodes
+
+
+def step_times(scn, policy, base_dir: Path) -> tuple[float, ...]:
+    """The probe steps' seconds under `policy`'s KV layout and block size."""
+    model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
+    kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale, policy.kv_scale_group_size)
+    _, options = policy.allocator_kind(scn.engine_name)
+    cost = make_cost_model(scn.cost_model, model, gpu, kv, scn.tensor_parallel_size,
+                           block_size=options.get("block_size"), base_dir=base_dir)
+    return tuple(cost.step_time(batch) for batch in PROBES)
+
+
+def unmodelled_settings(scn, base_dir: Path) -> dict[str, list]:
+    """{setting: the values its policies use} for each setting that differs between the
+    scenario's policies yet changes no probe step's time."""
+    out = {}
+    for field in SETTINGS:
+        values = list(dict.fromkeys(getattr(p, field) for p in scn.policies if field in type(p).model_fields))
+        if len(values) < 2:
+            continue
+        moved = False
+        for policy in (p for p in scn.policies if field in type(p).model_fields):
+            base = step_times(scn, policy, base_dir)
+            for value in values:
+                if value != getattr(policy, field):
+                    other = step_times(scn, policy.model_copy(update={field: value}), base_dir)
+                    if any(abs(a - b) > 1e-9 * max(abs(a), abs(b)) for a, b in zip(base, other)):
+                        moved = True
+                        break
+            if moved:
+                break
+        if not moved:
+            out[field] = values
+    return out
+
+
+def notes(scn, base_dir: Path) -> list[str]:
+    """One sentence per setting with no modelled effect on step time."""
+    return [f"{SETTINGS[field]} ({', '.join(map(str, values))}): no modelled effect on step time; "
+            "these policies differ through memory alone"
+            for field, values in unmodelled_settings(scn, base_dir).items()]

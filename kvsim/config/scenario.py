@@ -1,0 +1,628 @@
+"""Scenario files: YAML, validated once at load into frozen objects.
+
+Everything deeper in kvsim receives these objects and trusts them. Every problem with
+the file becomes one InputError naming the file, the field and what is allowed; an
+unknown key names the closest valid key.
+"""
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+
+from kvsim.config.errors import InputError
+from kvsim.model.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
+
+MAX_REPLICAS = 256
+KVDtype = Literal["auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"]
+assert set(typing.get_args(KVDtype)) - {"auto"} == set(DTYPE_BITS)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+# --- workload --------------------------------------------------------------------
+class Poisson(Strict):
+    process: Literal["poisson"]
+    rate_per_s: float = Field(gt=0)
+
+
+# A coefficient of variation: outside this range a gamma or lognormal is a typo, and
+# its parameters (1/cv^2, log(1 + cv^2)) overflow or divide by zero.
+CV = Annotated[float, Field(ge=1e-3, le=1e3)]
+
+
+class Gamma(Strict):
+    """Gamma-distributed gaps: cv > 1 is burstier than Poisson, cv < 1 more regular."""
+    process: Literal["gamma"]
+    rate_per_s: float = Field(gt=0)
+    cv: CV
+
+
+class Burst(Strict):
+    """Every request arrives at t = 0: memory capacity alone sets the batch."""
+    process: Literal["burst"]
+
+
+Arrival = Annotated[Union[Poisson, Gamma, Burst], Field(discriminator="process")]
+
+
+MAX_TOKENS = 1 << 30     # lengths beyond this are typos, not workloads
+
+
+class Bounded(Strict):
+    min: int = Field(1, ge=1, le=MAX_TOKENS)
+    max: int = Field(1 << 20, ge=1, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class Fixed(Strict):
+    dist: Literal["fixed"]
+    value: int = Field(ge=1)
+
+
+class Uniform(Bounded):
+    dist: Literal["uniform"]
+
+
+class Lognormal(Bounded):
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    cv: CV
+
+
+class Empirical(Bounded):
+    """Draws with replacement from one column of a CSV (path relative to the scenario)."""
+    dist: Literal["empirical"]
+    file: str
+    column: str
+
+
+LengthDist = Annotated[Union[Fixed, Uniform, Lognormal, Empirical], Field(discriminator="dist")]
+
+
+class PrefixGroups(Strict):
+    """Each prompt starts with one of `groups` shared prefixes of `tokens` tokens."""
+    groups: int = Field(ge=1)
+    tokens: int = Field(ge=1)
+    popularity: Literal["uniform", "zipf"] = "uniform"
+    zipf_s: float = Field(1.1, gt=0)
+
+
+class RAG(Strict):
+    """A shared system prompt, then k documents retrieved from a corpus, then the question."""
+    system_tokens: int = Field(0, ge=0)
+    corpus_docs: int = Field(ge=1)
+    doc_tokens: int = Field(ge=1)
+    docs_per_request: int = Field(ge=1)
+    popularity: Literal["uniform", "zipf"] = "zipf"
+    zipf_s: float = Field(1.1, gt=0)
+
+    @model_validator(mode="after")
+    def _enough_docs(self):
+        if self.docs_per_request > self.corpus_docs:
+            raise ValueError(f"docs_per_request ({self.docs_per_request}) exceeds corpus_docs "
+                             f"({self.corpus_docs})")
+        return self
+
+
+class Conversation(Strict):
+    """Multi-turn chats: each turn's prompt is the whole previous context plus new tokens."""
+    turns: int = Field(ge=1)
+    think_time_s: float = Field(30.0, ge=0)
+
+
+class Workload(Strict):
+    num_requests: int | None = Field(None, ge=1, le=10_000_000)
+    arrival: Arrival | None = None
+    prompt_tokens: LengthDist | None = None
+    output_tokens: LengthDist | None = None
+    dataset: str | None = None     # joint lengths from a preset (kvsim.workload.datasets)
+    trace: str | None = None       # a request trace (kvsim.workload.traces), replayed as is
+    time_scale: float | None = Field(None, gt=0, le=1e6)   # a trace's arrivals times this
+    n: int = Field(1, ge=1, le=64)           # parallel samples per request
+    beam_width: int = Field(1, ge=1, le=64)  # beams per request
+    prefix: PrefixGroups | None = None
+    rag: RAG | None = None
+    conversation: Conversation | None = None
+
+    @property
+    def sharing(self) -> PrefixGroups | RAG | Conversation | None:
+        return self.prefix or self.rag or self.conversation
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if sum(x is not None for x in (self.prefix, self.rag, self.conversation)) > 1:
+            raise ValueError("choose at most one of prefix, rag and conversation")
+        if self.n > 1 and self.beam_width > 1:
+            raise ValueError("choose n (parallel sampling) or beam_width (beam search), not both")
+        if self.trace is not None and self.sharing is not None:
+            raise ValueError("a trace brings its own prompts: drop prefix, rag or conversation")
+        if self.trace is None and self.time_scale is not None:
+            raise ValueError("time_scale stretches a trace's arrivals: give a trace or drop time_scale")
+
+        sources = [self.trace is not None, self.dataset is not None,
+                   self.prompt_tokens is not None or self.output_tokens is not None]
+        if sum(sources) != 1:
+            raise ValueError("give exactly one length source: prompt_tokens and "
+                             "output_tokens, or dataset, or trace")
+        if sources[2] and (self.prompt_tokens is None or self.output_tokens is None):
+            raise ValueError("prompt_tokens and output_tokens go together")
+        if self.trace is not None and self.arrival is not None:
+            raise ValueError("a trace brings its own arrival times: drop arrival")
+        if self.trace is None and (self.arrival is None or self.num_requests is None):
+            raise ValueError("arrival and num_requests are required without a trace")
+        return self
+
+
+# --- engine ----------------------------------------------------------------------
+Engine = Literal["vllm-v0", "vllm-v1", "sglang"]
+
+
+class Scheduler(Strict):
+    """Engine settings under vLLM's names; what is left unset takes the engine's default
+    (kvsim.engines.settings)."""
+    engine: Engine | None = None                # or top-level `engine:`
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    enable_chunked_prefill: bool | None = None
+    preemption_mode: Literal["recompute", "swap"] | None = None
+    swap_space_gib: float = Field(4.0, ge=0)    # CPU memory per GPU for swapped-out KV (vLLM: 4)
+    watermark: float | None = Field(None, ge=0, lt=1)   # share of the pool kept free at admission
+    schedule_policy: Literal["fcfs", "lpm"] | None = None   # SGLang's order of the waiting queue
+
+
+class SLO(Strict):
+    """Latency targets (simulated seconds): a policy meets them when every given
+    percentile of its completed requests is at most the target (kvsim.analysis.slo)."""
+    ttft_p50_s: float | None = Field(None, gt=0)
+    ttft_p90_s: float | None = Field(None, gt=0)
+    ttft_p99_s: float | None = Field(None, gt=0)
+    tpot_p50_s: float | None = Field(None, gt=0)
+    tpot_p90_s: float | None = Field(None, gt=0)
+    tpot_p99_s: float | None = Field(None, gt=0)
+    e2e_p50_s: float | None = Field(None, gt=0)
+    e2e_p99_s: float | None = Field(None, gt=0)
+
+    def targets(self) -> dict[str, float]:
+        """The targets that are set, by summary column."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class PolicyBase(Strict):
+    name: str
+    kv_cache_dtype: KVDtype = "auto"
+    kv_scale: Literal["tensor", "head", "group"] = "tensor"   # quantization scale granularity
+    kv_scale_group_size: int = Field(64, ge=1)
+
+
+class Contiguous(PolicyBase):
+    allocator: Literal["contiguous"]
+    reserve: Literal["max", "pow2", "oracle"] = "max"
+    placement: Literal["first-fit", "buddy"] = "first-fit"
+    enable_prefix_caching: bool = False
+
+    @model_validator(mode="after")
+    def _cannot_share(self):
+        if self.enable_prefix_caching:
+            raise ValueError("contiguous allocation cannot share KV between requests (each owns one "
+                             "region); use allocator: paged for enable_prefix_caching")
+        return self
+
+    def allocator_kind(self, engine: str = "vllm-v1") -> tuple[str, dict]:
+        return "contiguous", {"reserve": self.reserve, "placement": self.placement}
+
+
+class Paged(PolicyBase):
+    allocator: Literal["paged"]
+    block_size: int = Field(16, ge=1, le=4096)
+    enable_prefix_caching: bool | None = None          # default: the engine's
+    prefix_cache: Literal["hash", "radix"] | None = None   # radix: SGLang-style radix tree
+
+    def allocator_kind(self, engine: str = "vllm-v1") -> tuple[str, dict]:
+        from kvsim.engines.settings import prefix_defaults
+        default_on, default_cache = prefix_defaults(engine)
+        on = default_on if self.enable_prefix_caching is None else self.enable_prefix_caching
+        if not on:
+            return "paged", {"block_size": self.block_size}
+        if (self.prefix_cache or default_cache) == "radix":
+            # block_size is SGLang's page_size; SGLang's default is 1, not vLLM's 16.
+            given = "block_size" in self.model_fields_set
+            return "radix", {"page_size": self.block_size} if given else {}
+        return "paged", {"block_size": self.block_size, "prefix_caching": True}
+
+
+Policy = Annotated[Union[Contiguous, Paged], Field(discriminator="allocator")]
+
+
+class InlineModel(Strict):
+    name: str = "custom"
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    vocab_size: int = Field(32000, ge=1)
+    params: float = Field(gt=0)
+    active_params: float | None = Field(None, gt=0)
+    dtype: Literal["fp32", "fp16", "bf16"] = "bf16"
+    kv_lora_rank: int = Field(0, ge=0)
+    qk_rope_head_dim: int = Field(0, ge=0)
+    sliding_window: int | None = Field(None, ge=1)
+    max_position_embeddings: int | None = Field(None, ge=1)
+    alibi: bool = False
+    num_experts: int = Field(0, ge=0)            # MoE (kvsim.model.specs.ModelSpec); 0: dense
+    experts_per_token: int = Field(0, ge=0)
+    moe_intermediate_size: int | None = Field(None, ge=1)
+    shared_expert_size: int = Field(0, ge=0)
+    dense_layers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _experts(self):
+        if bool(self.num_experts) != bool(self.experts_per_token):
+            raise ValueError("num_experts and experts_per_token go together")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts "
+                             f"({self.num_experts})")
+        if self.dense_layers >= self.num_layers and self.num_experts:
+            raise ValueError(f"dense_layers ({self.dense_layers}) leaves no MoE layer of {self.num_layers}")
+        return self
+
+
+class HFModel(Strict):
+    hf_config: str
+
+
+class InlineGPU(Strict):
+    name: str = "custom"
+    memory_gib: float = Field(gt=0)
+    hbm_tb_s: float = Field(gt=0)
+    bf16_tflops: float = Field(gt=0)
+    fp8_tflops: float | None = Field(None, gt=0)
+    pcie_gb_s: float = Field(64.0, gt=0)
+    nvlink_gb_s: float | None = Field(None, gt=0)
+
+
+class InlineOverhead(Strict):
+    """Host time per step given by hand (kvsim.cost.overhead); all-reduces stay the profile's."""
+    step_ms: float = Field(0.0, ge=0)
+    per_seq_ms: float = Field(0.0, ge=0)
+    per_prefill_token_ms: float = Field(0.0, ge=0)
+    launch_per_layer_ms: float = Field(0.0, ge=0)    # CPU launch time, hidden behind device work
+
+
+class ProfileCost(Strict):
+    """Step costs from a profile, a shipped name or a folder relative to the scenario
+    (kvsim.cost.profiles; absent: the automatic choice, as `calibrated`), plus an engine
+    overhead (kvsim.cost.overhead): a shipped name, `none`, a file, or {step_ms, per_seq_ms,
+    per_prefill_token_ms}; absent: the shipped default. step_overhead_ms: X is the deprecated
+    spelling of overhead: {step_ms: X}."""
+    profile: str | None = None
+    overhead: Annotated[Union[Annotated[str, Tag("overhead-name")],
+                              Annotated[InlineOverhead, Tag("overhead-inline")]],
+                        Discriminator(lambda v: "overhead-name" if isinstance(v, str) else "overhead-inline")
+                        ] | None = None
+    step_overhead_ms: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_overhead(self):
+        if self.overhead is not None and self.step_overhead_ms is not None:
+            raise ValueError("give overhead: {step_ms: X} (step_overhead_ms is its deprecated spelling), not both")
+        return self
+
+
+def _spec_kind(value) -> str:
+    """A model or GPU is a preset name, a Hugging Face config, or given inline (as read
+    from YAML, or as the validated object when a scenario is written back)."""
+    if isinstance(value, str):
+        return "preset"
+    return "hf" if isinstance(value, HFModel) or isinstance(value, dict) and "hf_config" in value else "inline"
+
+
+_SPEC_TAGS = {"preset": str, "inline": None, "hf": HFModel}
+
+
+class Scenario(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: int = Field(0, ge=0)
+    model: Annotated[Union[Annotated[str, Tag("preset")], Annotated[InlineModel, Tag("inline")],
+                           Annotated[HFModel, Tag("hf")]], Discriminator(_spec_kind)]
+    gpu: Annotated[Union[Annotated[str, Tag("preset")], Annotated[InlineGPU, Tag("inline")]],
+                   Discriminator(_spec_kind)]
+    tensor_parallel_size: int = Field(1, ge=1, le=1024)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    kv_cache_memory_gib: float | None = Field(None, gt=0)
+    activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
+    max_model_len: int | None = Field(None, ge=1)   # default: the model's context length (filled at load)
+    engine: Engine | None = None     # vllm-v0, vllm-v1 (default) or sglang; or under scheduler:
+    time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
+    replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS)   # engines behind a router (default 1)
+    router: Literal["round-robin", "least-loaded", "prefix-aware"] | None = None   # default round-robin
+    cost_model: Annotated[Union[Annotated[Literal["roofline", "calibrated"], Tag("preset")],
+                                Annotated[ProfileCost, Tag("profile-ref")]],
+                          Discriminator(lambda v: "preset" if isinstance(v, str) else "profile-ref")] = "roofline"
+    workload: Workload
+    scheduler: Scheduler = Scheduler()
+    slo: SLO | None = None
+    policies: list[Policy] = Field(min_length=1)
+
+    # Resolved views: the rest of kvsim uses these, not the raw fields.
+    @property
+    def engine_name(self) -> str:
+        from kvsim.engines.settings import DEFAULT_ENGINE
+        return self.engine or self.scheduler.engine or DEFAULT_ENGINE
+
+    def engine_settings(self, pool_tokens: int | None = None):
+        """The scheduler block's values, or the engine's defaults (kvsim.engines.settings)."""
+        from kvsim.engines.settings import resolve
+        gpu = self.gpu_spec()
+        return resolve(self.engine_name, self.scheduler, max_model_len=self.max_model_len,
+                       gpu_name=gpu.name, gpu_memory_gib=gpu.memory_gib, pool_tokens=pool_tokens)
+
+    @property
+    def fleet(self) -> tuple[int, str]:
+        """(replicas, router), defaults filled in."""
+        return self.replicas or 1, self.router or "round-robin"
+
+    @property
+    def batched_token_budget(self) -> int:
+        return self.engine_settings().max_num_batched_tokens
+
+    def model_spec(self, base_dir: Path = Path(".")) -> ModelSpec:
+        if isinstance(self.model, str):
+            return MODEL_PRESETS[self.model]
+        if isinstance(self.model, HFModel):
+            return model_from_hf_config(base_dir / self.model.hf_config)
+        return ModelSpec(**self.model.model_dump())
+
+    def gpu_spec(self) -> GPUSpec:
+        return GPU_PRESETS[self.gpu] if isinstance(self.gpu, str) else GPUSpec(**self.gpu.model_dump())
+
+
+# --- loading ---------------------------------------------------------------------
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML where a repeated key is an error, not a silent last-one-wins."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_scenario(path: str | Path) -> tuple[Scenario, Path]:
+    """Read and validate a scenario; returns it and the folder relative paths start from."""
+    path = Path(path)
+    return validate_scenario(read_yaml(path, "scenario keys (name, model, ...)"), str(path)), path.parent
+
+
+def read_yaml(path: Path, keys: str) -> dict:
+    """A YAML file that must hold a mapping (of `keys`, for the error); any problem is an InputError."""
+    src = str(path)
+    try:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except FileNotFoundError:
+        raise InputError(src, "file", "not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(src, "file", f"cannot be read as UTF-8 text ({type(e).__name__})") from None
+    except RecursionError:
+        raise InputError(src, "YAML", "nested too deeply") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = (f"line {mark.line + 1}" if mark else
+                 f"character {e.position}" if hasattr(e, "position") else "YAML")
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())   # one line
+        raise InputError(src, where, f"invalid YAML: {problem}") from None
+    if not isinstance(raw, dict):
+        raise InputError(src, "top level", f"must be a mapping of {keys}")
+    return raw
+
+
+def validate_scenario(raw: dict, src: str) -> Scenario:
+    base = Path(src).parent
+    _check_files(raw, base, src)
+    try:
+        scn = Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise _input_error(e, src) from None
+    if isinstance(scn.model, str) and scn.model not in MODEL_PRESETS:
+        raise InputError(src, "model", _unknown_model(scn.model))
+    scn = _with_defaults(scn, base, src)
+    names = [p.name for p in scn.policies]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(src, "policies", f"policy names must be unique; repeated: {', '.join(dup)}")
+    if isinstance(scn.gpu, str) and scn.gpu not in GPU_PRESETS:
+        raise InputError(src, "gpu", _unknown(scn.gpu, GPU_PRESETS, "preset"))
+    _check_engine(scn, src)
+    wl = scn.workload
+    if wl.dataset is not None:
+        from kvsim.workload.datasets import DATASETS
+        if wl.dataset not in DATASETS:
+            raise InputError(src, "workload.dataset", _unknown(wl.dataset, DATASETS, "dataset"))
+    return scn
+
+
+def _check_files(raw: dict, base: Path, src: str) -> None:
+    """A file the scenario names that is not there: the likeliest mistake, so it is said
+    before anything else is checked (paths are relative to the scenario's folder)."""
+    workload = raw.get("workload") if isinstance(raw.get("workload"), dict) else {}
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    named = [("workload.trace", workload.get("trace")), ("model.hf_config", model.get("hf_config"))]
+    for key in ("prompt_tokens", "output_tokens"):
+        dist = workload.get(key)
+        if isinstance(dist, dict) and dist.get("dist") == "empirical":
+            named.append((f"workload.{key}.file", dist.get("file")))
+    for field, name in named:
+        if isinstance(name, str) and name and not (base / name).is_file():
+            what = "a folder, not a file" if (base / name).is_dir() else "not found"
+            raise InputError(src, field, f"file {base / name} {what}")
+
+
+def _check_engine(scn: Scenario, src: str) -> None:
+    """What the chosen engine cannot run, as input errors naming the field."""
+    if scn.engine and scn.scheduler.engine and scn.engine != scn.scheduler.engine:
+        raise InputError(src, "engine", f"'{scn.engine}' differs from scheduler.engine "
+                         f"'{scn.scheduler.engine}'; give it once")
+    name, s = scn.engine_name, scn.engine_settings()
+    width = max(scn.workload.n, scn.workload.beam_width)
+    if name != "vllm-v0":
+        if scn.workload.beam_width > 1:
+            raise InputError(src, "workload.beam_width", f"{name} has no beam groups in its scheduler "
+                             "(beam search runs above the engine); use engine: vllm-v0")
+        if scn.scheduler.preemption_mode == "swap":
+            raise InputError(src, "scheduler.preemption_mode", f"{name} preempts by recompute only; "
+                             "swap is vllm-v0's")
+        if scn.scheduler.watermark:
+            raise InputError(src, "scheduler.watermark", f"{name} keeps no watermark; it is vllm-v0's")
+    if name != "sglang" and scn.scheduler.schedule_policy:
+        raise InputError(src, "scheduler.schedule_policy", "fcfs or lpm is SGLang's choice; "
+                         "vLLM admits first come first served")
+    if name == "vllm-v0":
+        if width > s.max_num_batched_tokens:
+            raise InputError(src, "scheduler.max_num_batched_tokens", f"{s.max_num_batched_tokens} is "
+                             f"below the {width} sequences one request decodes per step")
+        if width > 1 and s.enable_chunked_prefill:
+            raise InputError(src, "scheduler.enable_chunked_prefill", "must be false with workload.n or "
+                             "workload.beam_width above 1: a group forks from a whole prefilled prompt")
+        if width > s.max_num_seqs:
+            raise InputError(src, "scheduler.max_num_seqs", f"{s.max_num_seqs} is below the {width} "
+                             "sequences of one request (vLLM V0 counts every sample or beam)")
+    if s.max_num_batched_tokens < scn.max_model_len and not s.enable_chunked_prefill:
+        raise InputError(src, "scheduler.max_num_batched_tokens",
+                         f"{s.max_num_batched_tokens} is smaller than max_model_len ({scn.max_model_len}), "
+                         "so a long prompt could never be prefilled; raise it or set "
+                         "enable_chunked_prefill: true")
+def _with_defaults(scn: Scenario, base: Path, src: str) -> Scenario:
+    """Read the model once (a bad hf_config is an input error) and fill max_model_len from
+    its context length, as vLLM does, when the scenario leaves it out."""
+    try:
+        model = scn.model_spec(base)
+    except ValueError as e:
+        raise InputError(src, "model.hf_config", str(e)) from None
+    if scn.max_model_len is not None:
+        return scn
+    if model.max_position_embeddings is None:
+        raise InputError(src, "max_model_len", "required: the model does not give its context length "
+                         "(max_position_embeddings)")
+    return scn.model_copy(update={"max_model_len": model.max_position_embeddings})
+
+
+def _unknown_model(name: str) -> str:
+    """A Hugging Face id (org/name) is not fetched: say how to give its config instead."""
+    if "/" not in name:
+        return _unknown(name, MODEL_PRESETS, "preset")
+    close = difflib.get_close_matches(name.split("/")[-1].lower(), list(MODEL_PRESETS), n=1, cutoff=0.5)
+    hint = f"use the preset '{close[0]}', or " if close else "use a preset, or "
+    return (f"'{name}' looks like a Hugging Face model id, which kvsim does not download; {hint}"
+            "give its config.json as {hf_config: path/to/config.json}")
+
+
+# Keys users of vLLM put at the top level, and where kvsim wants them.
+MISPLACED = {**{k: "scheduler" for k in Scheduler.model_fields},
+             "swap_space": "scheduler", "max_num_batched_tokens": "scheduler",
+             **{k: "policy" for k in ("block_size", "kv_cache_dtype", "enable_prefix_caching",
+                                       "prefix_cache", "kv_scale", "kv_scale_group_size", "allocator")}}
+
+
+def _misplaced(key: str) -> str | None:
+    where = MISPLACED.get(key)
+    if where == "scheduler":
+        name = "swap_space_gib" if key == "swap_space" else key
+        return f"'{key}' belongs under scheduler: (scheduler: {{{name}: ...}})"
+    if where == "policy":
+        return (f"'{key}' is set per policy: put it in each entry of policies: "
+                f"(- {{name: paged-16, allocator: paged, {key}: ...}})")
+    return None
+
+
+def _unknown(value: str, valid, what: str) -> str:
+    close = difflib.get_close_matches(value, list(valid), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown {what} '{value}'{hint}; choose from: {', '.join(sorted(valid))}"
+
+
+def _input_error(exc: ValidationError, src: str) -> InputError:
+    """The first validation problem as one line; unknown keys get the closest valid key."""
+    errors = exc.errors()
+    # An unknown key explains a "missing" one next to it (a typo), so it goes first.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = err["loc"]
+    field = _dotted(loc) or "top level"
+    if err["type"] == "extra_forbidden":
+        if len(loc) == 1 and _misplaced(str(loc[0])):
+            return InputError(src, field, _misplaced(str(loc[0])))
+        allowed = _fields_at(loc[:-1])
+        return InputError(src, field, _unknown(str(loc[-1]), allowed, "key"))
+    msg = err["msg"].removeprefix("Value error, ")
+    return InputError(src, field, msg)
+
+
+def _dotted(loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _TAGS or part in _SPEC_TAGS:
+            continue   # pydantic's union branch names, not the user's keys
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _fields_at(loc) -> list[str]:
+    """The keys allowed at a pydantic error location (walking unions by their tag)."""
+    candidates: list[type[BaseModel]] = [Scenario]
+    prev = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if part in _TAGS:
+            candidates = [_TAGS[part]]
+            continue
+        if part in _SPEC_TAGS:
+            field = {"hf": "HFModel", "inline": "Inline" + ("Model" if prev == "model" else "GPU")}
+            candidates = [globals()[field[part]]]
+            continue
+        prev = part
+        model = candidates[0]
+        candidates = _models_in(model.model_fields[part].annotation)
+    return sorted({f for m in candidates for f in m.model_fields})
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (Annotated,):
+        return _models_in(args[0])
+    return [m for a in args for m in _models_in(a)] if args else []
+
+
+def _tag_of(model: type[BaseModel]) -> str | None:
+    for key in ("process", "dist", "allocator"):
+        if key in model.model_fields:
+            return typing.get_args(model.model_fields[key].annotation)[0]
+    return None
+
+
+_TAGS = {_tag_of(m): m for m in (Poisson, Gamma, Burst, Fixed, Uniform, Lognormal, Empirical,
+                                  Contiguous, Paged)}
+_TAGS["profile-ref"] = ProfileCost      # cost_model: {profile: ...}
+_TAGS["overhead-inline"] = InlineOverhead   # cost_model: {overhead: {step_ms: ...}}
+_TAGS["overhead-name"] = InlineOverhead     # (a name has no keys; listed so its tag leaves error paths)

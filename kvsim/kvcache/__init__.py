@@ -1,0 +1,70 @@
+"""KV-cache allocators, one module per family, and the registry that builds them.
+
+A scenario names an allocator by its YAML key and gives a byte budget; the builders
+here turn bytes into slots with the frozen KVSpec, so allocators only count slots.
+
+  paged       vLLM-style fixed blocks (options: block_size, prefix_caching = false |
+              true: vLLM's automatic prefix caching of full blocks, free_order = v1 |
+              v0: which vLLM's free-queue order, plain blocks only)
+  radix       prefix cache on a radix tree (SGLang's RadixAttention; option: page_size,
+              SGLang's default 1)
+  contiguous  one region per sequence (options: reserve = max | pow2 | oracle,
+              placement = first-fit | buddy)
+"""
+from __future__ import annotations
+
+from kvsim.kvcache.base import Breakdown, InvariantError, KVAllocator, NextSeq, SeqShape
+from kvsim.kvcache.contiguous import ContiguousAllocator
+from kvsim.kvcache.paged import PagedAllocator
+from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
+from kvsim.kvcache.radix import RadixCacheAllocator
+from kvsim.model.specs import KVSpec
+
+
+def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 16,
+           prefix_caching: bool = False, free_order: str = "v1",
+           ) -> PagedAllocator | PrefixCachingPagedAllocator:
+    # Whole blocks only: the remainder of the pool is never handed out.
+    num_blocks = int(pool_bytes // (block_size * kv.bytes_per_token))
+    if prefix_caching:    # cached blocks stay whole: no sliding-window release here
+        if free_order != "v1":
+            raise ValueError("free_order v0 is modelled without prefix caching only: vLLM V0's "
+                             "prefix cache keeps freed cached blocks in a separate LRU evictor")
+        return PrefixCachingPagedAllocator(num_blocks, block_size)
+    return PagedAllocator(num_blocks, block_size, window=kv.model.sliding_window,
+                          free_order=free_order)
+
+
+def _radix(pool_bytes: float, kv: KVSpec, max_model_len: int,
+           page_size: int = 1) -> RadixCacheAllocator:
+    # Whole pages only, as SGLang rounds its token pool down to pages (model_runner.py).
+    pages = int(pool_bytes // (page_size * kv.bytes_per_token))
+    return RadixCacheAllocator(pages * page_size, page_size)
+
+
+def _contiguous(pool_bytes: float, kv: KVSpec, max_model_len: int,
+                reserve: str = "max", placement: str = "first-fit") -> ContiguousAllocator:
+    capacity = int(pool_bytes // kv.bytes_per_token)
+    return ContiguousAllocator(capacity, max_model_len, reserve, placement)
+
+
+ALLOCATORS = {
+    "contiguous": _contiguous,
+    "paged": _paged,
+    "radix": _radix,
+}
+
+
+def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
+                   **options) -> KVAllocator:
+    """Build the allocator registered as `kind` over a pool of `pool_bytes` bytes."""
+    if kind not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {kind!r}; valid: {', '.join(sorted(ALLOCATORS))}")
+    return ALLOCATORS[kind](pool_bytes, kv, max_model_len, **options)
+
+
+__all__ = [
+    "ALLOCATORS", "Breakdown", "ContiguousAllocator", "InvariantError", "KVAllocator",
+    "NextSeq", "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
+    "make_allocator",
+]

@@ -1,0 +1,371 @@
+"""Paged KV cache with automatic prefix caching, as in vLLM V1 (0.10.1.1,
+vllm/v1/core/block_pool.py, kv_cache_manager.py, single_type_kv_cache_manager.py;
+FACTS.md, "Prefix caching").
+
+The pool is the paged allocator's (this class extends it: the free queue, reference
+counts, fork and copy-on-write growth are its): `num_blocks` blocks of `block_size`
+token slots and a block table per sequence. On top of it, a FULL block whose tokens are
+all identified is cached under a chained key: (key of the previous block in the table,
+the block's token runs). Equal keys mean equal whole prefixes, so a new request reuses
+every cached block of its longest cached prefix instead of recomputing it. Keys are
+interned to ints in a dict, so lookups are exact (no hash collisions) and
+deterministic; a block containing content -1 ("unique, never shared") gets no key, nor
+does any block after it.
+
+The rules, each from vLLM 0.10.1.1:
+- A block is cached when its sequence fills it, at the allocate or grow that covers it
+  (KVCacheManager.allocate_slots calls cache_blocks for the tokens it makes room for),
+  so a request admitted later in the same step already hits it. Only full blocks are
+  cached; a partial last block is never shared between requests.
+- A key may map to several blocks (BlockPool.cached_block_hash_to_block is
+  {hash: {block id: block}}, "we don't de-duplicate"): where a match leaves a cached
+  block to be recomputed (it stops at num_tokens - 1), the copy is cached under the same
+  key. A lookup takes the first copy still cached (get_cached_block); evicting one copy
+  leaves the others, so the key still hits.
+- Blocks no table holds wait in the free queue, which doubles as the LRU: a request's
+  blocks are freed deepest first to the tail (paged.FREE_ORDERS "v1"), cached or not;
+  a new block comes off the head and, if cached, loses its key (evicted:
+  _maybe_evict_cached_block); a hit on a queued block takes it out of the middle of the
+  queue and bumps its count (touch). Hits on queued blocks count against the free
+  blocks when admitting (get_num_blocks_to_allocate).
+Sequences of one request (parallel samples, beams) share every block through `fork`,
+as in the plain paged allocator: a partly filled block they share is copied on write by
+the first of them to add a token.
+
+What differs from vLLM: no "extra keys" (LoRA ids, multimodal hashes) and no per-block
+hash of token ids: the workload's content runs stand in for the tokens. No null block
+(vLLM's block 0). Only the V1 free order: vLLM V0 (0.6.3.post1, vllm/core/block/
+prefix_caching_block.py) keeps freed cached blocks in a separate LRU evictor ordered by
+the scheduler's access times, hands out uncached free blocks first and de-duplicates a
+block when it fills; that is a different structure, not a free order.
+
+Invariants: each block is either queued (refcount 0) or used (refcount = the number of
+tables holding it, counted with multiplicity); a cached block holds exactly one key and
+sits in that key's list of copies; a table's blocks hold exactly its own key chain's
+keys up to the first block not cached (full blocks it filled or hit), and no key after;
+a block partly filled in one table is the last block of every table holding it; a
+table covers its tokens and holds no block beyond the last one it needs; the prefix key
+of a cached key (the key of the block before it) is cached too (tables are keyed in order
+and free their deepest block first, so a copy of the block before a cached one is in a
+table or queued behind it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvsim.kvcache.base import InvariantError, SeqShape
+from kvsim.kvcache.free_queue import LinkedFreeQueue
+from kvsim.kvcache.paged import PagedAllocator, _Seq, blocks_for
+
+_ROOT = -1   # the "parent key" of a table's first block
+CHAINS_KEPT = 256   # shapes whose key chains are kept for lookups
+KEYS_SLACK = 4      # keys made between two prunings: at least this many per block of the pool
+
+
+@dataclass
+class _CachedSeq(_Seq):
+    keyed: int = 0                                   # leading blocks that hold their keys: chain[:keyed]
+    hashed: int = 0                                  # full blocks looked at so far
+    chain: list[int] = field(default_factory=list)   # its shape's keys, as far as they were made
+
+
+class PrefixCachingPagedAllocator(PagedAllocator):
+    """Paged blocks shared between sequences through a chained-key block cache."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)   # cached blocks stay whole: no window
+        self._ref = [0] * num_blocks               # hits share blocks: counts kept throughout
+        # The free queue doubles as the LRU of cached blocks: a hit takes its block
+        # back out of the middle (PagedAllocator._share), a new block comes off the head.
+        self._key_of: list[int | None] = [None] * num_blocks   # cached block -> key
+        # key -> its first cached copy still cached (the one a lookup takes), and, for
+        # the few keys with more, key -> the later copies in the order they were cached.
+        self._first: dict[int, int] = {}
+        self._more: dict[int, list[int]] = {}
+        # (parent key, runs) -> key of a block that straddles content pieces, and
+        # (parent key, content, offset) -> keys of a stretch of whole blocks inside one
+        # piece (_make_chain). Content gets the same key for as long as anything holds
+        # it: once they have grown by more than they held after the last pruning (and by
+        # KEYS_SLACK keys per block of the pool at least), entries whose keys nothing
+        # holds are forgotten (_forget_keys); a prefix seen again then gets a new key.
+        self._keys: dict[tuple, int] = {}
+        self._runs: dict[tuple[int, int, int], list[int]] = {}
+        self._next_key = 0
+        self._forget_after = self._next_key + KEYS_SLACK * num_blocks    # free() forgets past it
+        self._chains: dict[SeqShape, tuple[list[int], bool]] = {}   # shape -> _make_chain's answer, by recency
+        # The last lookup's answer, good while no key it read has changed its first copy:
+        # admitting a request looks its prefix up three times (its need, whether it fits,
+        # allocate), and a request that waits for memory is looked up at every step.
+        self._touched: set[int] = set()      # keys whose first copy changed since then
+        self._last_hits: tuple = (None, 0, set(), ())    # (shape, blocks, keys read, hits)
+        # Set by kvsim.sim.loop.simulate from the workload (RequestTable.private_tails): no
+        # request's tail content is another's, so the fast path may key output blocks late.
+        self.private_tails = False
+
+    @property
+    def cached_blocks(self) -> list[int]:
+        """Block ids that hold a cached key, ascending."""
+        return [b for b, key in enumerate(self._key_of) if key is not None]
+
+    def copies(self, block: int) -> list[int]:
+        """The cached blocks holding `block`'s key, first cached first ([] if uncached)."""
+        key = self._key_of[block]
+        return [] if key is None else [self._first[key], *self._more.get(key, ())]
+
+    def _make_queue(self) -> LinkedFreeQueue:
+        """A hit on a queued block takes it out of the middle of the queue."""
+        return LinkedFreeQueue(self.num_blocks)
+
+    # -- keys -----------------------------------------------------------------------
+
+    def _chain(self, shape: SeqShape, blocks: int = 0) -> list[int]:
+        """Keys of the shape's full blocks up to the first uncacheable one: the blocks of
+        its final length, or its first `blocks` where a sequence grew past that length.
+        A shape's keys change only when unheld keys are forgotten (_forget_keys, which
+        drops the kept chains), so the chains of the shapes looked up lately are kept: a
+        waiting request is looked up every step."""
+        kept = self._chains.pop(shape, None)
+        if kept is None or (len(kept[0]) < blocks and not kept[1]):
+            kept = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
+        self._chains[shape] = kept          # most recent last
+        if len(self._chains) > CHAINS_KEPT:
+            del self._chains[next(iter(self._chains))]
+        return kept[0]
+
+    def _make_chain(self, shape: SeqShape, total: int) -> tuple[list[int], bool]:
+        """The keys of the shape's first `total` full blocks, in one walk over its content
+        pieces (its segments, then the tail from offset 0), and whether a block holding
+        content -1 ended them first (no later block is cacheable).
+
+        A block that straddles pieces is keyed by (parent key, its runs), interned. A
+        stretch of whole blocks inside one piece is keyed as a run: (parent key, content,
+        offset where the stretch starts) names a list of fresh keys, one per block, that
+        grows when a longer stretch is seen, so n blocks cost one lookup. Keys stay
+        canonical: whether a block lies inside one piece, and where such a stretch
+        starts, follow from the tokens before and in it (an offset restarts at 0 with each
+        piece), so equal prefixes get equal keys and unequal ones unequal keys."""
+        bs = self.block_size
+        pieces = [(content, length) for content, length in shape.segments if length]
+        pieces.append((shape.tail_id, max(shape.final_tokens, total * bs)))   # the tail runs on
+        chain: list[int] = []
+        block, room, key = [], bs, _ROOT
+        for content, length in pieces:
+            offset = 0
+            while offset < length and len(chain) < total:
+                if content == -1:
+                    return chain, True      # this block and every later one stay uncached
+                if not block and length - offset >= bs:    # whole blocks of one piece
+                    n = min((length - offset) // bs, total - len(chain))
+                    run = self._runs.setdefault((key, content, offset), [])
+                    if len(run) < n:
+                        run.extend(range(self._next_key, self._next_key + n - len(run)))
+                        self._next_key = run[-1] + 1
+                    chain.extend(run[:n])
+                    key, offset = chain[-1], offset + n * bs
+                    continue
+                take = min(room, length - offset)
+                block.append((content, offset, take))
+                offset, room = offset + take, room - take
+                if not room:
+                    ident = (key, tuple(block))
+                    key = self._keys.get(ident)
+                    if key is None:
+                        key = self._keys[ident] = self._next_key
+                        self._next_key += 1
+                    chain.append(key)
+                    block, room = [], bs
+        return chain, False
+
+    def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
+        """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens. The
+        last lookup of the same shape answers for any length whose answer it holds: one
+        within its hits, or any if a miss ended them (a chunk's lookup then the whole
+        prompt's, a recompute's after a shorter one)."""
+        blocks = max(num_tokens - 1, 0) // self.block_size
+        last_shape, last_blocks, read, hits = self._last_hits
+        if last_shape == shape and (blocks <= len(hits) or len(hits) < last_blocks) \
+                and self._touched.isdisjoint(read):
+            return list(hits[:blocks])
+        chain = self._chain(shape, blocks)[:blocks]
+        hits = list(map(self._first.get, chain))
+        if None in hits:
+            del hits[hits.index(None):]
+        # the answer depends on the hits' keys and on the first key missed
+        self._touched = set()
+        self._last_hits = (shape, blocks, set(chain[:len(hits) + 1]), tuple(hits))
+        return hits
+
+    def _cache_full_blocks(self, seq: _CachedSeq) -> None:
+        """Give keys to the blocks the sequence has filled since the last call."""
+        full = seq.tokens // self.block_size
+        start = seq.hashed
+        if start >= full or seq.keyed != start:   # nothing new, or uncacheable
+            seq.hashed = max(start, full)
+            return
+        # keys up to the first uncacheable block; it and every later one stay uncached
+        if len(seq.chain) < full:
+            seq.chain = self._chain(seq.shape, full)
+        keys = seq.chain[start:full]
+        seq.keyed = start + len(keys)
+        seq.hashed = full
+        if not keys:
+            return
+        blocks = seq.table[start:start + len(keys)]
+        key_of, first = self._key_of, self._first
+        if [key_of[b] for b in blocks].count(None) == len(blocks) and first.keys().isdisjoint(keys):
+            # the usual case, in bulk: fresh blocks whose keys no block holds yet
+            first.update(zip(keys, blocks))
+            self._touched.update(keys)
+            for block, key in zip(blocks, keys):
+                key_of[block] = key
+            return
+        for block, key in zip(blocks, keys):
+            if key_of[block] is None:     # a hit keeps the key it has: this one
+                if key in first:
+                    self._more.setdefault(key, []).append(block)
+                else:
+                    first[key] = block
+                    self._touched.add(key)
+                key_of[block] = key
+
+    def _take(self, count: int) -> list[int]:
+        """Blocks from the queue head; a cached one loses its key (it is evicted)."""
+        taken = super()._take(count)
+        key_of = self._key_of
+        owned = [key_of[b] for b in taken]
+        keys = [key for key in owned if key is not None]
+        if not keys:
+            return taken
+        for b in taken:
+            key_of[b] = None
+        if self._more.keys().isdisjoint(keys):    # each key's only copy: the block taken
+            first = self._first
+            for key in keys:
+                del first[key]
+            self._touched.update(keys)
+            return taken
+        for block, key in zip(taken, owned):
+            if key is not None:
+                self._evict(block, key)
+        return taken
+
+    def _evict(self, block: int, key: int) -> None:
+        """The cache forgets `block` as a copy of `key`; the next copy, if any, is the
+        one lookups take."""
+        later = self._more.get(key)
+        if self._first[key] != block:
+            later.remove(block)
+        elif later:
+            self._first[key] = later.pop(0)
+            self._touched.add(key)
+        else:
+            del self._first[key]
+            self._touched.add(key)
+        if later is not None and not later:
+            del self._more[key]
+
+    def _grown(self, seq: _CachedSeq) -> None:
+        self._cache_full_blocks(seq)
+
+    def _forget_keys(self) -> None:
+        """Drop the key entries that nothing holds, so that they take memory in proportion
+        to the pool and the live sequences, not to every prefix ever seen (a million
+        requests with unique content would otherwise keep tens of millions of keys).
+
+        An entry is kept while a cached block or a live sequence's chain holds one of its
+        keys. Both hold whole prefixes (a chain runs from the table's start, and a cached
+        key's prefix key is cached too: the module's invariants), so every entry that a
+        kept one hangs below is kept with it (checked here: its parent key is held), and
+        equal prefixes keep equal keys wherever they can still meet. Forgetting the rest
+        is exact: a prefix seen again gets a new key, and no block or chain holds the old
+        one to tell the difference. The chains kept for lookups and the last lookup's
+        answer go too (a waiting request's chain is made again, from what is kept, when
+        it is next looked up)."""
+        held = set(self._first)
+        for seq in self._seqs.values():
+            held.update(seq.chain)
+        self._runs = {ident: run for ident, run in self._runs.items() if not held.isdisjoint(run)}
+        self._keys = {ident: key for ident, key in self._keys.items() if key in held}
+        held.add(_ROOT)
+        orphans = [ident for ident in [*self._runs, *self._keys] if ident[0] not in held]
+        if orphans:
+            raise InvariantError(f"key entries {orphans[:3]} are kept, but not the keys they hang below")
+        self._chains.clear()
+        self._touched, self._last_hits = set(), (None, 0, set(), ())
+        kept = sum(map(len, self._runs.values())) + len(self._keys)
+        self._forget_after = self._next_key + max(KEYS_SLACK * self.num_blocks, kept)
+
+    def free(self, seq_id: int) -> None:
+        super().free(seq_id)
+        if self._next_key > self._forget_after:
+            self._forget_keys()
+
+    def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:
+        """(cache hits, new blocks needed beyond the free queue left after the hits)."""
+        hits = self._hits(shape, num_tokens)
+        revived = list(map(self._ref.__getitem__, hits)).count(0)
+        need = blocks_for(num_tokens, self.block_size) - len(hits)
+        return hits, need - (len(self._free) - revived)
+
+    # -- KVAllocator ----------------------------------------------------------------
+
+    def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
+        return len(self._hits(shape, num_tokens)) * self.block_size
+
+    def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        hits, short = self._new_blocks_needed(shape, num_tokens)
+        if short + blocks_for(keep_free, self.block_size) > 0:   # the watermark stays free
+            return False
+        self._share(hits)
+        table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
+        # the hits hold their keys already: the chain's first ones
+        chain = self._chain(shape)
+        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keyed=len(hits),
+                                              hashed=len(hits), chain=chain)
+        self._cache_full_blocks(seq)
+        return True
+
+    def room(self, seq_id: int) -> int:
+        """The paged room, short of the token that fills the last block: filling a block
+        caches it, which is more than a count."""
+        room = super().room(seq_id)
+        seq = self._seqs[seq_id]
+        return room - 1 if room and seq.tokens + room == seq.logical_blocks() * self.block_size else room
+
+    def block_room(self, seq_id: int) -> int:
+        """Where tails are private (`private_tails`), the paged block room: the fast path
+        (kvsim.sim.lazy) may then fill blocks and take new ones in bulk, keying the filled
+        blocks when it catches the sequence up (`extend`, `grow`). That is exact because
+        nothing reads those keys in between: a filled block holds output, whose key only
+        this sequence's chain has (and it looks nothing up while it runs), and a block in
+        a table is in no queue, so it cannot be evicted. The blocks come off the queue
+        head in the same order, with the same evictions; which new block goes to which
+        sequence is a relabelling of ids, on which nothing depends. Elsewhere, only the
+        room: the block that fills is keyed at once, as a later turn may look it up."""
+        return super().block_room(seq_id) if self.private_tails else self.room(seq_id)
+
+    def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
+        return self._new_blocks_needed(shape, num_tokens)[1]
+
+    def _check_table(self, seq_id: int, seq: _CachedSeq) -> None:
+        keys = list(map(self._key_of.__getitem__, seq.table))
+        n = seq.keyed
+        if keys[:n] != seq.chain[:n] or keys[n:].count(None) != len(keys[n:]):
+            raise InvariantError(f"seq {seq_id}'s blocks hold keys {keys}, "
+                                 f"but its own chain is {seq.chain[:n]}")
+
+    def _check_cache(self) -> None:
+        copies = 0
+        for key, first in self._first.items():
+            blocks = [first, *self._more.get(key, ())]
+            for block in blocks:
+                if self._key_of[block] != key:
+                    raise InvariantError(f"key {key} maps to block {block}, "
+                                         f"whose key is {self._key_of[block]}")
+            copies += len(blocks)
+        if not self._more.keys() <= self._first.keys() or not all(self._more.values()):
+            raise InvariantError("a key has later copies but no first one")
+        if self.num_blocks - self._key_of.count(None) != copies:
+            raise InvariantError("a block holds a key the cache does not map to it")
