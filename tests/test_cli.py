@@ -22,7 +22,7 @@ from helpers import kvsim, kvsim_command, one_error_line
 from kvsim.config.errors import InputError
 from kvsim.config.scenario import load_scenario
 
-OUTPUT_FILES = {"summary.csv", "summary.json", "timeseries.parquet", "requests.parquet", "run.json",
+OUTPUT_FILES = {"summary.csv", "summary.json", "stages.csv", "stages.json", "timeseries.parquet", "requests.parquet", "run.json",
                 "scenario.yaml", "memory_breakdown.png", "utilization_batch.png", "latency.png",
                 "throughput_batch.png", "latency_percentiles.png"}
 SUMMARY_COLUMNS = ["policy", "requests_total", "requests_completed", "requests_rejected", "token_fraction",

@@ -235,8 +235,8 @@ def test_batched_tokens_below_max_model_len_needs_chunked_prefill(tmp_path):
     ({"workload.prompt_tokens": DROP, "workload.output_tokens": DROP}, "give exactly one length source"),
     ({"workload.output_tokens": DROP}, "prompt_tokens and output_tokens go together"),
     ({"workload.dataset": "sharegpt"}, "give exactly one length source"),
-    ({"workload.arrival": DROP}, "arrival and num_requests are required without a trace"),
-    ({"workload.num_requests": DROP}, "arrival and num_requests are required without a trace"),
+    ({"workload.arrival": DROP}, "arrival is required without a trace"),
+    ({"workload.num_requests": DROP}, "num_requests is required without a trace or stages"),
 ])
 def test_length_and_arrival_sources(tmp_path, overrides, message):
     path = write_scenario(tmp_path, **overrides)

@@ -18,7 +18,11 @@ Definitions (also in the README):
   runs: parallel samples or beams) / makespan (first arrival to last completion);
   request_throughput likewise in requests.
 - Latencies in simulated seconds: TTFT = first token - arrival; TPOT = (finish - first
-  token) / (output tokens - 1) for requests of 2+ output tokens; e2e = finish - arrival.
+  token) / (output tokens - 1) for requests of 2+ output tokens; e2e = finish - arrival;
+  means and percentiles over completed requests. itl_mean_s is inference-perf's
+  inter-token latency, the mean gap between the lines a streaming client reads
+  (kvsim.analysis.stages): about half the TPOT above, as a token's event and the blank
+  line after it are two lines. stages.csv has these per load stage.
 """
 from __future__ import annotations
 
@@ -112,24 +116,27 @@ def request_table(run: PolicyRun) -> pd.DataFrame:
     own (vLLM V1, SGLang), they are one row again: admitted and first token at the
     first sample's, finished at the last one's, completed when all are."""
     req, rec, per = run.requests, run.records, run.per
-    columns = (np.repeat(req.id_column(), per), np.repeat(req.arrival_s, per), rec.admitted_s,
+    arrival = np.repeat(req.arrival_s, per) if run.arrived_s is None else run.arrived_s
+    columns = (np.repeat(req.id_column(), per), arrival, rec.admitted_s,
                rec.first_token_s, rec.finish_s, np.repeat(req.prompt_tokens, per),
                np.repeat(req.output_tokens, per), np.full(len(rec), run.width, dtype=np.int64),
                rec.preemptions, rec.names(), rec.reason_column())
     df = pd.DataFrame(dict(zip(REQUEST_COLUMNS, columns)))
+    df["stage"] = 0 if req.stage is None else np.repeat(req.stage, per)
     if run.replica is not None:
         df["replica"] = np.repeat(run.replica, per)
     if df.request_id.duplicated().any():
-        rank = df.outcome.map({"rejected": 2, "unfinished": 1, "completed": 0})
+        rank = df.outcome.map({"rejected": 3, "timed out": 2, "unfinished": 1, "completed": 0})
         df = (df.assign(rank=rank).groupby("request_id", sort=True)
               .agg(arrival_s=("arrival_s", "first"), admitted_s=("admitted_s", "min"),
                    first_token_s=("first_token_s", "min"), finish_s=("finish_s", "max"),
                    prompt_tokens=("prompt_tokens", "first"), output_tokens=("output_tokens", "first"),
                    sequences=("sequences", "size"), preemptions=("preemptions", "sum"),
-                   rank=("rank", "max"), reason=("reason", "max"),
+                   rank=("rank", "max"), reason=("reason", "max"), stage=("stage", "first"),
                    **({"replica": ("replica", "first")} if run.replica is not None else {}))
               .reset_index())
-        df.insert(len(REQUEST_COLUMNS) - 2, "outcome", df.pop("rank").map({2: "rejected", 1: "unfinished", 0: "completed"}))
+        df.insert(len(REQUEST_COLUMNS) - 2, "outcome",
+                  df.pop("rank").map({3: "rejected", 2: "timed out", 1: "unfinished", 0: "completed"}))
     df.insert(0, "policy", run.name)
     return df
 
@@ -185,11 +192,19 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
     def pct(x, q):
         return float(np.percentile(x, q)) if len(x) else math.nan
 
+    def mean(x):
+        return float(np.mean(x)) if len(x) else math.nan
+
+    # inference-perf's inter-token latency (kvsim.analysis.stages): lines' span / gaps counted
+    lines = (2 * done.output_tokens + 1).sum()
+    itl_mean = float((done.finish_s - done.first_token_s).sum() / lines) if lines else math.nan
+
     row = {
         "requests_total": len(requests),
         "requests_completed": int(len(done)),
         "requests_rejected": int((requests.outcome == "rejected").sum()),
         "requests_unfinished": int((requests.outcome == "unfinished").sum()),
+        "requests_timed_out": int((requests.outcome == "timed out").sum()),
         **limits,
         **fractions,
         "fraction_basis": figures["basis"],
@@ -200,9 +215,11 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
         "achievable_batch_size": figures["achievable_batch_size"],
         "throughput_tok_s": float((done.output_tokens * done.sequences).sum() / makespan) if makespan > 0 else 0.0,
         "request_throughput": float(len(done) / makespan) if makespan > 0 else 0.0,
+        "ttft_mean_s": mean(ttft),
         "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "ttft_p99_s": pct(ttft, 99),
         "tpot_p50_s": pct(tpot, 50), "tpot_p90_s": pct(tpot, 90), "tpot_p99_s": pct(tpot, 99),
-        "e2e_p50_s": pct(e2e, 50), "e2e_p99_s": pct(e2e, 99),
+        "itl_mean_s": itl_mean,
+        "e2e_mean_s": mean(e2e), "e2e_p50_s": pct(e2e, 50), "e2e_p90_s": pct(e2e, 90), "e2e_p99_s": pct(e2e, 99),
         "scale_fraction": fractions["token_fraction"] * scale_share,
         "preemptions": run.preemptions,
         "swaps": run.swaps,

@@ -48,12 +48,13 @@ def parse_rates(text: str, src: str = "command line", field: str = "--rates") ->
 
 
 def with_rate(scn, rate: float, src: str = "command line"):
-    """The scenario with its arrival rate replaced (Poisson or gamma arrivals only)."""
+    """The scenario with its arrival rate replaced (Poisson, gamma or constant arrivals only)."""
     arrival = scn.workload.arrival
     if arrival is None or not hasattr(arrival, "rate_per_s"):
-        what = "a trace's own arrivals" if arrival is None else f"'{arrival.process}' arrivals"
+        what = ("a trace's own arrivals" if arrival is None else "load stages" if hasattr(arrival, "stages")
+                else f"'{arrival.process}' arrivals")
         raise InputError(src, "--rates", f"the scenario has {what}; a rate sweep needs "
-                         "workload.arrival.process poisson or gamma")
+                         "workload.arrival.process poisson, gamma or constant")
     workload = scn.workload.model_copy(update={"arrival": arrival.model_copy(update={"rate_per_s": rate})})
     return scn.model_copy(update={"workload": workload})
 

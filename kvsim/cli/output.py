@@ -148,6 +148,8 @@ def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
 
 def _write_tables(results, scn, folder: Path) -> None:
     _write_table(results.summary, folder, "summary")
+    if results.stages is not None:
+        _write_table(results.stages, folder, "stages")
     if results.per_replica is not None:        # a fleet: its rows per replica too
         _write_table(results.per_replica, folder, "replica_summary")
     results.timeseries.to_parquet(folder / "timeseries.parquet", index=False)

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from kvsim.config.errors import InputError
+from kvsim.config.inference_perf import InferencePerf
 from kvsim.model.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
 
 MAX_REPLICAS = 256
@@ -49,7 +50,54 @@ class Burst(Strict):
     process: Literal["burst"]
 
 
-Arrival = Annotated[Union[Poisson, Gamma, Burst], Field(discriminator="process")]
+class Constant(Strict):
+    """A fixed interval: one request every 1/rate_per_s seconds."""
+    process: Literal["constant"]
+    rate_per_s: float = Field(gt=0)
+
+
+class Stage(Strict):
+    """int(rate_per_s * duration_s) requests, timed by `process` (kvsim.workload.stages)."""
+    rate_per_s: float = Field(gt=0)
+    duration_s: float = Field(gt=0, le=1e9)
+    process: Literal["poisson", "constant", "gamma", "inference-perf-constant",
+                     "inference-perf-poisson"] = "poisson"
+    cv: CV | None = None      # gamma's coefficient of variation
+
+    @model_validator(mode="after")
+    def _cv(self):
+        if (self.cv is None) == (self.process == "gamma"):
+            raise ValueError("cv goes with process gamma, and only with it")
+        return self
+
+
+class Staged(Strict):
+    """Load stages one after another (kvsim.workload.stages): open loop, or each
+    starting once the previous one's requests have ended (drain), pause_s later."""
+    stages: list[Stage] = Field(min_length=1, max_length=1000)
+    drain: bool = False
+    pause_s: float = Field(0.0, ge=0)
+    poll_s: float | None = Field(None, gt=0)   # with drain: the end is seen at polls this far apart
+
+    @model_validator(mode="after")
+    def _poll(self):
+        if self.poll_s is not None and not self.drain:
+            raise ValueError("poll_s goes with drain: true")
+        return self
+
+
+def _arrival_kind(value) -> str | None:
+    if isinstance(value, dict):
+        return "stages" if "stages" in value else value.get("process")
+    return getattr(value, "process", "stages" if hasattr(value, "stages") else None)
+
+
+Arrival = Annotated[Union[Annotated[Poisson, Tag("poisson")], Annotated[Gamma, Tag("gamma")],
+                          Annotated[Burst, Tag("burst")], Annotated[Constant, Tag("constant")],
+                          Annotated[Staged, Tag("stages")]],
+                    Discriminator(_arrival_kind, custom_error_type="arrival",
+                                  custom_error_message="process must be 'poisson', 'gamma', 'burst' or "
+                                                       "'constant', or give stages: [{rate_per_s, duration_s}]")]
 
 
 MAX_TOKENS = 1 << 30     # lengths beyond this are typos, not workloads
@@ -123,8 +171,14 @@ class Conversation(Strict):
 
 
 class Workload(Strict):
-    num_requests: int | None = Field(None, ge=1, le=10_000_000)
+    num_requests: int | None = Field(None, ge=1, le=10_000_000)   # with stages: the first N
     arrival: Arrival | None = None
+    # requests as an inference-perf config's data section makes them; `inference_perf:
+    # PATH` reads the whole file (kvsim.config.inference_perf)
+    inference_perf: InferencePerf | None = None
+    # a client that has waited this long for its request's last token gives up: the engine
+    # aborts the request (its KV freed) and it counts as failed (kvsim.sim.loop)
+    request_timeout_s: float | None = Field(None, gt=0)
     prompt_tokens: LengthDist | None = None
     output_tokens: LengthDist | None = None
     dataset: str | None = None     # joint lengths from a preset (kvsim.workload.datasets)
@@ -152,16 +206,25 @@ class Workload(Strict):
             raise ValueError("time_scale stretches a trace's arrivals: give a trace or drop time_scale")
 
         sources = [self.trace is not None, self.dataset is not None,
-                   self.prompt_tokens is not None or self.output_tokens is not None]
+                   self.prompt_tokens is not None or self.output_tokens is not None,
+                   self.inference_perf is not None]
         if sum(sources) != 1:
             raise ValueError("give exactly one length source: prompt_tokens and "
-                             "output_tokens, or dataset, or trace")
+                             "output_tokens, or dataset, or trace, or inference_perf")
         if sources[2] and (self.prompt_tokens is None or self.output_tokens is None):
             raise ValueError("prompt_tokens and output_tokens go together")
+        if self.inference_perf is not None and (self.sharing is not None or self.n > 1 or self.beam_width > 1):
+            raise ValueError("an inference_perf workload says its own prompts: drop prefix, rag, "
+                             "conversation, n and beam_width")
+        if self.inference_perf is not None and not isinstance(self.arrival, Staged):
+            raise ValueError("an inference_perf workload needs arrival: {stages: [...]} (a config "
+                             "file's load.stages give it)")
         if self.trace is not None and self.arrival is not None:
             raise ValueError("a trace brings its own arrival times: drop arrival")
-        if self.trace is None and (self.arrival is None or self.num_requests is None):
-            raise ValueError("arrival and num_requests are required without a trace")
+        if self.trace is None and self.arrival is None:
+            raise ValueError("arrival is required without a trace")
+        if self.trace is None and self.num_requests is None and not isinstance(self.arrival, Staged):
+            raise ValueError("num_requests is required without a trace or stages")
         return self
 
 
@@ -434,6 +497,7 @@ def read_yaml(path: Path, keys: str) -> dict:
 
 
 def validate_scenario(raw: dict, src: str) -> Scenario:
+    raw = _expand_inference_perf(raw, src)
     base = Path(src).parent
     _check_files(raw, base, src)
     try:
@@ -472,6 +536,22 @@ def _check_files(raw: dict, base: Path, src: str) -> None:
         if isinstance(name, str) and name and not (base / name).is_file():
             what = "a folder, not a file" if (base / name).is_dir() else "not found"
             raise InputError(src, field, f"file {base / name} {what}")
+
+
+def _expand_inference_perf(raw: dict, src: str) -> dict:
+    """`workload: {inference_perf: PATH}`: the file's data, stages and timeout as
+    workload keys (kvsim.config.inference_perf); the scenario's own request_timeout_s wins."""
+    workload = raw.get("workload")
+    if not isinstance(workload, dict) or not isinstance(workload.get("inference_perf"), str):
+        return raw
+    path = Path(src).parent / workload["inference_perf"]
+    from kvsim.config.inference_perf import expand
+    given = expand(read_yaml(path, "inference-perf config sections (api, data, load, ...)"), str(path))
+    clash = sorted(k for k in given if k in workload and k not in ("inference_perf", "request_timeout_s"))
+    if clash:
+        raise InputError(src, f"workload.{clash[0]}", f"given by the inference-perf config {path}; "
+                         "drop it from the scenario")
+    return {**raw, "workload": {**given, **{k: v for k, v in workload.items() if k != "inference_perf"}}}
 
 
 def _check_engine(scn: Scenario, src: str) -> None:
@@ -621,8 +701,9 @@ def _tag_of(model: type[BaseModel]) -> str | None:
     return None
 
 
-_TAGS = {_tag_of(m): m for m in (Poisson, Gamma, Burst, Fixed, Uniform, Lognormal, Empirical,
+_TAGS = {_tag_of(m): m for m in (Poisson, Gamma, Burst, Constant, Fixed, Uniform, Lognormal, Empirical,
                                   Contiguous, Paged)}
+_TAGS["stages"] = Staged                # arrival: {stages: [...]}
 _TAGS["profile-ref"] = ProfileCost      # cost_model: {profile: ...}
 _TAGS["overhead-inline"] = InlineOverhead   # cost_model: {overhead: {step_ms: ...}}
 _TAGS["overhead-name"] = InlineOverhead     # (a name has no keys; listed so its tag leaves error paths)

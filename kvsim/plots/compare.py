@@ -66,6 +66,7 @@ class RunFolder:
     timeseries: pd.DataFrame
     requests: pd.DataFrame
     meta: dict = field(default_factory=dict)
+    stages: pd.DataFrame | None = None      # stages.csv, where the run wrote one
 
     @property
     def rate(self) -> float | None:
@@ -105,7 +106,13 @@ def load_run(path: Path) -> RunFolder:
     for name in ("timeseries", "requests"):
         file = path / f"{name}.parquet"
         tables[name] = pd.read_parquet(file) if file.is_file() else pd.DataFrame(columns=["policy"])
-    return RunFolder(path, scenario or {}, summary, tables["timeseries"], tables["requests"], meta)
+    stages = None
+    if (path / "stages.csv").is_file():
+        try:
+            stages = pd.read_csv(path / "stages.csv")
+        except (OSError, ValueError, pd.errors.ParserError) as e:
+            raise InputError(str(path / "stages.csv"), "file", f"unreadable ({type(e).__name__}: {e})") from None
+    return RunFolder(path, scenario or {}, summary, tables["timeseries"], tables["requests"], meta, stages)
 
 
 def is_sweep(runs: list[RunFolder]) -> bool:
@@ -171,6 +178,15 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
         body.append(html.heading(title))
         body += [html.image(out / f, f) for f in files if (out / f).is_file()]
 
+    stages = combine_stages(focus)
+    if stages is not None:
+        body.append(html.heading("Per load stage"))
+        body.append(html.paragraph("Each stage's requests, as inference-perf reports them: itl and tpot "
+                                   "are its client-side line gaps (about half the time between tokens)."))
+        body.append(html.table(side_by_side(stages), scroll=True))
+        body.append(html.heading("Every stage column", 3))
+        body.append(html.table(stages, scroll=True))
+
     body.append(html.heading("Summary"))
     body += [html.heading("Memory", 3), html.table(key_table(summary, MEMORY_COLUMNS)),
              html.heading("Throughput and latency", 3), html.table(key_table(summary, SERVING_COLUMNS))]
@@ -186,3 +202,33 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
     body += [html.pre(f"{r.path}:\n" + json.dumps(r.meta, indent=2)) for r in focus]
     (out / "report.html").write_text(html.page("kvsim compare", body), encoding="utf-8")
     return verdict
+
+
+STAGE_SHOWN = ("completed", "failed", "ttft_p50_s", "e2e_mean_s", "e2e_p90_s", "itl_mean_s")
+
+
+def combine_stages(runs: list[RunFolder]) -> pd.DataFrame | None:
+    """The runs' stages.csv rows, policies renamed as `combine` renames them; None if none has one."""
+    frames = [(run, run.stages) for run in runs if run.stages is not None and len(run.stages)]
+    if not frames:
+        return None
+    names = [p for r in runs for p in r.summary["policy"].astype(str)]
+    clash = len(names) != len(set(names))
+    out = []
+    for run, frame in frames:
+        frame = frame.copy()
+        if clash:
+            frame["policy"] = run.path.name + "/" + frame["policy"].astype(str)
+        out.append(frame)
+    return pd.concat(out, ignore_index=True)
+
+
+def side_by_side(stages: pd.DataFrame) -> pd.DataFrame:
+    """One row per stage (its number, rate and duration: runs that differ there get rows
+    of their own), each policy's key figures in columns beside the others'."""
+    keys = ["stage", "rate_per_s", "duration_s"]
+    out = stages[keys].drop_duplicates().reset_index(drop=True)
+    for policy in dict.fromkeys(stages["policy"].astype(str)):
+        mine = stages[stages["policy"].astype(str) == policy][keys + list(STAGE_SHOWN)]
+        out = out.merge(mine.rename(columns={m: f"{policy}: {m}" for m in STAGE_SHOWN}), on=keys, how="left")
+    return out

@@ -52,7 +52,7 @@ from kvsim.kvcache import Breakdown, InvariantError, NextSeq
 from kvsim.kvcache.base import split_used
 from kvsim.cost.model import Decodes, StepBatch
 from kvsim.sim.pool_sums import PoolSums
-from kvsim.sim.scheduler import Scheduler, Seq, Step
+from kvsim.sim.scheduler import Scheduler, Seq, Step, arrival_index
 
 COUNTED = ("room", "slots_of", "pool_free")
 
@@ -379,6 +379,15 @@ class LazyScheduler(Scheduler):
             self._materialize(seq)
         super().preempt(seq, step, mode)
         self._leave(seq)
+
+    def abort(self, index: int, end_s: float) -> Seq | None:
+        seq = next((s for s in self.running if arrival_index(s) == index), None)
+        if seq in self.lazy:
+            self._materialize(seq)
+        out = super().abort(index, end_s)
+        if seq is not None:
+            self._leave(seq)
+        return out
 
     def reject(self, seq: Seq, now: float, reason: str, step: Step) -> None:
         super().reject(seq, now, reason, step)

@@ -14,11 +14,17 @@ one gets each request, at its arrival, as the replicas stand then. A request arr
 at the instant a step of some replica ends sees that step finished or not as SimPy
 orders the two events.
 
+Load stages that drain (kvsim.workload.stages) hold a stage's first arrival until every
+request of the previous stage has ended, and move its arrivals by where its start falls.
+A client timeout (`request_timeout_s`) aborts a request at the first step that starts
+after its deadline, in whatever queue it is.
+
 `simulate` runs one policy and returns plain records; kvsim.analysis.metrics turns them into
 tables. Nothing here writes files or reads a clock.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from functools import partial
@@ -67,6 +73,7 @@ class PolicyRun:
     width: int = 1             # sequences per request
     extrapolated: int = 0      # steps the cost model priced beyond its measured ranges ...
     extrapolation_reasons: set[str] = field(default_factory=set)   # ... and why
+    arrived_s: np.ndarray | None = None   # each sequence's arrival, where stages moved them
     parts: list["PolicyRun"] = field(default_factory=list)   # a fleet's replicas' runs ...
     replica: np.ndarray | None = None     # ... and the replica each request was sent to
 
@@ -83,7 +90,8 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
              engine: str = "vllm-v1", on_step: Callable[[int], None] | None = None,
              check_invariants: bool = False, time_limit_s: float | None = None,
              exact_steps: bool = False, bucket_s: float | None = None,
-             router: str = "round-robin", **scheduler_options) -> PolicyRun:
+             router: str = "round-robin", request_timeout_s: float | None = None,
+             **scheduler_options) -> PolicyRun:
     """Replay `requests` against one allocator under `engine`'s rules (kvsim.engines);
     `on_step(finished_so_far)` reports progress.
 
@@ -103,6 +111,11 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     one environment, each request sent to one of them by `router`
     (kvsim.sim.router) when it arrives; the run returned is the fleet's, with each
     replica's run in `parts` and each request's replica in `replica`.
+    request_timeout_s: each client gives up that long after it sent its request: at the
+    next step's start the engine aborts it wherever it is (waiting, running, swapped
+    out), freeing its KV, as vLLM aborts a request whose connection closed; its outcome
+    is "timed out", ended at its deadline. A request whose last token comes after its
+    deadline has timed out too (its KV is already freed).
     """
     env = simpy.Environment()
     requests = RequestTable.of(requests)
@@ -129,12 +142,26 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     served = np.full(len(requests), -1, dtype=np.int64)   # each request's replica
     left = [per] * len(requests) if pick else None         # its sequences not ended yet
     limit = math.inf if time_limit_s is None else time_limit_s
-    # `next`: when SimPy will hand over the next arrival (the time its timeout fires)
+    # `next`: when SimPy will hand over the next arrival (the time its timeout fires); NaN
+    # while a stage drains (not known yet: the engine neither waits for it nor ends)
     state = {"ended": 0, "next": 0.0}
+    stages = _Stages(requests, per, env)
+    # each sequence's client deadline: it gives up request_timeout_s after it sent it
+    deadline = None if request_timeout_s is None else np.full(len(records), math.inf)
+
+    def expire(rep: _Replica, now: float) -> None:
+        """Abort, at a step's start, every request whose client has given up by now."""
+        while rep.deadlines and rep.deadlines[0][0] <= now:
+            end_s, index = heapq.heappop(rep.deadlines)
+            if records.outcome[index] == 0:             # not settled yet
+                seq = rep.sched.abort(index, end_s)
+                if seq is not None:
+                    settle(rep, index, seq)
 
     def settle(rep: _Replica, index: int, seq) -> None:
         records.settle(index, seq)
         state["ended"] += 1
+        stages.ended(index, seq.finish_s)
         if left is not None:
             left[index // per] -= 1
             if not left[index // per]:
@@ -142,14 +169,20 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
 
     def arrivals():
         # A request's sequences are made when it arrives, numbered in arrival order; it
-        # is routed when its first sequence arrives.
+        # is routed when its first sequence arrives. Where stages drain, a stage's
+        # arrivals wait for the previous stage's requests to end and move with its zero.
         index = 0
         for i in range(len(requests)):
+            while (drained := stages.before(i)) is not None:
+                state["next"] = math.nan
+                yield drained
+            shift = stages.shift
             for k, seq in enumerate(reps[0].sched.expand([requests[i]], width)):
-                delay = seq.spec.arrival_s - env.now
+                delay = seq.spec.arrival_s + shift - env.now
                 if delay > 0:
                     state["next"] = env.now + delay      # as SimPy computes the timeout's time
                     yield env.timeout(delay)
+                stages.arrived(index, env.now)
                 if k == 0:
                     served[i] = pick(seq.spec, [r.load for r in reps]) if pick else 0
                     rep = reps[served[i]]
@@ -157,6 +190,9 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
                 rep.sched.arrive(seq, env.now, index)
                 if seq.outcome:          # rejected on arrival
                     settle(rep, index, seq)
+                elif deadline is not None:
+                    deadline[index] = env.now + request_timeout_s
+                    heapq.heappush(rep.deadlines, (deadline[index], index))
                 if not rep.wake.triggered:
                     rep.wake.succeed()
                 index += 1
@@ -171,6 +207,8 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
         sched, run = rep.sched, rep.run
         now = env.now
         while True:
+            if rep.deadlines and rep.deadlines[0][0] <= now:
+                expire(rep, now)
             if not sched.running and not sched.waiting and not sched.swapped:
                 if state["next"] == math.inf:
                     return
@@ -205,7 +243,10 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
                     yield env.timeout(delay)
             now = end
             for seq in sched.complete(step, now):
-                settle(rep, seq.ids[0] // MAX_WIDTH, seq)
+                index = seq.ids[0] // MAX_WIDTH
+                if deadline is not None and now > deadline[index]:   # its client left first
+                    seq.outcome, seq.finish_s = "timed out", float(deadline[index])
+                settle(rep, index, seq)
             if check_invariants:
                 _check(sched, f"{rep.label(name)}step {len(run.steps) - 1} completed at t={now:.6f}s")
             if on_step:
@@ -225,9 +266,64 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
         rep.run.preemptions, rep.run.swaps = sched.preemptions, sched.swaps
         rep.run.prompt_tokens, rep.run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
         rep.run.width = sched.width
+        rep.run.arrived_s = stages.arrived_s
     if len(reps) == 1:
         return reps[0].run
     return fleet_run(name, [rep.run for rep in reps], served)
+
+
+class _Stages:
+    """Where load stages drain (kvsim.workload.stages): which arrival waits for the
+    previous stage to end, the event that says it has, and how far the next stage's
+    nominal times move. Records the arrival times used where they moved (per sequence)."""
+
+    def __init__(self, requests: RequestTable, per: int, env: simpy.Environment):
+        plan = requests.plan
+        self.plan = plan if plan is not None and plan.drain and len(plan.counts) > 1 else None
+        self.shift = 0.0
+        self.arrived_s = None
+        if self.plan is None:
+            return
+        self.env, self.per = env, per
+        self.firsts = self.plan.firsts
+        self.zero = 0.0                       # where the current stage started
+        self.stage = 0
+        self.left = [c * per for c in self.plan.counts]   # its sequences not ended yet
+        self.last_end = [-math.inf] * len(self.left)
+        self.stage_of = requests.stage
+        self.drained = env.event()
+        self.arrived_s = np.full(len(requests) * per, np.nan)
+
+    def before(self, i: int) -> simpy.Event | None:
+        """Before request i arrives: the event to wait for where it opens a stage whose
+        predecessor has not drained yet; None once it may come (at its time + shift).
+        A stage of no requests passes at once: it ends at its zero."""
+        if self.plan is None:
+            return None
+        while self.stage + 1 < len(self.firsts) and i == self.firsts[self.stage + 1]:
+            if self.left[self.stage]:
+                return self.drained
+            self._next_stage()
+        return None
+
+    def _next_stage(self) -> None:
+        self.zero = self.plan.next_zero(self.zero, self.last_end[self.stage])
+        self.stage += 1
+        self.shift = self.zero - self.plan.zeros[self.stage]
+        self.drained = self.env.event()
+
+    def ended(self, index: int, finish_s: float) -> None:
+        if self.plan is None:
+            return
+        k = int(self.stage_of[index // self.per])
+        self.left[k] -= 1
+        self.last_end[k] = max(self.last_end[k], finish_s)
+        if k == self.stage and not self.left[k] and not self.drained.triggered:
+            self.drained.succeed()
+
+    def arrived(self, index: int, now: float) -> None:
+        if self.arrived_s is not None:
+            self.arrived_s[index] = now
 
 
 @dataclass
@@ -238,6 +334,7 @@ class _Replica:
     env: simpy.Environment
     load: int = 0
     index: int | None = None      # in a fleet of several
+    deadlines: list = field(default_factory=list)   # heap of (client deadline, arrival index)
     run: PolicyRun | None = None
     wake: simpy.Event = None
 
@@ -253,7 +350,8 @@ def fleet_run(name: str, parts: list[PolicyRun], served: np.ndarray) -> PolicyRu
     time-weighted figures are over replica-time) and their counts summed."""
     first = parts[0]
     run = PolicyRun(name, first.capacity_slots, first.requests, first.per, first.records,
-                    MergedLog([p.steps for p in parts]), width=first.width, parts=parts, replica=served)
+                    MergedLog([p.steps for p in parts]), width=first.width, parts=parts, replica=served,
+                    arrived_s=first.arrived_s)
     for p in parts:
         run.preemptions += p.preemptions
         run.swaps += p.swaps

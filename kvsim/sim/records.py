@@ -153,7 +153,7 @@ class MergedLog:
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-OUTCOMES = ("unfinished", "completed", "rejected")
+OUTCOMES = ("unfinished", "completed", "rejected", "timed out")
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,7 @@ class SeqLog:
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.outcome = np.zeros(n, dtype=np.int8)        # an index into OUTCOMES
         self.reasons: dict[int, str] = {}                 # only rejected ones have one
+        self.stalls: dict[int, tuple] = {}                # only preempted ones (Seq.stalls)
 
     def __len__(self) -> int:
         return len(self.outcome)
@@ -192,6 +193,8 @@ class SeqLog:
         self.outcome[index] = OUTCOMES.index(seq.outcome or "unfinished")
         if seq.reason:
             self.reasons[index] = seq.reason
+        if seq.stalls:
+            self.stalls[index] = seq.stalls
 
     def names(self) -> np.ndarray:
         """Each outcome's name."""

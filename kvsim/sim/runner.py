@@ -4,6 +4,7 @@ Building and running never write files; kvsim.cli.app writes what this returns.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -36,6 +37,7 @@ class Results:
     requests: pd.DataFrame
     pool: PoolSizing
     per_replica: pd.DataFrame | None = None    # a fleet's rows per (policy, replica)
+    stages: pd.DataFrame | None = None         # rows per (policy, load stage): kvsim.analysis.stages
 
 
 def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:
@@ -132,6 +134,8 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         setups.append((policy, kv, allocator, cost, settings, kind, options))
     width = max(scn.workload.n, scn.workload.beam_width)
     replicas, router = scn.fleet
+    stage_list = _stage_list(scn, requests)
+    streaming = scn.workload.inference_perf.streaming if scn.workload.inference_perf else True
     parallel = workers > 1 and (len(setups) > 1 or meanwhile is not None)
 
     def run_policy(i: int):      # in a worker where parallel: plain records travel back
@@ -143,6 +147,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         run = simulate(policy.name, requests, fleet, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
                        exact_steps=exact_steps, bucket_s=bucket_s, router=router,
+                       request_timeout_s=scn.workload.request_timeout_s,
                        **scheduler_options(scn, kv, gpu, settings))
         if parallel:             # not sent back: the caller holds the same table
             for r in (run, *run.parts):
@@ -155,6 +160,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         """Policy i's summary rows and tables, made as its run arrives: with workers, while
         the others still run (the command's process has imported pandas by then)."""
         from kvsim.analysis.metrics import request_table, step_table, summarize, tidy
+        from kvsim.analysis.stages import stage_rows
         policy, kv, allocator, cost, settings, kind, options = setups[i]
         for r in (run, *run.parts):
             r.requests = requests
@@ -177,7 +183,8 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         for r, part in enumerate(run.parts):
             mine = table[table.replica == r]
             parts.append({"replica": r, "requests_routed": len(mine), **row(part, mine, 1)})
-        tabulated[i] = (row(run, table, replicas), parts, step_table(run), table)
+        tabulated[i] = (row(run, table, replicas), parts, step_table(run), table,
+                        stage_rows(run, table, stage_list, streaming))
 
     def ended(i: int, run) -> None:     # in workers, a policy reports progress only as it ends
         if on_progress and parallel:
@@ -190,11 +197,22 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
     ordered_map(run_policy, len(setups), workers if parallel else 1, first=first, on_result=ended,
                 meanwhile=meanwhile)
     import pandas as pd       # only now: the workers above were forked without it (see kvsim.cli.output)
-    rows, parts, series, tables = zip(*(tabulated[i] for i in range(len(setups))))
+    rows, parts, series, tables, stage_parts = zip(*(tabulated[i] for i in range(len(setups))))
     per_replica = [r for p in parts for r in p]
+    from kvsim.analysis.metrics import tidy
+    stages = pd.DataFrame([r for p in stage_parts for r in p]).map(lambda v: tidy(v) if isinstance(v, float) else v)
     return Results(pd.DataFrame(list(rows)), pd.concat(series, ignore_index=True),
                    pd.concat(tables, ignore_index=True), pool,
-                   _replica_columns(pd.DataFrame(per_replica)) if per_replica else None)
+                   _replica_columns(pd.DataFrame(per_replica)) if per_replica else None, stages)
+
+
+def _stage_list(scn: Scenario, requests: RequestTable) -> list[tuple[float, float]]:
+    """Each load stage's (rate_per_s, duration_s); a run without stages is one stage at
+    its arrival rate (NaN where it has none), as long as its arrivals span."""
+    if requests.plan is not None:
+        return list(zip(requests.plan.rates, requests.plan.durations))
+    rate = getattr(scn.workload.arrival, "rate_per_s", math.nan)
+    return [(float(rate), float(requests.arrival_s.max()) if len(requests) else 0.0)]
 
 
 def _replica_columns(df: pd.DataFrame) -> pd.DataFrame:

@@ -60,8 +60,12 @@ class Seq:
     admitted_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan
-    outcome: str = ""        # "", "completed" or "rejected"
+    outcome: str = ""        # "", "completed", "rejected" or "timed out"
     reason: str = ""
+    # where a preemption stopped its tokens once they had begun: (last token before, first
+    # token after) for each, what a streaming client sees as one long gap (kvsim.analysis.stages)
+    stall_from: float = math.nan
+    stalls: tuple[tuple[float, float], ...] = ()
 
     @property
     def prefilling(self) -> bool:
@@ -118,6 +122,7 @@ class Scheduler:
         self.swaps = 0
         self.prompt_tokens = 0             # tokens to prefill at admissions ...
         self.cached_tokens = 0             # ... and those a prefix cache already held
+        self.now_planned = 0.0             # when the step being planned starts
 
     # --- arrivals ----------------------------------------------------------------------
     def expand(self, requests: list[RequestSpec], width: int) -> list[Seq]:
@@ -258,6 +263,28 @@ class Scheduler:
         seq.reason = reason + (f" with its {self.width} sequences" if self.width > 1 else "")
         step.rejected.append(seq)
 
+    def abort(self, index: int, end_s: float) -> Seq | None:
+        """The client of the index-th arrival gave up at end_s: take it out of the queue
+        that holds it, free its KV (or its swap space) and mark it timed out. None where
+        it is not here (it ended, or another replica serves it)."""
+        seq = next((s for s in self.running if arrival_index(s) == index), None)
+        if seq is not None:
+            self.running.remove(seq)
+            for sid in seq.ids:
+                self.allocator.free(sid)
+        else:
+            seq = next((s for s in self.swapped if arrival_index(s) == index), None)
+            if seq is not None:
+                self.swapped.remove(seq)
+            else:
+                seq = self.waiting.take(index, arrival_index)
+                if seq is None:
+                    return None
+            if seq.swapped:
+                self.swap_used -= self._swap_bytes(seq)
+        seq.outcome, seq.finish_s = "timed out", end_s
+        return seq
+
     def preempt(self, seq: Seq, step: Step, mode: str | None = None) -> None:
         """Take `seq` out of the running list: swap its KV to CPU memory (while swap space
         lasts) or drop it to be recomputed later, by prompt + generated tokens in one
@@ -278,6 +305,8 @@ class Scheduler:
                 seq.generated = 0
             seq.target, seq.prefilled, seq.held = seq.shape.prompt_tokens + seq.generated, 0, 0
             self.rules.requeue(self, seq)
+        if not math.isnan(seq.first_token_s) and math.isnan(seq.stall_from):
+            seq.stall_from = self.now_planned      # it decoded in the step that just ended
         seq.preemptions += 1
         self.preemptions += 1
         step.preempted += 1
@@ -321,6 +350,7 @@ class Scheduler:
         return None
 
     def schedule(self, now: float) -> Step:
+        self.now_planned = now
         step = self.rules.schedule(self, now)
         if not self.waiting and not self.swapped:
             step.limit, step.head_need = "arrivals", None
@@ -364,6 +394,9 @@ class Scheduler:
             seq.generated += 1
             if math.isnan(seq.first_token_s):
                 seq.first_token_s = now
+            elif not math.isnan(seq.stall_from):      # its first token after a preemption
+                seq.stalls += ((seq.stall_from, now),)
+                seq.stall_from = math.nan
             if seq.generated == seq.shape.output_tokens:
                 seq.outcome, seq.finish_s = "completed", now
                 for sid in seq.ids:
@@ -419,6 +452,11 @@ class Scheduler:
         if b.token > held:
             raise InvariantError(f"the pool counts {b.token} token slots; running requests hold "
                                  f"only {held}")
+
+
+def arrival_index(seq: Seq) -> int:
+    """The place of a sequence among the run's arrivals (its first allocator id / MAX_WIDTH)."""
+    return seq.ids[0] // MAX_WIDTH
 
 
 def sample_shape(r: RequestSpec) -> SeqShape:

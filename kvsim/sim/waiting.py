@@ -85,6 +85,19 @@ class WaitingQueue:
             self._rest.remove(seq)
             self._objects_in_rest -= 1
 
+    def take(self, index: int, index_of: Callable[[object], int]):
+        """Remove and return the sequence that arrived as `index` (index_of gives a queued
+        object's), made an object again if it was kept as its index; None if not queued.
+        The search runs from the head, where the oldest requests wait."""
+        for queue in (self._seqs, self._rest):
+            for item in queue:
+                if item == index if isinstance(item, int) else index_of(item) == index:
+                    queue.remove(item)
+                    if queue is self._rest and not isinstance(item, int):
+                        self._objects_in_rest -= 1
+                    return self.rebuild(item) if isinstance(item, int) else item
+        return None
+
     def __contains__(self, seq) -> bool:
         return seq in self._seqs or (self._objects_in_rest > 0 and seq in self._rest)
 

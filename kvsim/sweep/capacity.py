@@ -36,7 +36,7 @@ import pandas as pd
 from kvsim.config.errors import InputError
 from kvsim.analysis.metrics import tidy
 from kvsim.analysis.slo import misses
-from kvsim.config.scenario import Gamma, Poisson, Scenario
+from kvsim.config.scenario import Constant, Gamma, Poisson, Scenario
 from kvsim.sweep.backends import Outcome, Task
 from kvsim.sweep.grid import scenario_id
 
@@ -108,9 +108,9 @@ class Search:
 
 def arrival_rate(scn: Scenario, src: str) -> float:
     arrival = scn.workload.arrival
-    if not isinstance(arrival, (Poisson, Gamma)):
+    if not isinstance(arrival, (Poisson, Gamma, Constant)):
         raise InputError(src, "workload.arrival", "capacity varies the arrival rate: use process "
-                         "poisson or gamma (a burst or a trace has no rate)")
+                         "poisson, gamma or constant (a burst, stages or a trace have no one rate)")
     return arrival.rate_per_s
 
 

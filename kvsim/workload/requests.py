@@ -19,7 +19,9 @@ import numpy as np
 from kvsim.workload import sharing as share
 from kvsim.kvcache import SeqShape
 from kvsim.config.errors import InputError
-from kvsim.config.scenario import Burst, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson, Scenario, Uniform
+from kvsim.config.scenario import (Burst, Constant, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson,
+                                   Scenario, Staged, Uniform)
+from kvsim.workload.stages import StagePlan, plan_of, staged_arrivals
 
 MAX_REDRAW_ROUNDS = 200
 NO_TAIL = np.iinfo(np.int64).min     # a RequestTable's tail id for "the request's own id"
@@ -54,15 +56,19 @@ class RequestTable:
     asked for (`table[i]`, iteration), as the engine does at its arrival.
 
     segments: each request's shared runs (None: none has any); tail_ids: each request's
-    tail content (None: its id); ids: request ids (None: 0, 1, 2, ...)."""
+    tail content (None: its id); ids: request ids (None: 0, 1, 2, ...); stage: each
+    request's load stage (None: all 0) and plan the stages (kvsim.workload.stages)."""
 
-    def __init__(self, arrival_s, prompt_tokens, output_tokens, segments=None, tail_ids=None, ids=None):
+    def __init__(self, arrival_s, prompt_tokens, output_tokens, segments=None, tail_ids=None, ids=None,
+                 stage=None, plan: StagePlan | None = None):
         self.arrival_s = np.asarray(arrival_s, dtype=np.float64)
         self.prompt_tokens = np.asarray(prompt_tokens, dtype=np.int64)
         self.output_tokens = np.asarray(output_tokens, dtype=np.int64)
         self.segments = segments
         self.tail_ids = None if tail_ids is None else np.asarray(tail_ids, dtype=np.int64)
         self.ids = None if ids is None else np.asarray(ids, dtype=np.int64)
+        self.stage = None if stage is None else np.asarray(stage, dtype=np.int64)
+        self.plan = plan
         self._private = None      # private_tails, once asked
 
     @classmethod
@@ -124,27 +130,49 @@ def generate_requests(scn: Scenario, base_dir: Path, src: str = "scenario") -> R
     if wl.trace is not None:
         from kvsim.workload.traces import trace_requests
         return trace_requests(base_dir / wl.trace, wl.num_requests, wl.time_scale or 1.0)
-    n = wl.num_requests
-    arrivals = draw_arrivals(wl.arrival, n, np.random.default_rng(arrival_ss))
+    plan = stage = None
+    if isinstance(wl.arrival, Staged):
+        plan = plan_of(wl.arrival)
+        arrivals, stage = staged_arrivals(wl.arrival.stages, plan, np.random.default_rng(arrival_ss))
+        largest = max(plan.counts)
+        if wl.num_requests is not None and wl.num_requests < len(arrivals):
+            plan, arrivals, stage = plan.truncated(wl.num_requests), arrivals[:wl.num_requests], stage[:wl.num_requests]
+        n = len(arrivals)
+        if n == 0:
+            raise InputError(src, "workload.arrival.stages", "no stage sends a request (each sends "
+                             "int(rate_per_s * duration_s))")
+    else:
+        n = wl.num_requests
+        arrivals = draw_arrivals(wl.arrival, n, np.random.default_rng(arrival_ss))
     length_rng = np.random.default_rng(length_ss)
+    if wl.inference_perf is not None:
+        from kvsim.workload.inference_perf import inference_perf_requests
+        prompt, output, segments = inference_perf_requests(wl.inference_perf, stage, largest, n,
+                                                           length_rng, src)
+        return RequestTable(arrivals, prompt, output, segments, stage=stage, plan=plan)
     shared = share.shared_tokens(wl.sharing)
     if shared >= scn.max_model_len:
         raise InputError(src, "workload", f"shared prompt content ({shared} tokens) leaves no room "
                          f"under max_model_len ({scn.max_model_len})")
     prompt, output = _draw_lengths(scn, n, length_rng, base_dir, src, scn.max_model_len - shared)
     if isinstance(wl.sharing, Conversation):
+        if plan is not None:
+            raise InputError(src, "workload.arrival.stages", "conversations time their turns by "
+                             "think_time_s; give them one arrival process, not stages")
         turns = share.conversations(wl.sharing, arrivals, prompt, output, scn.max_model_len)
         a, p, o, seg, tail = zip(*turns) if turns else ((),) * 5
         return RequestTable(a, p, o, list(seg), tail)
     segments = (share.shared_segments(wl.sharing, n, np.random.default_rng(sharing_ss))
                 if wl.sharing else None)
-    return RequestTable(arrivals, prompt + shared, output, segments)
+    return RequestTable(arrivals, prompt + shared, output, segments, stage=stage, plan=plan)
 
 
-def draw_arrivals(arrival: Poisson | Gamma | Burst, n: int, rng: np.random.Generator) -> np.ndarray:
+def draw_arrivals(arrival: Poisson | Gamma | Burst | Constant, n: int, rng: np.random.Generator) -> np.ndarray:
     """Arrival times in seconds; the first request comes one gap after t = 0."""
     if isinstance(arrival, Burst):
         return np.zeros(n)
+    if isinstance(arrival, Constant):
+        return np.arange(1, n + 1) / arrival.rate_per_s
     if isinstance(arrival, Poisson):
         gaps = rng.exponential(1.0 / arrival.rate_per_s, n)
     else:   # gamma with mean 1/rate and the given coefficient of variation
