@@ -219,3 +219,10 @@ def test_stages_csv_from_the_command(tmp_path):
     assert code == 0
     page = (tmp_path / "cmp" / "report.html").read_text()
     assert "Per load stage" in page and "out/a: e2e_mean_s" in page and "one/b: itl_mean_s" in page
+
+
+def test_figures_name_the_stages():
+    from kvsim.report.style import context_line
+    scn = {"name": "s", "model": "m", "gpu": "g",
+           "workload": {"arrival": {"stages": [{"rate_per_s": 8, "duration_s": 600}, {"rate_per_s": 20, "duration_s": 600}]}}}
+    assert "stages 8 req/s x 600 s, 20 req/s x 600 s" in context_line(scn)

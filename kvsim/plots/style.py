@@ -89,6 +89,9 @@ def _arrival_text(scenario: dict) -> str:
     arrival = workload.get("arrival") or {}
     if arrival.get("process") == "burst":
         return "all requests at t=0"
+    if arrival.get("stages"):
+        return "stages " + ", ".join(f"{s.get('rate_per_s', 0):g} req/s x {s.get('duration_s', 0):g} s"
+                                     for s in arrival["stages"][:4]) + (", ..." if len(arrival["stages"]) > 4 else "")
     rate = arrival_rate(scenario)
     return f"{arrival.get('process', '?')} {rate:g} req/s" if rate is not None else "arrivals ?"
 
