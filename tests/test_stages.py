@@ -222,7 +222,7 @@ def test_stages_csv_from_the_command(tmp_path):
 
 
 def test_figures_name_the_stages():
-    from kvsim.report.style import context_line
+    from kvsim.plots.style import context_line
     scn = {"name": "s", "model": "m", "gpu": "g",
            "workload": {"arrival": {"stages": [{"rate_per_s": 8, "duration_s": 600}, {"rate_per_s": 20, "duration_s": 600}]}}}
     assert "stages 8 req/s x 600 s, 20 req/s x 600 s" in context_line(scn)
