@@ -1,5 +1,6 @@
 """The `kvsim` command line: `kvsim run` and `kvsim memory` (here), `kvsim cost` and
-`kvsim calibrate` (kvsim.cli.cost), `kvsim compare` and `kvsim reproduce` (kvsim.cli.report).
+`kvsim calibrate` (kvsim.cli.cost), `kvsim compare` and `kvsim reproduce` (kvsim.cli.report),
+`kvsim cache-curve` (kvsim.cli.cache_curve).
 
 Bad input of any kind ends in one line on stderr naming the file (or the command
 line), the field and what is allowed, with exit status 2 and nothing written.
@@ -18,6 +19,7 @@ import click
 from kvsim import __version__
 from kvsim.kvcache import InvariantError
 from kvsim.cli.args import model_arg
+from kvsim.cli.cache_curve import cache_curve
 from kvsim.cli.cost import calibrate, cost
 from kvsim.cli.output import run_meta, simulate_with_progress, swap_in, write_run
 from kvsim.cli.table import WIDE_HELP, print_run
@@ -209,6 +211,7 @@ cli.add_command(sweep)
 cli.add_command(capacity)
 cli.add_command(compare)
 cli.add_command(reproduce)
+cli.add_command(cache_curve)
 
 
 # --- entry point -----------------------------------------------------------------

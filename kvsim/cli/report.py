@@ -44,13 +44,17 @@ def compare(dirs, out, force):
 @click.option("--claim", "only", multiple=True, metavar="ID", help="Only this claim (repeatable), e.g. 1 or 4.")
 @click.option("--scenarios", type=click.Path(file_okay=False, path_type=Path),
               help="The claim scenarios [default: scenarios/claims/ of this checkout].")
+@click.option("--traces", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder with the public traces the Mooncake claims read (Mooncake's synthetic_trace.jsonl) "
+                   "[default: ../shared/data/traces beside the checkout, if there].")
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
-def reproduce(quick, out, only, scenarios, force):
-    """Measure the seeds' and the vLLM paper's claims and print a verdict for each.
+def reproduce(quick, out, only, scenarios, traces, force):
+    """Measure the seeds', the vLLM paper's and Mooncake's claims and print a verdict for each.
 
     Runs the scenarios in scenarios/claims/ and writes claims.csv, claims.md and
     report.html: per claim what kvsim measured, what was claimed, and whether it holds."""
-    from kvsim.reproduce.claims import Context, default_scenarios, reproduce as run_claims, select, write
+    from kvsim.reproduce.claims import (Context, default_scenarios, default_traces,
+                                        reproduce as run_claims, select, write)
 
     select(only)     # unknown ids fail before anything runs
     _refuse_foreign(out, "claims.csv", force)
@@ -58,7 +62,7 @@ def reproduce(quick, out, only, scenarios, force):
     started = time.monotonic()
 
     def work(tmp: Path) -> None:
-        ctx = Context(scenarios or default_scenarios(), quick, tmp)
+        ctx = Context(scenarios or default_scenarios(), quick, tmp, traces=traces or default_traces())
         show = sys.stderr.isatty()
         table = run_claims(ctx, only, on_claim=(lambda c: click.echo(f"claim {c} ...", err=True)) if show else None)
         write(table, ctx, command)

@@ -1,4 +1,5 @@
-"""The nine claims `kvsim reproduce` checks (kvsim.reproduce.claims runs them).
+"""The claims `kvsim reproduce` checks (kvsim.reproduce.claims runs them): nine here, two
+of Mooncake's in kvsim.reproduce.mooncake.
 
 Sources: the two seeds (shared/seeds/, "seed 1": the KV-cache optimization article,
 "seed 2": the KV cache & PagedAttention notes) and the vLLM paper (Kwon et al.,
@@ -13,6 +14,7 @@ import math
 import pandas as pd
 
 from kvsim.model.memory import activation_estimate, kv_footprint
+from kvsim.reproduce import mooncake
 from kvsim.reproduce.claims import Claim, Context
 from kvsim.config.scenario import PrefixGroups, Uniform
 from kvsim.model.specs import MODEL_PRESETS
@@ -437,4 +439,5 @@ def prefill_peak(ctx: Context) -> list[Claim]:
 
 
 CHECKS = {"1": memory_math, "2": block_size, "3": fill_curve, "4": vllm_paper, "5": rate_sweep,
-          "6": fp8, "7": prefix_ttft, "8": sharing, "9": prefill_peak}
+          "6": fp8, "7": prefix_ttft, "8": sharing, "9": prefill_peak,
+          "10": mooncake.table2, "11": mooncake.fig9}

@@ -40,6 +40,7 @@ class Context:
     out: Path
     figures: list[tuple[str, Path]] = field(default_factory=list)   # (claim id, png)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    traces: Path | None = None      # public traces some claims read (kvsim.reproduce.mooncake)
 
     def load(self, name: str):
         from kvsim.config.scenario import load_scenario
@@ -61,6 +62,13 @@ def default_scenarios() -> Path:
     """scenarios/claims/ of the checkout kvsim runs from, else of the working folder."""
     beside = Path(__file__).resolve().parents[2] / "scenarios" / "claims"
     return beside if beside.is_dir() else Path("scenarios") / "claims"
+
+
+def default_traces() -> Path | None:
+    """The reference traces beside the checkout (../shared/data/traces, where the replay
+    scenarios find them), or None."""
+    beside = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+    return beside if beside.is_dir() else None
 
 
 def select(only: tuple[str, ...]) -> dict[str, Callable]:
