@@ -1,129 +1,190 @@
-"""How fast kvsim runs (issue 12): whole-process wall time, CPU time, simulated requests
-per wall second and peak memory, for the workloads the issue sets, and where time goes.
+"""How fast kvsim runs beside other simulators, on workloads whose simulated work is
+pinned (benchmarks/scenarios/: step costs `roofline`, engine, its limits and the pool
+given in the file, so a change of kvsim's defaults changes no benchmark's work).
 
-Each workload runs the real command (`kvsim run ...` through kvsim.cli.app's main:
-start-up, every policy, Parquet files and plots, with the policies and figures in one
-worker process per core as `kvsim run` does by default) in a fresh process that reports
-its CPU time and its workers', and the peak RSS of the largest of them; the wall time is
-measured around it. Machines here are shared and noisy: read medians (--repeats) and
-compare runs made in one session.
+Each run is the real command in a fresh process: `kvsim run SCENARIO --quiet` (start-up,
+the simulation in a worker process while the command imports its writers, Parquet files
+and figures), BLIS's `blis run` where it is built (benchmarks/others.py). A run's wall
+time is measured around the process; its CPU time (user and system, its worker
+processes' included) and peak RSS (that of its largest process) come from wait4. Beside
+them stands the simulated work that the run did: steps, simulated seconds (makespan) and
+the mean batch, so that a change of speed is told from a change of work.
 
-    python benchmarks/bench_speed.py                  # vidur_10k, sharegpt 10k and 100k (100k
-                                                      # also with prefix caching), rag_8k
-    python benchmarks/bench_speed.py --million        # also one million ShareGPT requests, both ways
-    python benchmarks/bench_speed.py --only rag_8k --repeats 5 [--exact-steps] [--jobs 1]
-    python benchmarks/bench_speed.py --profile sharegpt_10k   # cProfile of one run, in-process
+The machine is shared and noisy, so each workload runs --repeats times, round-robin
+with every other workload and simulator (a slow minute then slows all of them alike);
+the tables give medians, every run's wall time, and ratios of medians.
 
-Not part of the test suite: it takes minutes.
+    python benchmarks/bench_speed.py                     # the 10k and 100k workloads, 3 rounds
+    python benchmarks/bench_speed.py --million --write   # also a million requests; RESULTS.md
+    python benchmarks/bench_speed.py --only vidur_10k --repeats 5 [--exact-steps]
+    python benchmarks/bench_speed.py --profile sharegpt_100k   # cProfile of one run, in-process
+
+--write regenerates benchmarks/RESULTS.md from the runs just made (never edit it by
+hand). Not part of the test suite: it takes many minutes.
 """
+from __future__ import annotations
+
 import argparse
 import cProfile
 import json
 import os
 import pstats
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import others  # noqa: E402
+import report  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-HERE = Path(__file__).resolve().parent
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
-# name -> (scenario, extra `kvsim run` arguments)
+
+@dataclass(frozen=True)
+class Workload:
+    scenario: str
+    requests: int
+    blis: bool = False          # BLIS runs the same requests (others.BLIS_WORKLOAD)
+
+    def kvsim_args(self) -> list[str]:
+        args = ["--num-requests", str(self.requests)]
+        if self.requests > 10_000 or self.scenario.startswith("sharegpt"):
+            args += ["--timeseries-bucket", "10"]    # the step series in sums per 10 s
+        return args
+
+
 WORKLOADS = {
-    "vidur_10k": (HERE / "scenarios" / "vidur_10k.yaml", []),
-    "sharegpt_10k": (HERE / "scenarios" / "sharegpt_1m.yaml", ["--num-requests", "10000"]),
-    "sharegpt_100k": (HERE / "scenarios" / "sharegpt_1m.yaml", ["--num-requests", "100000",
-                                                                "--timeseries-bucket", "10"]),
-    "sharegpt_1m": (HERE / "scenarios" / "sharegpt_1m.yaml", ["--timeseries-bucket", "10"]),
-    "sharegpt_100k_prefix": (HERE / "scenarios" / "sharegpt_1m_prefix.yaml", ["--num-requests", "100000",
-                                                                              "--timeseries-bucket", "10"]),
-    "sharegpt_1m_prefix": (HERE / "scenarios" / "sharegpt_1m_prefix.yaml", ["--timeseries-bucket", "10"]),
-    "rag_8k": (ROOT / "scenarios" / "rag_8k.yaml", []),
+    "vidur_10k": Workload("vidur_10k", 10_000, blis=True),
+    "vidur_100k": Workload("vidur_10k", 100_000, blis=True),
+    "sharegpt_10k": Workload("sharegpt_1m", 10_000),
+    "sharegpt_100k": Workload("sharegpt_1m", 100_000),
+    "sharegpt_1m": Workload("sharegpt_1m", 1_000_000),
+    "sharegpt_10k_prefix": Workload("sharegpt_1m_prefix", 10_000),
+    "sharegpt_100k_prefix": Workload("sharegpt_1m_prefix", 100_000),
+    "sharegpt_1m_prefix": Workload("sharegpt_1m_prefix", 1_000_000),
 }
-DEFAULT = ["vidur_10k", "sharegpt_10k", "sharegpt_100k", "sharegpt_100k_prefix", "rag_8k"]
-ONCE = ("sharegpt_100k", "sharegpt_1m")       # workloads (and their _prefix twins) run once
+MILLION = ["sharegpt_1m", "sharegpt_1m_prefix"]
+DEFAULT = [name for name in WORKLOADS if name not in MILLION]
 
 
-def child(args: list[str]) -> None:
-    """Run `kvsim ARGS` in this process, then print its CPU seconds (with its worker
-    processes': kvsim.sim.parallel) and the peak RSS of the largest of them."""
-    from kvsim.cli.app import exit_now, main
-    code = main(args)
-    me, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(json.dumps({"code": code, "cpu_s": sum(u.ru_utime + u.ru_stime for u in (me, workers)),
-                      "peak_rss_mb": max(me.ru_maxrss, workers.ru_maxrss) / 1024}), file=sys.stderr)
-    exit_now(code)      # as the `kvsim` command ends (kvsim.cli.app.entry)
+def timed(cmd: list[str], cwd: Path, env: dict | None = None) -> dict:
+    """Run cmd; its wall time, CPU time and peak RSS (from wait4: the process and the
+    children it waited for) and its stdout."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=cwd, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_rss_mb": usage.ru_maxrss / 1024, "stdout": stdout}
 
 
-def measure(name: str, extra: list[str], out: Path) -> dict:
-    scenario, args = WORKLOADS[name]
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "--child", "run", str(scenario), "--quiet", "--force",
-                           "--out", str(out / name), *args, *extra],
-                          capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    wall = time.perf_counter() - start
-    report = json.loads(done.stderr.strip().splitlines()[-1])
-    if report["code"] != 0:
-        raise SystemExit(f"{name} failed:\n{done.stderr}")
+def run_kvsim(name: str, extra: list[str], tmp: Path) -> dict:
+    w = WORKLOADS[name]
+    out = tmp / name
+    cmd = [sys.executable, "-m", "kvsim.cli", "run", str(SCENARIOS / f"{w.scenario}.yaml"), "--quiet",
+           "--force", "--out", str(out), *w.kvsim_args(), *extra]
+    run = timed(cmd, ROOT, {**os.environ, "PYTHONPATH": str(ROOT)})
     import pandas as pd
-    summary = pd.read_csv(out / name / "summary.csv")
-    requests = int(summary.requests_total.iloc[0])
-    return {"name": name, "requests": requests, "policies": len(summary), "steps": int(summary.steps.sum()),
-            "simulated_s": float(summary.makespan_s.max()), "wall_s": wall, **report}
+    s = pd.read_csv(out / "summary.csv").iloc[0]
+    return {**run, "requests": int(s.requests_completed), "steps": int(s.steps),
+            "makespan_s": float(s.makespan_s), "mean_batch": float(s.mean_batch_size)}
+
+
+def run_blis(name: str, variant: str, source: Path) -> dict:
+    run = timed(others.blis_command(source, WORKLOADS[name].requests, variant), source)
+    return {**run, **others.blis_work(run["stdout"])}
+
+
+def contenders(name: str, blis: Path | None) -> list[str]:
+    return ["kvsim"] + (list(others.BLIS_VARIANTS) if blis and WORKLOADS[name].blis else [])
+
+
+def measure(names: list[str], repeats: int, extra: list[str], blis: Path | None) -> dict:
+    """{(workload, simulator): [run, ...]}, the runs made round-robin."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
+        for round_ in range(repeats):
+            for name in names:
+                for who in contenders(name, blis):
+                    r = (run_kvsim(name, extra, Path(tmp)) if who == "kvsim"
+                         else run_blis(name, who, blis))
+                    r.pop("stdout")
+                    runs.setdefault((name, who), []).append(r)
+                    print(f"round {round_ + 1}/{repeats}  {name:<22} {who:<20} {r['wall_s']:7.2f} s wall "
+                          f"{r['cpu_s']:7.2f} s cpu {r['peak_rss_mb']:7.0f} MB", flush=True)
+    return runs
+
+
+def summarize(runs: list[dict]) -> dict:
+    first = runs[0]
+    return {"runs": len(runs), "walls": [r["wall_s"] for r in runs],
+            "wall_s": statistics.median(r["wall_s"] for r in runs),
+            "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+            **{k: first[k] for k in ("requests", "steps", "makespan_s", "mean_batch")}}
 
 
 def profile(name: str, extra: list[str]) -> None:
-    """Where the time of one run goes (cProfile inflates small functions; read shares)."""
+    """Where the time of one run goes, in one process (cProfile inflates small
+    functions: read shares, not seconds)."""
     from kvsim.cli.app import main
-    scenario, args = WORKLOADS[name]
+    w = WORKLOADS[name]
     with tempfile.TemporaryDirectory() as tmp:
         prof = cProfile.Profile()
         prof.enable()
-        main(["run", str(scenario), "--quiet", "--force", "--out", str(Path(tmp) / "out"), "--jobs", "1",
-              *args, *extra])      # one process: workers' time would escape the profile
+        main(["run", str(SCENARIOS / f"{w.scenario}.yaml"), "--quiet", "--force", "--out", str(Path(tmp) / "o"),
+              "--jobs", "1", *w.kvsim_args(), *extra])
         prof.disable()
     stats = pstats.Stats(prof)
-    stats.sort_stats("cumulative").print_stats(25)
-    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(30)
+    stats.sort_stats("tottime").print_stats(30)
+
+
+def default_blis() -> Path | None:
+    found = os.environ.get("BLIS") or ROOT / "benchmarks" / "blis"
+    return Path(found) if (Path(found) / "blis").is_file() else None
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", choices=list(WORKLOADS))
-    ap.add_argument("--million", action="store_true", help="also run one million ShareGPT requests")
+    ap.add_argument("--million", action="store_true", help="also the million-request workloads")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--exact-steps", action="store_true", help="the plain path, for comparison")
+    ap.add_argument("--exact-steps", action="store_true", help="kvsim's plain path, for comparison")
     ap.add_argument("--jobs", help="kvsim run --jobs (default: one worker per core)")
+    ap.add_argument("--blis", type=Path, default=default_blis(),
+                    help="BLIS's built source folder (build_blis.sh; default $BLIS or benchmarks/blis)")
+    ap.add_argument("--no-blis", action="store_true")
+    ap.add_argument("--write", action="store_true", help="regenerate benchmarks/RESULTS.md")
     ap.add_argument("--profile", choices=list(WORKLOADS))
     opts = ap.parse_args()
     extra = (["--exact-steps"] if opts.exact_steps else []) + (["--jobs", opts.jobs] if opts.jobs else [])
     if opts.profile:
         profile(opts.profile, extra)
         return
-    names = opts.only or DEFAULT + (["sharegpt_1m", "sharegpt_1m_prefix"] if opts.million else [])
-    print(f"{'workload':<20} {'requests':>9} {'steps':>9} {'wall s':>8} {'cpu s':>8} "
-          f"{'req/s':>9} {'sim s/s':>8} {'RSS MB':>7}   (median of runs; 1M and 100k run once)")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            runs = [measure(name, extra, Path(tmp))
-                    for _ in range(1 if name.startswith(ONCE) else opts.repeats)]
-            wall = statistics.median(r["wall_s"] for r in runs)
-            cpu = statistics.median(r["cpu_s"] for r in runs)
-            rss = max(r["peak_rss_mb"] for r in runs)
-            r = runs[0]
-            walls = ", ".join(f"{x['wall_s']:.2f}" for x in runs)
-            print(f"{name:<20} {r['requests']:>9,} {r['steps']:>9,} {wall:>8.2f} {cpu:>8.2f} "
-                  f"{r['requests'] * r['policies'] / wall:>9,.0f} {r['simulated_s'] * r['policies'] / wall:>8.0f} "
-                  f"{rss:>7.0f}   walls {walls}", flush=True)
+    names = opts.only or DEFAULT + (MILLION if opts.million else [])
+    blis = None if opts.no_blis else opts.blis
+    load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M")
+    runs = measure(names, opts.repeats, extra, blis)
+    table = {key: summarize(r) for key, r in runs.items()}
+    text = report.render(table, command=" ".join(["python", "benchmarks/bench_speed.py", *sys.argv[1:]]),
+                         started=started, loads=(load_before, os.getloadavg()), extra=extra)
+    print(text)
+    if opts.write:
+        (ROOT / "benchmarks" / "RESULTS.md").write_text(text)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2:])
-    else:
-        main()
+    main()

@@ -1,0 +1,130 @@
+"""benchmarks/RESULTS.md from bench_speed.py's medians: the runs, the ratios of each
+pair, and where each speed target stands."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import others
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB_MB = 1024
+
+
+def _commit() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + dirty
+
+
+def _num(x, fmt="{:,.0f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _runs_table(table: dict) -> list[str]:
+    lines = ["| workload | simulator | requests | steps | simulated s | mean batch | runs | wall s (median) "
+             "| CPU s (median) | peak RSS MB (max) | wall s of each run |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for (name, who), m in table.items():
+        walls = ", ".join(f"{w:.2f}" for w in m["walls"])
+        lines.append(f"| {name} | {who} | {m['requests']:,} | {_num(m['steps'])} | {m['makespan_s']:,.1f} "
+                     f"| {_num(m['mean_batch'], '{:.1f}')} | {m['runs']} | {m['wall_s']:.2f} | {m['cpu_s']:.2f} "
+                     f"| {m['peak_rss_mb']:,.0f} | {walls} |")
+    return lines
+
+
+def _verdict(ok: bool | None) -> str:
+    return "not measured" if ok is None else ("met" if ok else "NOT met")
+
+
+def _targets(table: dict) -> list[str]:
+    """One line per target: the figures it is judged on, and whether it is met."""
+    get = table.get
+    lines = []
+    k = get(("vidur_10k", "kvsim"))
+    if k:
+        ratio = others.VIDUR_10K_S / k["wall_s"]
+        lines.append(f"- Vidur's 10k workload at least 10x faster than Vidur: Vidur {others.VIDUR_10K_S} s "
+                     f"(recorded in another hour) / kvsim {k['wall_s']:.2f} s = {ratio:.1f}x: {_verdict(ratio >= 10)}. "
+                     f"Against kvsim's CPU time ({k['cpu_s']:.2f} s; Vidur simulates in one Python process, whose "
+                     f"wall time on an idle core is about its CPU time): {others.VIDUR_10K_S / k['cpu_s']:.1f}x.")
+    for name in ("vidur_10k", "vidur_100k"):
+        k, b, off = get((name, "kvsim")), get((name, "BLIS")), get((name, "BLIS, snapshot off"))
+        if not (k and off):
+            why = "BLIS not built: benchmarks/build_blis.sh" if k else "not run"
+            lines.append(f"- Faster than BLIS with its snapshot off on {name}: {_verdict(None)} ({why}).")
+            continue
+        wall, cpu = off["wall_s"] / k["wall_s"], off["cpu_s"] / k["cpu_s"]
+        shipped = f"; BLIS as shipped {b['wall_s'] / k['wall_s']:.2f}x" if b else ""
+        lines.append(f"- Faster than BLIS with its snapshot off on {name}: BLIS {off['wall_s']:.2f} s / kvsim "
+                     f"{k['wall_s']:.2f} s = {wall:.2f}x wall ({cpu:.2f}x CPU: {off['cpu_s']:.2f} / "
+                     f"{k['cpu_s']:.2f} s){shipped}: "
+                     f"{_verdict(wall > 1)}. Peak RSS kvsim {k['peak_rss_mb']:,.0f} MB against BLIS's "
+                     f"{off['peak_rss_mb']:,.0f} MB: {_verdict(k['peak_rss_mb'] < off['peak_rss_mb'])}.")
+    m = get(("sharegpt_1m", "kvsim"))
+    if m:
+        lines.append(f"- A million ShareGPT requests in under 60 s and 1 GiB: {m['wall_s']:.1f} s, "
+                     f"{m['peak_rss_mb']:,.0f} MB: {_verdict(m['wall_s'] < 60 and m['peak_rss_mb'] < GIB_MB)}.")
+    else:
+        lines.append(f"- A million ShareGPT requests in under 60 s and 1 GiB: {_verdict(None)} (run with --million).")
+    sizes = [get((f"sharegpt_{n}", "kvsim")) for n in ("10k", "100k", "1m")]
+    if all(sizes[:2]):
+        t = [s["wall_s"] for s in sizes if s]
+        n = [s["requests"] for s in sizes if s]
+        per = ", ".join(f"{w / r * 1e6:,.0f} µs" for w, r in zip(t, n))
+        text = f"- Growth linear from 10k to 1M requests: wall time per request {per} at {', '.join(f'{r:,}' for r in n)}"
+        if len(t) == 3:
+            # marginal cost per request, so the fixed start-up and figures do not count
+            low, high = (t[1] - t[0]) / (n[1] - n[0]), (t[2] - t[1]) / (n[2] - n[1])
+            text += (f"; each request beyond 10k costs {low * 1e6:,.0f} µs up to 100k and {high * 1e6:,.0f} µs "
+                     f"beyond (judged linear when the second is at most 1.25x the first): {_verdict(high <= 1.25 * low)}.")
+        else:
+            text += f": {_verdict(None)} (run with --million)."
+        lines.append(text)
+    for size in ("10k", "100k", "1m"):
+        on, off = get((f"sharegpt_{size}_prefix", "kvsim")), get((f"sharegpt_{size}", "kvsim"))
+        if on and off:
+            ratio = on["wall_s"] / off["wall_s"]
+            lines.append(f"- Prefix caching on at most 1.5x the time without it, {size}: {on['wall_s']:.2f} / "
+                         f"{off['wall_s']:.2f} s = {ratio:.2f}x: {_verdict(ratio <= 1.5)}.")
+    return lines
+
+
+def _recorded() -> list[str]:
+    lines = ["| simulator | workload | wall s | peak RSS MB | note |", "| --- | --- | ---: | ---: | --- |"]
+    for r in others.RECORDED:
+        lines.append(f"| {r['tool']} | {r['workload']} | {r['wall_s']:.1f} | {r['peak_rss_mb']:,} | {r.get('note', '')} |")
+    return lines
+
+
+def render(table: dict, command: str, started: str, loads: tuple, extra: list[str]) -> str:
+    (before, after) = loads
+    out = [
+        "# Speed benchmarks",
+        "",
+        "Written by `benchmarks/bench_speed.py --write`; do not edit by hand. How each figure is taken is in",
+        "that script's docstring and in `benchmarks/others.py` (how BLIS runs; why Vidur's figure is a recorded one).",
+        "",
+        f"- Command: `{command}`" + (f" (kvsim with {' '.join(extra)})" if extra else ""),
+        f"- Started {started}, kvsim at commit {_commit()}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores; load average {before[0]:.1f} / {before[1]:.1f} / {before[2]:.1f} before, "
+        f"{after[0]:.1f} / {after[1]:.1f} / {after[2]:.1f} after (shared machine: compare only figures of one file).",
+        "- Peak RSS is that of the run's largest process (kvsim simulates in a worker process beside the command's).",
+        "",
+        "## Runs (medians of alternated runs)",
+        "",
+        *_runs_table(table),
+        "",
+        "## Targets",
+        "",
+        *_targets(table),
+        "",
+        "## Recorded figures (not run here)",
+        "",
+        *_recorded(),
+        "",
+    ]
+    return "\n".join(out)
