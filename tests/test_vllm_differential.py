@@ -11,6 +11,7 @@ import pytest
 
 from kvsim.engines.differential import Setup, compare, random_stream, run_native, run_reference, scenario_stream
 from kvsim.engines.vllm_reference import VllmMissing, load_vllm
+from kvsim.errors import InputError
 
 try:
     load_vllm()
@@ -45,7 +46,10 @@ def test_random_streams_agree_step_by_step(batch):
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_shipped_scenario_streams_agree_step_by_step(path):
-    stream, setup = scenario_stream(path)
+    try:
+        stream, setup = scenario_stream(path)
+    except InputError as e:          # a scenario that replays data this checkout lacks
+        pytest.skip(str(e))
     native, reference = run_native(stream, setup), run_reference(stream, setup)
     assert compare(native, reference) == []
     assert sum(len(r.finished) for r in native) == len(stream)
