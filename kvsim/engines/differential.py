@@ -102,7 +102,9 @@ def scenario_stream(path, n: int = 24, max_output: int = 48) -> tuple[list[Arriv
     return [Arrival(k // 2, k, x) for k, x in enumerate(shapes)], setup
 
 
-def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000) -> list[Record]:
+def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
+                  trace: bool = True) -> list[Record]:
+    """vLLM's scheduler over the stream; `trace` False records only what was scheduled."""
     from kvsim.engines.vllm_reference import VllmReference
     ref = VllmReference(num_blocks=setup.num_blocks, block_size=setup.block_size,
                         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
@@ -113,14 +115,17 @@ def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000)
         while pending and pending[0].step <= step:
             a = pending.pop(0)
             ref.add(a.key, a.shape)
-        t = ref.step(trace_cache=True)
+        t = ref.step(trace_cache=trace)
         records.append(Record(t.scheduled, sorted(t.admitted), sorted(t.preempted), sorted(t.finished), t.free_blocks,
-                              t.cached_blocks, {k: ref.table(k) for k in sorted(t.scheduled) if ref.table(k)}))
+                              t.cached_blocks, {k: ref.table(k) for k in sorted(t.scheduled) if ref.table(k)}
+                              if trace else {}))
         step += 1
     return records
 
 
-def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000) -> list[Record]:
+def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
+               trace: bool = True) -> list[Record]:
+    """kvsim's scheduler and vllm-v1 rules over the stream; `trace` as run_reference's."""
     blocks = setup.num_blocks - 1
     alloc = (PrefixCachingPagedAllocator(blocks, setup.block_size) if setup.enable_prefix_caching
              else PagedAllocator(blocks, setup.block_size))
@@ -144,10 +149,11 @@ def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000) ->
         done = s.complete(st, float(step) + 0.5)
         live -= len(done) + len(st.rejected)
         rec.finished = sorted(q.spec.id for q in done)
-        rec.free_blocks = len(alloc.free_blocks)
-        rec.cached_blocks = cached()
-        rec.tables = {q.spec.id: [b + 1 for b in alloc.block_table(q.ids[0])]
-                      for q in sorted(s.running, key=lambda q: q.spec.id) if q.spec.id in rec.scheduled}
+        if trace:
+            rec.free_blocks = len(alloc.free_blocks)
+            rec.cached_blocks = cached()
+            rec.tables = {q.spec.id: [b + 1 for b in alloc.block_table(q.ids[0])]
+                          for q in sorted(s.running, key=lambda q: q.spec.id) if q.spec.id in rec.scheduled}
         records.append(rec)
         step += 1
     return records
