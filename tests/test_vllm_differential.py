@@ -11,7 +11,7 @@ import pytest
 
 from kvsim.engines.differential import Setup, compare, random_stream, run_native, run_reference, scenario_stream
 from kvsim.engines.vllm_reference import VllmMissing, load_vllm
-from kvsim.errors import InputError
+from kvsim.config.errors import InputError
 
 try:
     load_vllm()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.allocators import SeqShape
+from kvsim.kvcache import SeqShape
 from kvsim.engines.differential import Arrival, Setup, run_native, run_reference
 from kvsim.engines.vllm_reference import VllmMissing, load_vllm
 

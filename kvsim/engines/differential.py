@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.allocators import PagedAllocator, PrefixCachingPagedAllocator, SeqShape
+from kvsim.kvcache import PagedAllocator, PrefixCachingPagedAllocator, SeqShape
 from kvsim.engines.vllm_v1 import VllmV1
-from kvsim.scheduler import Scheduler, Seq
+from kvsim.sim.scheduler import Scheduler, Seq
 from kvsim.workload.requests import RequestSpec
 
 
@@ -84,8 +84,8 @@ def random_stream(rng: np.random.Generator, setup: Setup, n: int = 30) -> list[A
 
 def scenario_stream(path, n: int = 24, max_output: int = 48) -> tuple[list[Arrival], Setup]:
     """The first `n` sequences of a scenario's request stream, and a setup for them."""
-    from kvsim.scenario import load_scenario
-    from kvsim.scheduler import sample_shape
+    from kvsim.config.scenario import load_scenario
+    from kvsim.sim.scheduler import sample_shape
     from kvsim.workload.requests import generate_requests
     scn, base = load_scenario(path)
     table, width = generate_requests(scn, base, str(path)), scn.workload.n

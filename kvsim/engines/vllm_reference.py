@@ -11,7 +11,7 @@ decodes (none for a prefill chunk that leaves prompt to compute), then
 `update_from_output`, which appends the tokens, finishes requests at max_tokens and
 frees their blocks.
 
-Token ids come from kvsim's token identity (kvsim.allocators.SeqShape): the token at
+Token ids come from kvsim's token identity (kvsim.kvcache.SeqShape): the token at
 offset k of content c is one id wherever it appears, so shared system prompts, RAG
 documents and earlier conversation turns meet in vLLM's prefix cache as they do in
 kvsim's; content -1 ("unique") gets ids of its own sequence. Output tokens continue the
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from types import SimpleNamespace
 
-from kvsim.allocators import SeqShape
+from kvsim.kvcache import SeqShape
 
 VLLM_VERSION = "0.33.0"
 UNIQUE = -(1 << 40)    # content -1: codes below every content id's
