@@ -30,7 +30,7 @@ def admit(alloc, seq_id: int, prompt: int, output: int = 0) -> bool:
 @pytest.fixture
 def paged():
     """8 blocks of 4 slots, holding seq 2 (5 of 13 tokens) and seq 3 (9 of 9),
-    after seq 1 was freed: free queue [7, 1, 0]."""
+    after seq 1 was freed: free queue [5, 6, 7]."""
     alloc = PagedAllocator(num_blocks=8, block_size=4)
     assert admit(alloc, 1, 5, 3)
     assert admit(alloc, 2, 3, 10)
@@ -42,15 +42,15 @@ def paged():
     assert alloc.block_table(1) == [0, 1]
     assert alloc.block_table(2) == [2, 3]
     alloc.free(1)
-    assert alloc.free_blocks == [4, 5, 6, 7, 1, 0]   # tail-first, at the right
+    assert alloc.free_blocks == [1, 0, 4, 5, 6, 7]   # deepest first, at the head (vLLM 0.33.0)
     assert admit(alloc, 3, 9)
-    assert alloc.block_table(3) == [4, 5, 6]
+    assert alloc.block_table(3) == [1, 0, 4]
     alloc.check_invariants()
     return alloc
 
 
 def test_paged_tables_and_free_queue(paged):
-    assert paged.free_blocks == [7, 1, 0]
+    assert paged.free_blocks == [5, 6, 7]
     assert paged.capacity == 32
 
 
@@ -66,17 +66,17 @@ def test_paged_failures_change_nothing(paged):
     assert not paged.grow(2, 21)                  # needs 4 more blocks, 3 free
     assert not admit(paged, 4, 13)
     assert paged.block_table(2) == [2, 3]
-    assert paged.free_blocks == [7, 1, 0]
+    assert paged.free_blocks == [5, 6, 7]
     assert paged.breakdown(None) == Breakdown(14, 3, 3, 0, 0, 12)
     assert paged.grow(2, 20)                      # exactly the 3 free blocks
-    assert paged.block_table(2) == [2, 3, 7, 1, 0]
+    assert paged.block_table(2) == [2, 3, 5, 6, 7]
     assert paged.free_blocks == []
 
 
 def test_paged_free_all_returns_every_block(paged):
     paged.free(3)
     paged.free(2)
-    assert paged.free_blocks == [7, 1, 0, 6, 5, 4, 3, 2]
+    assert paged.free_blocks == [3, 2, 4, 0, 1, 5, 6, 7]
     assert paged.breakdown(None) == Breakdown(0, 0, 0, 0, 0, 32)
 
 
@@ -349,15 +349,15 @@ def test_reference_counts_are_kept_from_the_first_shared_block():
     alloc.free(2)
     taken = alloc.take_free(1)
     assert alloc._ref is None
-    assert [alloc.ref_count(b) for b in range(8)] == [1, 1, 0, 1, 0, 0, 0, 0] and taken == [3]
+    assert [alloc.ref_count(b) for b in range(8)] == [1, 1, 1, 0, 0, 0, 0, 0] and taken == [2]
     alloc.extend(1, 9, taken)
-    assert alloc.fork(1, 3) and alloc._ref == [2, 2, 0, 2, 0, 0, 0, 0]
-    assert alloc.grow(3, 10) and alloc.block_table(3) == [0, 1, 4]    # copy on write
-    assert [alloc.ref_count(b) for b in range(5)] == [2, 2, 0, 1, 1]
+    assert alloc.fork(1, 3) and alloc._ref == [2, 2, 2, 0, 0, 0, 0, 0]
+    assert alloc.grow(3, 10) and alloc.block_table(3) == [0, 1, 3]    # copy on write
+    assert [alloc.ref_count(b) for b in range(5)] == [2, 2, 1, 1, 0]
     alloc.check_invariants()
     alloc.free(1)
     alloc.free(3)
-    assert alloc._ref == [0] * 8 and alloc.free_blocks == [5, 6, 7, 2, 3, 4, 1, 0]
+    assert alloc._ref == [0] * 8 and alloc.free_blocks == [3, 1, 0, 2, 4, 5, 6, 7]
     alloc.check_invariants()
 
 

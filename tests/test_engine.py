@@ -39,10 +39,11 @@ def test_continuous_batching_timeline():
         (0, 0.0, 1.0, 3.0, 0, "completed"),
         (1, 1.0, 2.0, 4.0, 0, "completed"),
     ]
-    # step 1: r0 decodes over 5 + 1 tokens of context while r1 prefills 4 new tokens (the
-    # fast path gives decodes in sum: one decode, 6 tokens of context in all)
+    # step 1: r0 decodes over its 4 + 1 tokens of context (its prompt and the token it
+    # feeds back) while r1 prefills 4 new tokens (the fast path gives decodes in sum: one
+    # decode, 5 tokens of context in all)
     batch = cost.batches[1]
-    assert (batch.prefills, batch.decodes, batch.decode_total) == (((4, 0),), 1, 6)
+    assert (batch.prefills, batch.decodes, batch.decode_total) == (((4, 0),), 1, 5)
     assert [b.new_tokens for b in cost.batches] == [4, 5, 2, 1]
 
 
@@ -52,16 +53,17 @@ def test_request_arriving_at_a_step_boundary_joins_that_boundary():
 
 
 def test_latest_admitted_is_preempted_and_recomputed():
-    # 10 one-token blocks. r0 (4+4 tokens) and r1 (3+3) both fit at admission (5 + 4
-    # slots), but at the next step only one more block is free: r0 takes it, r1 (the
-    # latest admitted) is preempted, waits for r0 to finish, then prefills its prompt
-    # plus the token it had generated (3 + 1) and carries on. Its first token keeps its
+    # 10 one-token blocks (vLLM V1 counts: a prompt's slots, then one per token fed
+    # back). r0 (4+4 tokens) and r1 (3+3) both fit at admission (4 + 3 slots) and take a
+    # block each at t=1; at t=2 r0 takes the last one and r1 (the latest admitted) is
+    # preempted, waits for r0 to finish at t=4, then prefills its prompt plus the 2
+    # tokens it had generated and samples its last token. Its first token keeps its
     # original time.
     alloc = PagedAllocator(10, 1)
     result = run(make_requests((0.0, 4, 4), (0.0, 3, 3)), alloc)
     assert timeline(result) == [
         (0, 0.0, 1.0, 4.0, 0, "completed"),
-        (1, 0.0, 1.0, 6.0, 1, "completed"),
+        (1, 0.0, 1.0, 5.0, 1, "completed"),
     ]
     assert result.preemptions == 1
     assert alloc.free_blocks and len(alloc.free_blocks) == 10
@@ -77,9 +79,9 @@ def test_contiguous_max_reservation_never_preempts_but_holds_fewer():
         (2, 2.0, 3.0, 4.0, 0, "completed"),
     ]
     first = result.steps[0]
-    # while r2 waits: 2 x (3 tokens, 1 still to come, 4 never used); 4 free slots are a
+    # while r2 waits: 2 x (2 tokens, 2 still to come, 4 never used); 4 free slots are a
     # hole too small for r2's 8-slot region.
-    assert first[6:11] == (6, 2, 8, 4, 0)
+    assert first[6:11] == (4, 4, 8, 4, 0)
 
 
 def test_rejections_on_arrival_with_reasons():
@@ -113,10 +115,10 @@ def test_summary_definitions_on_a_known_run():
     row = summarize(result, request_table(result))
     # Steps: [0,1] and [1,2] run r0 and r1 while r2 waits for memory (two regions of 8
     # leave 4 of 20 slots); [2,3] and [3,4] run r2 alone with nothing waiting.
-    # Memory-bound window = the first two steps: token slots 6 then 8 of 20 -> 0.35.
+    # Memory-bound window = the first two steps: token slots 4 then 6 of 20 -> 0.25.
     assert row["fraction_basis"] == "memory"
     assert (row["limited_by_memory"], row["limited_by_arrivals"], row["limited_by_token_budget"]) == (0.5, 0.5, 0)
-    assert row["token_fraction"] == pytest.approx(0.35)
+    assert row["token_fraction"] == pytest.approx(0.25)
     assert sum(row[f"{p}_fraction"] for p in ("token", "reservation", "internal", "external", "free")) \
         == pytest.approx(1.0)
     assert row["achievable_batch_size"] == 2.0
@@ -125,8 +127,8 @@ def test_summary_definitions_on_a_known_run():
     # 6 requests' worth... 3 requests x 2 output tokens over a 4 s makespan
     assert row["throughput_tok_s"] == 1.5
     assert row["ttft_p50_s"] == 1.0 and row["e2e_p50_s"] == 2.0 and row["tpot_p50_s"] == 1.0
-    # allocated 16,16,8,8 slots; tokens 6,8,3,4 -> waste = (10+8+5+4)/48
-    assert row["allocation_waste"] == pytest.approx(27 / 48)
+    # allocated 16,16,8,8 slots; tokens 4,6,2,3 -> waste = (12+10+6+5)/48
+    assert row["allocation_waste"] == pytest.approx(33 / 48)
 
 
 def test_every_policy_sees_the_same_stream_and_ends_empty():

@@ -63,9 +63,9 @@ def test_a_60_token_prompt_beside_10_decoding_requests_with_a_budget_of_64(engin
     assert (late.admitted_s, late.first_token_s) == (1.0, first_token)
 
 
-def test_v1_without_chunked_prefill_skips_a_prompt_over_the_budget_left():
-    # As in vLLM 0.10.1.1 with chunking off: the 60-token prompt does not fit the 54 tokens
-    # the decodes leave, so it is skipped each step until the decodes are done at t=20.
+def test_v1_without_chunked_prefill_waits_with_a_prompt_over_the_budget_left():
+    # As in vLLM 0.33.0 with chunking off: the 60-token prompt does not fit the 54 tokens
+    # the decodes leave, so it waits each step until the decodes are done at t=20.
     reqs = make_requests(*[(0.0, 4, 20)] * 10, (0.5, 60, 2))
     result = run("vllm-v1", reqs, PagedAllocator(1000, 16), chunked=False)
     assert result.seqs[10].admitted_s == 20.0
@@ -73,11 +73,14 @@ def test_v1_without_chunked_prefill_skips_a_prompt_over_the_budget_left():
 
 
 @pytest.mark.parametrize("engine, expected, steps", [
-    # V0 and V1: both prompts in at t=0 (3 blocks each fill the 6); at t=4 r0 needs a 4th
-    # block and r1, the latest admitted, is preempted and recomputed from its 8 + 4 tokens
-    # once r0 has finished at t=8.
+    # V0: both prompts in at t=0 (3 blocks each, the sampled token's slot included, fill
+    # the 6); at t=4 r0 needs a 4th block and r1, the latest admitted, is preempted and
+    # recomputed from its 8 + 4 tokens once r0 has finished at t=8.
     ("vllm-v0", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 0.0, 1.0, 12.0, 1, "completed")], 12),
-    ("vllm-v1", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 0.0, 1.0, 12.0, 1, "completed")], 12),
+    # V1 (0.33.0) allocates the tokens it computes: 2 blocks each at t=0, the 3rd at t=1
+    # (the first sampled token fed back); r0's 13th token wants a 4th block at t=5, so r1
+    # goes then, and comes back at t=8 with 8 + 5 tokens to recompute.
+    ("vllm-v1", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 0.0, 1.0, 11.0, 1, "completed")], 11),
     # SGLang admits r0 (8 + 8 < 24) but not r1 (8 + 8 >= 24 - 16 left): it waits for r0
     # and nothing is ever preempted.
     ("sglang", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 8.0, 9.0, 16.0, 0, "completed")], 16),

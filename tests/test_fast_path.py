@@ -168,9 +168,10 @@ def test_check_mode_catches_a_stale_lazy_sum(monkeypatch):
 
 
 def test_a_lone_request_decodes_lazily_and_ends_on_time():
-    """One request, 4-token blocks, one-second steps: prefilled in [0, 1] (held 5 of 8
-    slots), then lazy through its 9 decodes (blocks taken in bulk at 8 and 12 tokens),
-    finishing at t = 10 holding prompt + output = 14 tokens."""
+    """One request, 4-token blocks, one-second steps: prefilled in [0, 1] (held 4 of 4
+    slots: vLLM V1 gives the first sampled token its slot as it feeds it back), then
+    lazy through its 9 decodes (blocks taken in bulk at 5, 9 and 13 tokens), finishing
+    at t = 10 holding prompt + output - 1 = 13 tokens."""
     cost = OneSecondSteps()
     alloc = PagedAllocator(10, 4)
     result = simulate("p", [RequestSpec(0, 0.0, 4, 10)], alloc, cost, engine="vllm-v1",
@@ -179,7 +180,7 @@ def test_a_lone_request_decodes_lazily_and_ends_on_time():
     seq = result.seqs[0]
     assert (seq.admitted_s, seq.first_token_s, seq.finish_s, seq.outcome) == (0.0, 1.0, 10.0, "completed")
     assert [b.decodes for b in cost.batches] == [0] + [1] * 9
-    assert [b.decode_total for b in cost.batches[1:]] == list(range(6, 15))
+    assert [b.decode_total for b in cost.batches[1:]] == list(range(5, 14))
     assert all(b.extra is not None for b in cost.batches[1:])       # none of them visited
     assert alloc.free_blocks and len(alloc.free_blocks) == 10           # all returned
 

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from kvsim.kvcache import ALLOCATORS, Breakdown, InvariantError, SeqShape, make_allocator
 from kvsim.kvcache import contiguous
 from kvsim.kvcache.paged import PagedAllocator
+from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
 from kvsim.cli.app import main
 from kvsim.config import scenario
 from kvsim.sim.loop import STEP_FIELDS, simulate
@@ -677,7 +678,7 @@ def test_cli_check_mode_reports_one_line_and_writes_nothing(tmp_path, monkeypatc
     (tmp_path / "corrupt.yaml").write_text(CORRUPTIBLE)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
-    _corrupt_nth(monkeypatch, PagedAllocator, "free", 2, _leak_last_free_block)
+    _corrupt_nth(monkeypatch, PrefixCachingPagedAllocator, "free", 2, _leak_last_free_block)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = main(["run", "corrupt.yaml", "--check-invariants", "--quiet"])

@@ -145,13 +145,13 @@ def test_sliding_window_releases_blocks_that_left_the_window():
     assert (alloc.block_table(0), alloc.free_blocks) == ([0, 1, 2], [3, 4, 5, 6, 7, 8, 9])
     assert alloc.grow(0, 8)             # tokens 0-3 are before the last 4: blocks 0 and 1 go
     assert alloc.block_table(0) == [2, 3]
-    # Deepest first, to the tail (vLLM 0.10.1.1 SlidingWindowManager.remove_skipped_blocks).
-    assert alloc.free_blocks == [4, 5, 6, 7, 8, 9, 1, 0]
+    # Deepest first, to the head (vLLM 0.33.0 _remove_blocks_in_range, BlockPool.free_blocks).
+    assert alloc.free_blocks == [1, 0, 4, 5, 6, 7, 8, 9]
     b = alloc.breakdown(None)
     assert (b.token, b.reservation, b.internal) == (4, 0, 0)
     alloc.check_invariants()
     alloc.free(0)
-    assert alloc.free_blocks == [4, 5, 6, 7, 8, 9, 1, 0, 3, 2]
+    assert alloc.free_blocks == [3, 2, 1, 0, 4, 5, 6, 7, 8, 9]
 
 
 def test_sliding_window_v0_order_puts_released_blocks_at_the_head():
@@ -188,9 +188,9 @@ def test_fork_shares_blocks_and_copies_a_shared_partial_block_on_write():
     assert alloc.block_table(0) == [0, 1]
     alloc.check_invariants()
     alloc.free(0)
-    assert alloc.free_blocks == [3, 4, 5, 6, 7, 1] and alloc.ref_count(0) == 1
-    alloc.free(1)
-    assert alloc.free_blocks == [3, 4, 5, 6, 7, 1, 2, 0]
+    assert alloc.free_blocks == [1, 3, 4, 5, 6, 7] and alloc.ref_count(0) == 1
+    alloc.free(1)                                          # to the head, deepest first
+    assert alloc.free_blocks == [2, 0, 1, 3, 4, 5, 6, 7]
 
 
 def test_contiguous_fork_is_a_full_copy():

@@ -27,11 +27,12 @@ def rows(result):
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_a_waiting_request_past_its_timeout_leaves_the_queue(exact):
-    # 4 blocks of 4: r0 (8 + 8) holds all of them; r1 arrives at 0.5 and waits for memory.
-    # Both clients wait 2.5 s: r0's leaves at 2.5, r1's at 3, and the step starting at 3
-    # aborts both, r1 before it was ever admitted
+    # 4 blocks of 4: r0 (12 + 4) holds 3 after its prefill and the 4th from t=1, when
+    # its first token is fed back; r1 arrives at 0.5 and waits for memory. Both clients
+    # wait 2.5 s: r0's leaves at 2.5, r1's at 3, and the step starting at 3 aborts both,
+    # r1 before it was ever admitted
     alloc = PagedAllocator(4, 4)
-    result = run(RequestTable([0.0, 0.5], [8, 4], [8, 4]), alloc, 2.5, exact)
+    result = run(RequestTable([0.0, 0.5], [12, 4], [4, 4]), alloc, 2.5, exact)
     got = rows(result)
     assert got[0] == (0.0, 1.0, 2.5, "timed out")
     assert got[1][2:] == (3.0, "timed out") and got[1][0] != got[1][0]    # never admitted (NaN)

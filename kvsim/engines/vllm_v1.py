@@ -1,20 +1,30 @@
-"""vLLM V1, as in vLLM 0.10.1.1 (vllm/v1/core/sched/scheduler.py, `Scheduler.schedule`).
+"""vLLM V1, as in vLLM 0.33.0 (vllm/v1/core/sched/scheduler.py `Scheduler.schedule`,
+vllm/v1/core/kv_cache_manager.py `get_computed_blocks` and `allocate_slots`).
 
 One token budget (max_num_batched_tokens) per step, no prefill or decode phases:
 - Running requests first, in order: each gets its remaining tokens (a decode: one; a
   prefill: the rest of its prompt) cut to the budget left, and stops the pass when the
   budget is spent. When the KV cache manager cannot allocate its slots
   (`allocate_slots` returns None), the last running request is preempted, recomputed
-  later from scratch (`num_computed_tokens = 0`, put at the front of the waiting queue),
-  until it fits or the request itself went.
+  later from scratch (`_preempt_request`: `num_computed_tokens = 0`, put at the front
+  of the waiting queue), until it fits or the request itself went.
 - Then, only if this step preempted nobody, waiting requests first come first served
-  while the budget lasts and fewer than max_num_seqs run: the prefix cache's hits
-  (`get_computed_blocks`, at most all tokens but the last) are reused, the rest is
-  chunked to the budget left; a request that cannot be allocated stops the queue. With
-  chunked prefill disabled, a prompt larger than the budget left is skipped for this
-  step (the queue goes on behind it).
-There is no watermark and no swap. Parallel samples are separate requests (the engine
-fans a request with n > 1 out into n), whose prompts meet in the prefix cache.
+  while the budget lasts and fewer than max_num_seqs run. A request's cache hits
+  (`get_computed_blocks`) are whole blocks of at most all its tokens but the last
+  (max_cache_hit_length = num_tokens - 1): a prompt whose every block is cached still
+  recomputes its last block, into a block of its own. The rest is chunked to the budget
+  left. It is admitted only if its whole prompt (prompt and output so far, for one
+  resumed after preemption) fits in the free blocks now, its hits counted
+  (`scheduler_reserve_full_isl`, on by default: `allocate_slots(...,
+  full_sequence_must_fit=True)`), though only this step's chunk is allocated; a request
+  that does not fit stops the queue. With chunked prefill disabled, a prompt larger
+  than the budget left also stops the queue (`break`; vLLM 0.10 skipped it and went on).
+- Slots: `allocate_slots` covers the tokens computed in the step, so a sampled token
+  takes its slot in the step that feeds it back (`sampled_slot_ahead` False), and a
+  block is cached as soon as the tokens that fill it are scheduled.
+There is no swap, and the watermark (SchedulerConfig.watermark) is 0 by default.
+Parallel samples are separate requests (the engine fans a request with n > 1 out into
+n), whose prompts meet in the prefix cache.
 """
 from __future__ import annotations
 
@@ -24,6 +34,11 @@ from kvsim.sim.scheduler import Scheduler, Seq, Step, with_limit
 class VllmV1:
     name = "vllm-v1"
     split_samples = True
+    sampled_slot_ahead = False
+
+    def cached_tokens(self, s: Scheduler, seq: Seq) -> int:
+        """Tokens of `seq` a prefix cache serves: whole blocks of at most target - 1 tokens."""
+        return s.allocator.match_prefix(seq.shape, seq.target)
 
     def preemption_mode(self, s: Scheduler, seq: Seq) -> str:
         return "recompute"
@@ -48,7 +63,6 @@ class VllmV1:
         budget = s.run_running(step, now, s.budget, lambda b: self._running(s, step, now, b))
         if step.preempted:
             return step
-        skipped = []
         while s.waiting and budget > 0:
             if len(s.running) >= s.max_num_seqs:
                 with_limit(step, "max_num_seqs")
@@ -56,17 +70,15 @@ class VllmV1:
             head = s.waiting[0]
             cached, n, held = s.prefill_need(head, budget)
             if not s.chunked and n > budget:
-                skipped.append(s.waiting.popleft())
                 with_limit(step, "token_budget", head, held)
-                continue
-            if not s.admit(head, cached, n, held, step, now):
+                break
+            if not s.fits(head, head.target, 0) or not s.admit(head, cached, n, held, step, now):
                 if not s.running:      # nothing will ever free memory for it
                     s.reject(head, now, "does not fit an empty KV pool", step)
                     continue
-                with_limit(step, "memory", head, held)
+                with_limit(step, "memory", head, head.target)
                 break
             budget -= n
-        s.waiting.extendleft(reversed(skipped))
         if s.waiting and budget <= 0:
             with_limit(step, "token_budget")
         return step

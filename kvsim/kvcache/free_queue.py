@@ -13,7 +13,10 @@ the middle, as vLLM V1's doubly linked FreeKVCacheBlockQueue does (kv_cache_util
 removed, and is skipped when the head reaches it: a block's removed entries always come
 before its live one (the list is in release order), so the next entry of a block with
 removals pending is one of them. Runs are still taken and returned in slices; only a
-run that holds a removed entry is walked in Python.
+run that holds a removed entry is walked in Python. Blocks that hold no cached prefix
+go back to the head instead (`put_front`, vLLM 0.33.0's FreeKVCacheBlockQueue.prepend_n):
+they sit on a stack in front of the list, and are never taken out of the middle (only
+cached blocks are hit).
 """
 from __future__ import annotations
 
@@ -63,11 +66,17 @@ class LinkedFreeQueue(FreeQueue):
         super().__init__(n)
         self._skip: dict[int, int] = {}     # block -> its removed entries still in the list
         self._removed = 0                   # their total
+        self._front: list[int] = []         # put_front's blocks, the head last
 
     def __len__(self) -> int:
-        return super().__len__() - self._removed
+        return super().__len__() - self._removed + len(self._front)
 
     def __iter__(self) -> Iterator[int]:
+        yield from reversed(self._front)
+        yield from self._listed()
+
+    def _listed(self) -> Iterator[int]:
+        """The list's live blocks, in order."""
         skip = dict(self._skip)
         for b in super().__iter__():
             if skip.get(b):
@@ -75,7 +84,20 @@ class LinkedFreeQueue(FreeQueue):
             else:
                 yield b
 
+    def put_front(self, blocks: list[int]) -> None:
+        """Released blocks to the head, as one run: the first given is taken first."""
+        self._front.extend(reversed(blocks))
+
     def take(self, count: int) -> list[int]:
+        front = self._front
+        if front:
+            k = min(count, len(front))
+            taken = front[len(front) - k:][::-1]
+            del front[len(front) - k:]
+            return taken if k == count else taken + self._take_listed(count - k)
+        return self._take_listed(count)
+
+    def _take_listed(self, count: int) -> list[int]:
         skip, kept = self._skip, []
         run = super().take(count)
         while skip and not skip.keys().isdisjoint(run):    # drop removed entries, take more
@@ -99,5 +121,5 @@ class LinkedFreeQueue(FreeQueue):
         self._skip[block] = self._skip.get(block, 0) + 1
         self._removed += 1
         if self._removed > 1024 and self._removed * 2 > len(self._ids) - self._head:
-            self._ids, self._head = list(self), 0
+            self._ids, self._head = list(self._listed()), 0
             self._skip, self._removed = {}, 0

@@ -8,9 +8,9 @@ serves any sequence: there are no holes, and free slots are unusable only when t
 next waiting request needs more blocks than are free.
 
 Free blocks wait in a queue that starts as 0..N-1; allocation takes from its head.
-Where released blocks go is the engine's `free_order` (FREE_ORDERS below): vLLM V1
-(the default) appends them to the tail, a finished sequence's deepest block first;
-vLLM V0 puts each back at the head, so the blocks just released are reused first.
+Where released blocks go is the engine's `free_order` (FREE_ORDERS below). Both vLLM V1
+(0.33.0, the default) and vLLM V0 put them back at the head, so the blocks just
+released are reused first, a finished sequence's deepest block first.
 
 Sequences of one request (parallel samples, beams) share blocks through `fork`: the
 child's table is a copy of the parent's and every block's reference count goes up. A
@@ -61,13 +61,15 @@ class FreeOrder:
 
 
 FREE_ORDERS = {
-    # vLLM 0.10.1.1 (vllm/v1/core/): SingleTypeKVCacheManager.free passes a request's
-    # blocks reversed and SlidingWindowManager.remove_skipped_blocks from the deepest
-    # skipped block down (single_type_kv_cache_manager.py); BlockPool.free_blocks
-    # appends those whose ref_cnt reaches 0 to the tail of FreeKVCacheBlockQueue
-    # (block_pool.py, kv_cache_utils.py append_n), cached or not and with prefix
-    # caching on or off: one block pool serves both.
-    "v1": FreeOrder(deepest_first=True, to_head=False),
+    # vLLM 0.33.0 (vllm/v1/core/): SingleTypeKVCacheManager.free passes a request's
+    # blocks reversed and _remove_blocks_in_range (the sliding window) from the deepest
+    # skipped block down (single_type_kv_cache_manager.py); without prefix caching
+    # BlockPool.free_blocks prepends those whose ref_cnt reaches 0 to the head as one
+    # run (block_pool.py, "LIFO reuse of non-cached blocks"; kv_cache_utils.py
+    # prepend_n), the deepest first: the same order as pushing each to the head in
+    # table order. (vLLM 0.10.1.1 appended them all to the tail. With prefix caching
+    # the cached ones still go to the tail: prefix.py.)
+    "v1": FreeOrder(deepest_first=False, to_head=True),
     # vLLM 0.6.3.post1 (vllm/core/block/): BlockTable.free, and the sliding window in
     # BlockTable.append_token_ids, release blocks in table order; NaiveBlockAllocator.
     # _free_block_id puts each at the head (deque.appendleft, naive_block.py), so the

@@ -1,6 +1,6 @@
-"""Paged KV cache with automatic prefix caching, as in vLLM V1 (0.10.1.1,
-vllm/v1/core/block_pool.py, kv_cache_manager.py, single_type_kv_cache_manager.py;
-FACTS.md, "Prefix caching").
+"""Paged KV cache with automatic prefix caching, as in vLLM V1 (0.33.0,
+vllm/v1/core/block_pool.py, kv_cache_manager.py, single_type_kv_cache_manager.py,
+kv_cache_utils.py; one full-attention KV cache group, vLLM's default hash block size).
 
 The pool is the paged allocator's (this class extends it: the free queue, reference
 counts, fork and copy-on-write growth are its): `num_blocks` blocks of `block_size`
@@ -12,19 +12,24 @@ interned to ints in a dict, so lookups are exact (no hash collisions) and
 deterministic; a block containing content -1 ("unique, never shared") gets no key, nor
 does any block after it.
 
-The rules, each from vLLM 0.10.1.1:
+The rules, each from vLLM 0.33.0:
 - A block is cached when its sequence fills it, at the allocate or grow that covers it
   (KVCacheManager.allocate_slots calls cache_blocks for the tokens it makes room for),
   so a request admitted later in the same step already hits it. Only full blocks are
   cached; a partial last block is never shared between requests.
+- A lookup (`match_prefix(shape, n)`) finds whole cached blocks of at most n - 1
+  tokens; vLLM asks for a request's num_tokens - 1 (get_computed_blocks), so a prompt
+  whose every block is cached recomputes its last one (kvsim.engines.vllm_v1).
 - A key may map to several blocks (BlockPool.cached_block_hash_to_block is
   {hash: {block id: block}}, "we don't de-duplicate"): where a match leaves a cached
-  block to be recomputed (it stops at num_tokens - 1), the copy is cached under the same
-  key. A lookup takes the first copy still cached (get_cached_block); evicting one copy
-  leaves the others, so the key still hits.
-- Blocks no table holds wait in the free queue, which doubles as the LRU: a request's
-  blocks are freed deepest first to the tail (paged.FREE_ORDERS "v1"), cached or not;
-  a new block comes off the head and, if cached, loses its key (evicted:
+  block to be recomputed, the copy is cached under the same key. A lookup takes the
+  first copy still cached (get_cached_block); evicting one copy leaves the others, so
+  the key still hits.
+- Blocks no table holds wait in the free queue, which doubles as the LRU. A request's
+  blocks are freed deepest first (BlockPool.free_blocks): its full blocks, which vLLM
+  has hashed whatever their content, join the tail; its partly filled last block, which
+  holds no hash, goes to the head, to be reused first (vLLM 0.10.1.1 sent it to the
+  tail too). A new block comes off the head and, if cached, loses its key (evicted:
   _maybe_evict_cached_block); a hit on a queued block takes it out of the middle of the
   queue and bumps its count (touch). Hits on queued blocks count against the free
   blocks when admitting (get_num_blocks_to_allocate).
@@ -34,10 +39,19 @@ the first of them to add a token.
 
 What differs from vLLM: no "extra keys" (LoRA ids, multimodal hashes) and no per-block
 hash of token ids: the workload's content runs stand in for the tokens. No null block
-(vLLM's block 0). Only the V1 free order: vLLM V0 (0.6.3.post1, vllm/core/block/
-prefix_caching_block.py) keeps freed cached blocks in a separate LRU evictor ordered by
-the scheduler's access times, hands out uncached free blocks first and de-duplicates a
-block when it fills; that is a different structure, not a free order.
+(vLLM's block 0). Content -1 is never keyed, where vLLM hashes every full block; a
+request whose tokens are its own (kvsim's workloads give every request and sample
+content ids of its own) is keyed like any other, so a request recomputed after a
+preemption finds its own blocks, as in vLLM. Not modelled: vLLM's fine-grained hits
+inside a block (a hash block size smaller than the block, off by default) and hybrid
+KV cache groups (sliding-window layers beside full attention). Only the V1 free order:
+vLLM V0 (0.6.3.post1, vllm/core/block/prefix_caching_block.py) keeps freed cached
+blocks in a separate LRU evictor ordered by the scheduler's access times, hands out
+uncached free blocks first and de-duplicates a block when it fills; that is a
+different structure, not a free order.
+
+kvsim.engines.differential checks these rules against vLLM's own BlockPool and
+KVCacheManager, block id by block id.
 
 Invariants: each block is either queued (refcount 0) or used (refcount = the number of
 tables holding it, counted with multiplicity); a cached block holds exactly one key and
@@ -52,6 +66,8 @@ table or queued behind it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import not_
 
 from kvsim.kvcache.base import InvariantError, SeqShape
 from kvsim.kvcache.free_queue import LinkedFreeQueue
@@ -296,7 +312,20 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._forget_after = self._next_key + max(KEYS_SLACK * self.num_blocks, kept)
 
     def free(self, seq_id: int) -> None:
-        super().free(seq_id)
+        """Release the table deepest block first (BlockPool.free_blocks, vLLM 0.33.0): of the
+        blocks nobody holds any more, the full ones, which vLLM has hashed whatever their
+        content, join the tail as the LRU's newest; the partly filled last block, which
+        no prefix can match, goes to the head, to be reused first."""
+        seq = self._seqs.pop(seq_id)
+        table = seq.table[::-1]
+        ref = self._ref
+        left = [ref[b] - 1 for b in table]
+        for b, n in zip(table, left):
+            ref[b] = n
+        self._shared -= left.count(1)
+        partial = len(table) - seq.tokens // self.block_size    # leading entries of `table`
+        self._free.put_front([b for b, n in zip(table[:partial], left) if not n])
+        self._free.put(compress(table[partial:], map(not_, left[partial:])))
         if self._next_key > self._forget_after:
             self._forget_keys()
 

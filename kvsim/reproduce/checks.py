@@ -413,7 +413,7 @@ def prefill_peak(ctx: Context) -> list[Claim]:
     ts = res.timeseries
     cap = int(res.summary["kv_capacity_tokens"].iloc[0])
     slots = (ts["token"] * cap).round().astype(int).tolist()
-    after_prefill, peak = slots[0], max(slots)   # the prefill step: the prompt plus its first token
+    after_prefill, peak = slots[0], max(slots)   # the prefill step: the prompt (and its first token)
     prompt = scn.workload.prompt_tokens.value
     output = scn.workload.output_tokens.value
     model = scn.model_spec(base)
@@ -426,14 +426,16 @@ def prefill_peak(ctx: Context) -> list[Claim]:
                          context=_context(scn, res.summary)), "claim9_timeline.png")
     return [Claim("9", "A request's memory peak sits at the end of prefill (prefill writes all prompt KV at "
                   "once, decode adds one token a step)", SEED2, "claims/prefill_peak.yaml (one request)",
-                  f"KV in the prefill step {after_prefill:,} slots (prompt + the first token); peak {peak:,} at the last step "
+                  f"KV in the prefill step {after_prefill:,} slots ("
+                  f"{'prompt + the first token' if after_prefill > prompt else 'the prompt; the first token takes its slot as it is fed back'}"
+                  f"); peak {peak:,} at the last step "
                   f"({after_prefill / peak:.0%} of it after prefill); activations ~{act_prefill / 2**20:,.0f} MiB "
                   f"in the prefill step vs ~{act_decode / 2**20:,.1f} MiB per decode step (kvsim's estimate)",
                   "KV peak at the end of prefill",
                   "holds only for the step's activations (and for KV only when output << prompt): KV peaks at "
                   "the end of decode",
                   "KV grows monotonically: prefill adds the whole prompt in one step, the largest jump, then each "
-                  "decode step adds one token, so a request's KV peaks at prompt + output tokens, its last step. "
+                  "decode step adds one token, so a request's KV peaks at about prompt + output tokens, its last step. "
                   "What peaks at prefill is the step's transient activation memory, which scales with the tokens "
                   "in the step.")]
 

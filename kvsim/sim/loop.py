@@ -81,7 +81,7 @@ class PolicyRun:
     def seqs(self) -> list[SeqRecord]:
         """Every sequence's outcome as an object (for small runs and tests)."""
         specs = [self.requests[i // self.per] for i in range(len(self.records))]
-        return [self.records.record(i, r, sample_shape(r) if self.per > 1 else r.shape)
+        return [self.records.record(i, r, sample_shape(r, i % self.per) if self.per > 1 else r.shape)
                 for i, r in enumerate(specs)]
 
 
@@ -364,7 +364,7 @@ def fleet_run(name: str, parts: list[PolicyRun], served: np.ndarray) -> PolicyRu
 
 def _rebuild(sched: Scheduler, requests: RequestTable, per: int, index: int):
     """The sequence that arrived as the index-th, as it arrived (kvsim.sim.waiting)."""
-    return sched.arrived(sched.expand([requests[index // per]], per)[0], index)
+    return sched.arrived(sched.expand([requests[index // per]], per)[index % per], index)
 
 
 def _delays(now: float, target: float) -> tuple[float, ...]:

@@ -7,8 +7,12 @@ small rules object whose `schedule(scheduler, now)` fills a `Step` with the move
 below. This module keeps the state, talks to the allocator, and applies a finished step.
 
 A sequence holds KV for every token that exists: its prompt (or the part prefilled so
-far) and each token generated so far (kvsim counts a sampled token's slot one step
-before vLLM writes it, so a request's peak is prompt + output). A request whose prompt +
+far) and each token generated so far. Where a sampled token's slot is taken is the
+rules' `sampled_slot_ahead`: vLLM V0 and SGLang as kvsim counts them, in the step that
+samples the token (a request's peak is prompt + output); vLLM V1 as it allocates, in
+the step that feeds the token back in (KVCacheManager.allocate_slots covers the tokens
+computed, so its peak is prompt + output - 1: the last token sampled is never fed). A
+request whose prompt +
 output exceeds max_model_len, or which could not fit even in an empty pool, is rejected
 with that reason: it would otherwise wait or thrash forever.
 
@@ -103,6 +107,8 @@ class Scheduler:
         if width > 1 and chunked_prefill and not rules.split_samples:
             raise ValueError("sequence groups need whole-prompt prefill")
         self.allocator, self.rules = allocator, rules
+        self.ahead = int(getattr(rules, "sampled_slot_ahead", True))   # see the module docstring
+        self._cached = getattr(rules, "cached_tokens", None)   # the rules' own prefix-hit limit
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
@@ -131,7 +137,7 @@ class Scheduler:
         outputs of their own."""
         if not self.rules.split_samples or width == 1:
             return [Seq(r, r.shape) for r in requests]
-        return [Seq(r, sample_shape(r)) for r in requests for _ in range(width)]
+        return [Seq(r, sample_shape(r, k)) for r in requests for k in range(width)]
 
     def arrive(self, seq: Seq, now: float, index: int) -> None:
         """Queue `seq` (the index-th of the run) or reject it at once with the reason."""
@@ -161,12 +167,19 @@ class Scheduler:
         """(tokens a prefix cache holds, tokens to compute this step, KV tokens held after)
         to admit `seq`, its prompt chunked to `budget` where prefill is chunked. The last
         prompt token is always computed, to produce output."""
-        cached = min(self.allocator.match_prefix(seq.shape, seq.target + 1), seq.target - 1)
+        if self._cached is not None:
+            cached = self._cached(self, seq)
+        else:
+            cached = min(self.allocator.match_prefix(seq.shape, seq.target + 1), seq.target - 1)
+        return self.need_after(seq, cached, budget)
+
+    def need_after(self, seq: Seq, cached: int, budget: float) -> tuple[int, int, int]:
+        """prefill_need's answer for `cached` tokens found in a cache."""
         n = seq.target - cached
         if self.chunked:
             n = min(n, budget)
         n = int(n)
-        return cached, n, cached + n + (1 if cached + n == seq.target else 0)
+        return cached, n, cached + n + (self.ahead if cached + n == seq.target else 0)
 
     def fits(self, seq: Seq, tokens: int, keep_free: int) -> bool:
         """Whether `seq` could be admitted with `tokens` of KV now (nothing changes)."""
@@ -318,11 +331,12 @@ class Scheduler:
             else seq.held * self.swap.bytes_per_token
 
     def _held_after(self, seq: Seq, n: int) -> int:
-        """KV tokens after computing n more: a finished prefill also yields a token."""
+        """KV tokens after computing n more: a finished prefill also yields a token (whose
+        slot comes now where the rules say so, else with the next decode)."""
         if not seq.prefilling:
             return seq.held + 1
         done = seq.prefilled + n
-        return done + 1 if done == seq.target else done
+        return done + self.ahead if done == seq.target else done
 
     # --- what the fast path (kvsim.sim.lazy) does without visiting every request; here plainly
     def run_running(self, step: Step, now: float, budget, loop):
@@ -459,10 +473,13 @@ def arrival_index(seq: Seq) -> int:
     return seq.ids[0] // MAX_WIDTH
 
 
-def sample_shape(r: RequestSpec) -> SeqShape:
-    """One sample of a request run as a request of its own: the prompt's own part is a
-    shared segment, its output its own (content -1)."""
-    return SeqShape(r.prompt_tokens, r.output_tokens, r.prompt_runs, -1)
+def sample_shape(r: RequestSpec, k: int = 0) -> SeqShape:
+    """Sample k of a request run as a request of its own: the prompt's own part is a
+    shared segment, its output content of its own. That content is a negative id no
+    workload hands out (-1 is "never shared"): another sample never matches it, but the
+    sample itself does when it is recomputed after a preemption, as vLLM's prefix cache
+    hashes a request's own output blocks and finds them again."""
+    return SeqShape(r.prompt_tokens, r.output_tokens, r.prompt_runs, -2 - (r.id * MAX_WIDTH + k))
 
 
 def with_limit(step: Step, limit: str, head: Seq | None = None, tokens: int = 0, keep_free: int = 0) -> Step:

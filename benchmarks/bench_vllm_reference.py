@@ -1,0 +1,46 @@
+"""How much slower vLLM's own scheduler (engine vllm-reference's core,
+kvsim.engines.vllm_reference) is than kvsim's native vllm-v1 rules on the same stream:
+a shipped scenario's first requests (kvsim.engines.differential.scenario_stream, full
+outputs), both schedulers stepped alike with nothing traced but what each schedules,
+medians of --repeats, alternated. kvsim's time here is its plain (exact) scheduler
+without the simulation around it; `kvsim run` adds the clock, cost model and records.
+
+    python benchmarks/bench_vllm_reference.py [--scenario scenarios/rag_8k.yaml] [--requests 400]
+
+Needs the kvsim[vllm] extra and vLLM (kvsim.engines.vllm_reference.INSTALL).
+Not part of the test suite.
+"""
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from kvsim.engines.differential import run_native, run_reference, scenario_stream
+from kvsim.engines.vllm_reference import load_vllm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "rag_8k.yaml"))
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    load_vllm()
+    stream, setup = scenario_stream(args.scenario, n=args.requests, max_output=10 ** 9)
+    times = {"kvsim vllm-v1": [], "vLLM 0.33.0 scheduler": []}
+    steps = 0
+    for _ in range(args.repeats):
+        for name, run in (("kvsim vllm-v1", run_native), ("vLLM 0.33.0 scheduler", run_reference)):
+            t = time.perf_counter()
+            steps = len(run(stream, setup, trace=False))
+            times[name].append(time.perf_counter() - t)
+    native, ref = (statistics.median(v) for v in times.values())
+    print(f"{Path(args.scenario).name}: {len(stream)} requests, {steps} steps, {setup.num_blocks} blocks")
+    print(f"kvsim vllm-v1 {native:.2f} s ({steps / native:,.0f} steps/s); vLLM's scheduler {ref:.2f} s "
+          f"({steps / ref:,.0f} steps/s): {ref / native:.1f}x slower (medians of {args.repeats})")
+
+
+if __name__ == "__main__":
+    main()

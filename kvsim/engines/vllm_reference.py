@@ -1,0 +1,202 @@
+"""vLLM's own V1 scheduler and KV cache manager, stepped by kvsim (vLLM 0.33.0).
+
+Where kvsim's `vllm-v1` rules are kvsim's reading of vLLM's source, this is vLLM's code
+itself: `vllm.v1.core.sched.scheduler.Scheduler` with its `KVCacheManager` and
+`BlockPool` over one full-attention KV cache group of `num_blocks` blocks. It needs no
+GPU: the scheduler is plain Python over block ids, and the model is never run. kvsim
+plays the rest of the engine, as vLLM's own tests do (tests/v1/core/test_scheduler.py):
+it adds the requests, calls `schedule()`, and answers each step with a
+`ModelRunnerOutput` of one sampled token for every request that ends its prefill or
+decodes (none for a prefill chunk that leaves prompt to compute), then
+`update_from_output`, which appends the tokens, finishes requests at max_tokens and
+frees their blocks.
+
+Token ids come from kvsim's token identity (kvsim.kvcache.SeqShape): the token at
+offset k of content c is one id wherever it appears, so shared system prompts, RAG
+documents and earlier conversation turns meet in vLLM's prefix cache as they do in
+kvsim's; content -1 ("unique") gets ids of its own sequence. Output tokens continue the
+tail content, so a later turn that repeats an answer hits the blocks that hold it.
+
+vLLM's pool of `num_blocks` blocks keeps block 0 out as its null block
+(block_pool.py, BlockPool.__init__): num_blocks - 1 are usable. Prefix-cache hashes are
+vLLM's default (CacheConfig.prefix_caching_hash_algo "sha256"). The model described by
+kvsim/data/vllm_reference/config.json only satisfies vLLM's config checks; nothing of
+it is used.
+
+Installing: the pure-Python packages the scheduler's imports ask for are the extra
+`kvsim[vllm]`; vLLM itself goes in without its dependencies (its wheel asks for a CUDA
+build of PyTorch and GPU kernels the scheduler never loads). See INSTALL.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from types import SimpleNamespace
+
+from kvsim.kvcache import SeqShape
+
+VLLM_VERSION = "0.33.0"
+UNIQUE = -(1 << 40)    # content -1: codes below every content id's
+INSTALL = f"pip install 'kvsim[vllm]' && pip install --no-deps vllm=={VLLM_VERSION}"
+
+
+class VllmMissing(ImportError):
+    """vLLM (the pinned release) is not importable here; the message says how to install it."""
+
+
+def load_vllm():
+    """vLLM's scheduler modules, as a namespace; VllmMissing if vLLM is absent or another release."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")   # its import warns of missing GPU kernels
+    try:
+        import vllm
+        from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+        from vllm.v1.structured_output import StructuredOutputManager
+    except ImportError as e:
+        raise VllmMissing(f"engine vllm-reference needs vLLM {VLLM_VERSION}'s scheduler ({e}); "
+                          f"install it with: {INSTALL}") from None
+    if vllm.__version__ != VLLM_VERSION:
+        raise VllmMissing(f"engine vllm-reference is pinned to vLLM {VLLM_VERSION}, found "
+                          f"{vllm.__version__}; install it with: {INSTALL}")
+    return SimpleNamespace(
+        CacheConfig=CacheConfig, DeviceConfig=DeviceConfig, ModelConfig=ModelConfig,
+        SchedulerConfig=SchedulerConfig, VllmConfig=VllmConfig, SamplingParams=SamplingParams,
+        get_hash_fn_by_name=get_hash_fn_by_name, get_request_block_hasher=get_request_block_hasher,
+        init_none_hash=init_none_hash, Scheduler=Scheduler, FullAttentionSpec=FullAttentionSpec,
+        KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
+        ModelRunnerOutput=ModelRunnerOutput, Request=Request,
+        StructuredOutputManager=StructuredOutputManager)
+
+
+def token_ids(shape: SeqShape, key: int, start: int, end: int) -> list[int]:
+    """Ids of tokens [start, end) of a sequence: (content + 1, offset) packed in one int,
+    content -1 as the sequence's own (its key's) negative code. Injective for offsets
+    under 2**32, so equal ids mean equal tokens."""
+    out = []
+    for content, offset, length in shape.runs(start, end):
+        code = UNIQUE - key if content == -1 else content + 1
+        base = code << 32
+        out.extend(range(base + offset, base + offset + length))
+    return out
+
+
+@dataclass
+class StepTrace:
+    """One step as vLLM decided it, in request keys (kvsim's sequence ids)."""
+    scheduled: dict[int, int] = field(default_factory=dict)     # key -> tokens computed
+    admitted: list[tuple[int, int]] = field(default_factory=list)   # (key, tokens found cached)
+    preempted: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    free_blocks: int = 0
+    cached_blocks: frozenset[int] = frozenset()    # blocks whose hash another request could hit
+
+
+class VllmReference:
+    """vLLM's V1 scheduler over a pool of `num_blocks` blocks (block 0 its null block)."""
+
+    def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, enable_chunked_prefill: bool, max_model_len: int,
+                 enable_prefix_caching: bool = True, watermark: float = 0.0):
+        v = self.v = load_vllm()
+        model = str(resources.files("kvsim") / "data" / "vllm_reference")
+        scheduler = v.SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
+            is_encoder_decoder=False, watermark=watermark)
+        cache = v.CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+        config = v.VllmConfig(
+            scheduler_config=scheduler, cache_config=cache, device_config=v.DeviceConfig(device="cpu"),
+            model_config=v.ModelConfig(model=model, skip_tokenizer_init=True, dtype="float16",
+                                       max_model_len=max_model_len))
+        group = v.KVCacheGroupSpec(["layer"], v.FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=_float32()))
+        cache.num_gpu_blocks = num_blocks
+        self.scheduler = v.Scheduler(
+            vllm_config=config, structured_output_manager=v.StructuredOutputManager(config),
+            kv_cache_config=v.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                                            kv_cache_groups=[group]),
+            block_size=block_size, log_stats=False)
+        hash_fn = v.get_hash_fn_by_name(cache.prefix_caching_hash_algo)
+        v.init_none_hash(hash_fn)
+        self._hasher = v.get_request_block_hasher(block_size, hash_fn)
+        self.pool = self.scheduler.kv_cache_manager.block_pool
+        self._shapes: dict[str, tuple[int, SeqShape]] = {}
+        self._shareable: dict[int, bool] = {}    # hashed block -> no unique token up to its end
+
+    def add(self, key: int, shape: SeqShape) -> None:
+        """A request arrives: its prompt's token ids, max_tokens its output length."""
+        params = self.v.SamplingParams(max_tokens=shape.output_tokens, ignore_eos=True)
+        request = self.v.Request(request_id=str(key), prompt_token_ids=token_ids(shape, key, 0, shape.prompt_tokens),
+                                 sampling_params=params, pooling_params=None, block_hasher=self._hasher)
+        self._shapes[str(key)] = (key, shape)
+        self.scheduler.add_request(request)
+
+    def step(self, trace_cache: bool = False) -> StepTrace:
+        """Schedule one step, run it (one sampled token per request that samples), and
+        say what happened; `trace_cache` also lists the blocks holding a hash of shared
+        content (vLLM hashes every full block; kvsim keys only content that can recur)."""
+        sched, trace = self.scheduler, StepTrace()
+        out = sched.schedule()
+        requests = sched.requests
+        if trace_cache:
+            self._note_shareable()
+        ids, sampled = list(out.num_scheduled_tokens), []
+        for rid in ids:
+            request = requests[rid]
+            key, shape = self._shapes[rid]
+            n = out.num_scheduled_tokens[rid]
+            trace.scheduled[key] = n
+            done = request.num_computed_tokens >= request.num_tokens   # computed after this step
+            sampled.append(token_ids(shape, key, request.num_tokens, request.num_tokens + 1) if done else [])
+        for new in out.scheduled_new_reqs:
+            trace.admitted.append((self._shapes[new.req_id][0], new.num_computed_tokens))
+        cached = out.scheduled_cached_reqs
+        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
+            if rid in cached.resumed_req_ids:     # back from preemption: its hits now
+                trace.admitted.append((self._shapes[rid][0], computed))
+        trace.preempted = [self._shapes[rid][0] for rid in out.preempted_req_ids]
+        before = set(requests)
+        sched.update_from_output(out, self.v.ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=sampled))
+        trace.finished = [self._shapes[rid][0] for rid in ids if rid in before and rid not in requests]
+        trace.free_blocks = self.pool.get_num_free_blocks()
+        if trace_cache:
+            trace.cached_blocks = frozenset(b.block_id for b in self.pool.blocks
+                                            if b.block_hash is not None and self._shareable.get(b.block_id))
+        return trace
+
+    def _note_shareable(self) -> None:
+        """For each block in a table: whether every token up to its end is shared content
+        (a hash chain through a unique token can never be hit)."""
+        bs = self.pool.hash_block_size
+        for rid in self.scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks:
+            key, shape = self._shapes[rid]
+            shared = sum(length for content, _, length in shape.runs(0, shape.final_tokens)
+                         if content != -1) if shape.tail_id != -1 else sum(n for _, n in shape.segments)
+            for i, block in enumerate(self.table(key)):
+                self._shareable[block] = (i + 1) * bs <= shared
+
+    def table(self, key: int) -> list[int]:
+        """Block ids of a request's table (empty if it holds none)."""
+        return list(self.scheduler.kv_cache_manager.get_block_ids(str(key))[0]) \
+            if str(key) in self.scheduler.requests else []
+
+    def free_queue(self) -> list[int]:
+        """Free block ids, the next one handed out first."""
+        return [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
+
+    @property
+    def unfinished(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+
+def _float32():
+    import torch
+    return torch.float32
