@@ -27,7 +27,7 @@ from kvsim.cli.report import compare, reproduce
 from kvsim.cli.sweep import capacity, sweep
 from kvsim.config.errors import InputError
 from kvsim.model.memory import kv_footprint
-from kvsim.model.specs import DTYPE_BITS, MODEL_PRESETS, with_kv_heads
+from kvsim.model.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, with_kv_heads
 
 
 class WholeHelpGroup(click.Group):
@@ -181,24 +181,58 @@ def _write_results(results, scn, out: Path, meta: dict, workers: int = 1) -> Non
 @cli.command()
 @click.option("--model", "model_name", required=True,
               help=f"A preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face config.json path.")
-@click.option("--context", type=click.IntRange(min=1), required=True, help="Tokens per request.")
+@click.option("--context", type=click.IntRange(min=1), help="Tokens per request (the footprint; required without --gpu).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Requests.")
-@click.option("--kv-dtype", type=click.Choice(list(DTYPE_BITS)), default="fp16", show_default=True)
+@click.option("--kv-dtype", type=click.Choice(["auto", *DTYPE_BITS]), default=None,
+              help="KV cache dtype [default: fp16 for the footprint, the model's own (auto) for --gpu].")
 @click.option("--num-kv-heads", type=click.IntRange(min=1), help="Override the KV heads (e.g. MHA).")
+@click.option("--gpu", "gpu_name", help=f"Also size the KV pool on this GPU ({', '.join(GPU_PRESETS)}) "
+              "as each --engine would.")
+@click.option("--engine", "engines", multiple=True, type=click.Choice(["vllm-v1", "vllm-v0", "sglang"]),
+              help="Engine whose pool to size (repeatable) [default with --gpu: vllm-v1 and sglang].")
+@click.option("--tensor-parallel-size", "--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=1), help="[default: the model's context length]")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+              show_default=True, help="vLLM's share of the GPU.")
+@click.option("--mem-fraction-static", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="SGLang's share for weights and KV [default: SGLang's, by GPU and tp].")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
+              help="Tokens per step (SGLang: chunked_prefill_size) [default: the engine's].")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="[default: the engine's]")
+@click.option("--block-size", type=click.IntRange(min=1), help="[default: vLLM 16, SGLang's page 1]")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
-def memory(model_name, context, batch, kv_dtype, num_kv_heads, as_json):
-    """KV-cache bytes per token, per request and in total (the seeds' formula)."""
+def memory(model_name, context, batch, kv_dtype, num_kv_heads, gpu_name, engines, tp, max_model_len,
+           gpu_memory_utilization, mem_fraction_static, max_num_batched_tokens, max_num_seqs, block_size, as_json):
+    """KV-cache bytes per token, per request and in total (the seeds' formula); with --gpu,
+    the KV pool each engine would leave on that GPU, stated as the engine logs it."""
     model = with_kv_heads(model_arg(model_name), num_kv_heads)
-    fp = kv_footprint(model, context, batch, kv_dtype)
+    if context is None and gpu_name is None:
+        raise InputError("command line", "--context", "required (tokens per request), unless --gpu asks for the pool")
+    out = {}
+    if context is not None:
+        out = kv_footprint(model, context, batch, kv_dtype if kv_dtype not in (None, "auto") else "fp16").as_dict()
+    if gpu_name is not None:
+        from kvsim.cli.args import gpu_arg
+        from kvsim.cli.pools import describe, pool_reports
+        out["pools"] = pool_reports(model, gpu_arg(gpu_name), engines or ("vllm-v1", "sglang"), tp=tp,
+                                    max_model_len=max_model_len, kv_dtype=kv_dtype or "auto",
+                                    gpu_memory_utilization=gpu_memory_utilization,
+                                    mem_fraction_static=mem_fraction_static,
+                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                    block_size=block_size)
     if as_json:
-        click.echo(json.dumps(fp.as_dict(), indent=2))
+        click.echo(json.dumps(out, indent=2))
         return
     shape = (f"{model.num_layers} layers, latent {model.kv_lora_rank}+{model.qk_rope_head_dim}"
              if model.is_mla else f"{model.num_layers} layers, {model.num_kv_heads} KV heads x {model.head_dim}")
-    click.echo(f"{model.name} ({fp.attention}: {shape}), KV in {kv_dtype}")
-    click.echo(f"per token:    {_bytes(fp.per_token_bytes)}")
-    click.echo(f"per request:  {_bytes(fp.per_request_bytes)}  at {context:,} tokens")
-    click.echo(f"total:        {_bytes(fp.total_bytes)}  for batch {batch:,}")
+    if context is not None:
+        click.echo(f"{model.name} ({out['attention']}: {shape}), KV in {out['kv_dtype']}")
+        click.echo(f"per token:    {_bytes(out['per_token_bytes'])}")
+        click.echo(f"per request:  {_bytes(out['per_request_bytes'])}  at {context:,} tokens")
+        click.echo(f"total:        {_bytes(out['total_bytes'])}  for batch {batch:,}")
+    for report in out.get("pools", []):
+        for line in describe(report):
+            click.echo(line)
 
 
 def _bytes(n: int) -> str:

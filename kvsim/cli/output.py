@@ -82,13 +82,19 @@ def run_meta(scn, src: str, results, started: float) -> dict:
             "usable_bytes_per_gpu": round(pool.usable_bytes, 3),
             "weight_bytes_per_gpu": round(pool.weight_bytes, 3),
             "activation_bytes_per_gpu": round(pool.activation_bytes, 3),
-            "kv_pool_bytes_per_gpu": round(pool.pool_bytes / scn.tensor_parallel_size, 3),
+            "non_torch_bytes_per_gpu": round(pool.non_torch_bytes, 3),
+            "cudagraph_bytes_per_gpu": round(pool.cudagraph_bytes, 3),
+            "kv_pool_bytes_per_gpu": round(pool.per_gpu_bytes, 3),
             "kv_pool_bytes_total": round(pool.pool_bytes, 3),
             "kv_pool_gib_total": round(pool.pool_bytes / gib, 3),
+            "kv_shards": pool.kv_shards,
+            "engine": pool.engine,
             "source": pool.source,
+            "engine_log": results.engine_log,
         },
         "timing_notes": notes(scn, Path(src).parent),
     }
+
 
 
 @lru_cache(maxsize=None)

@@ -407,6 +407,8 @@ class Scenario(Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_memory_gib: float | None = Field(None, gt=0)
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
+    enforce_eager: bool = False      # vLLM: no CUDA graphs, so none counted in the pool
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1)   # SGLang's pool (default: by GPU and tp)
     max_model_len: int | None = Field(None, ge=1)   # default: the model's context length (filled at load)
     engine: Engine | None = None     # vllm-v0, vllm-v1 (default) or sglang; or under scheduler:
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
@@ -514,6 +516,7 @@ def validate_scenario(raw: dict, src: str) -> Scenario:
     if isinstance(scn.gpu, str) and scn.gpu not in GPU_PRESETS:
         raise InputError(src, "gpu", _unknown(scn.gpu, GPU_PRESETS, "preset"))
     _check_engine(scn, src)
+    check_parallel(scn.tensor_parallel_size, scn.model_spec(base), src)
     wl = scn.workload
     if wl.dataset is not None:
         from kvsim.workload.datasets import DATASETS
@@ -570,6 +573,12 @@ def _check_engine(scn: Scenario, src: str) -> None:
                              "swap is vllm-v0's")
         if scn.scheduler.watermark:
             raise InputError(src, "scheduler.watermark", f"{name} keeps no watermark; it is vllm-v0's")
+    if name != "sglang" and scn.mem_fraction_static is not None:
+        raise InputError(src, "mem_fraction_static", "is SGLang's pool setting (engine: sglang); vLLM's "
+                         "is gpu_memory_utilization")
+    if name == "sglang" and scn.enforce_eager:
+        raise InputError(src, "enforce_eager", "is vLLM's; SGLang's pool does not count CUDA graphs "
+                         "(its mem_fraction_static reserves room for them)")
     if name != "sglang" and scn.scheduler.schedule_policy:
         raise InputError(src, "scheduler.schedule_policy", "fcfs or lpm is SGLang's choice; "
                          "vLLM admits first come first served")
@@ -588,6 +597,25 @@ def _check_engine(scn: Scenario, src: str) -> None:
                          f"{s.max_num_batched_tokens} is smaller than max_model_len ({scn.max_model_len}), "
                          "so a long prompt could never be prefilled; raise it or set "
                          "enable_chunked_prefill: true")
+def check_parallel(tp: int, model: ModelSpec, src: str, field: str = "tensor_parallel_size") -> None:
+    """Tensor parallelism must split the heads evenly, as vLLM 0.33.0 requires: the query
+    heads by tp (config/model.py, verify_with_parallel_config), and the KV heads by tp, or
+    tp by the KV heads when each GPU holds a replica of one (model_executor/layers/linear.py,
+    QKVParallelLinear). An MLA latent is not split."""
+    if model.num_heads % tp:
+        raise InputError(src, field, f"{tp} does not divide {model.name}'s "
+                         f"{model.num_heads} attention heads; use one of {_divisors(model.num_heads)}")
+    kv = model.num_kv_heads
+    if not model.is_mla and (tp % kv if tp >= kv else kv % tp):
+        allowed = [t for t in _divisors(model.num_heads) if (t % kv == 0 if t >= kv else kv % t == 0)]
+        raise InputError(src, field, f"{tp} does not divide {model.name}'s {kv} KV heads "
+                         f"(nor do they divide it, to replicate them); use one of {allowed}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0 and d <= 1024]
+
+
 def _with_defaults(scn: Scenario, base: Path, src: str) -> Scenario:
     """Read the model once (a bad hf_config is an input error) and fill max_model_len from
     its context length, as vLLM does, when the scenario leaves it out."""

@@ -1,10 +1,9 @@
 """KV-cache memory math, and how big the KV pool of a served model is.
 
 `kv_footprint` is the seeds' formula (see kvsim.model.specs): bytes per token, per request
-of `context` tokens, and for a batch of them. `size_pool` follows vLLM: the KV pool is
-what remains of gpu_memory_utilization x GPU memory after the weights and the peak
-activation memory; with tensor parallelism each GPU holds 1/tp of the weights and of
-every token's KV, so the pool is tp times one GPU's remainder.
+of `context` tokens, and for a batch of them. `PoolSizing` is one GPU's memory as an
+engine accounts for it and the KV pool that leaves: vLLM's profile-run accounting
+(kvsim.model.vllm_pool) or SGLang's static fraction (kvsim.model.sglang_pool).
 """
 from __future__ import annotations
 
@@ -44,41 +43,48 @@ def kv_footprint(model: ModelSpec, context: int, batch: int, kv_dtype: str) -> F
 
 @dataclass(frozen=True)
 class PoolSizing:
-    """Where one GPU's memory goes, and the KV pool over all tp GPUs (bytes)."""
-    gpu_bytes: float
-    usable_bytes: float        # gpu_memory_utilization x gpu_bytes
+    """Where one GPU's memory goes in the engine's accounting, and the KV pool it leaves
+    (bytes; kvsim.model.vllm_pool and kvsim.model.sglang_pool say how each engine decides).
+
+    `per_gpu_bytes` is one GPU's KV cache; `pool_bytes` is the same pool counted in bytes
+    of the whole model's KV (kvsim.model.specs.KVSpec.bytes_per_token), which is how allocators
+    count it: one GPU's share times the GPUs a token's KV is split over (kv_shards)."""
+    engine: str
+    gpu_bytes: float           # one GPU's memory as CUDA reports it
+    usable_bytes: float        # the engine's budget: gpu_memory_utilization or mem_fraction_static of it
     weight_bytes: float        # per GPU
-    activation_bytes: float    # per GPU
-    pool_bytes: float          # all GPUs together
-    source: str                # "kv_cache_memory_gib" or "gpu_memory_utilization"
+    activation_bytes: float    # per GPU: the profiled activation peak (vLLM) or reserved share (SGLang)
+    per_gpu_bytes: float       # the KV cache on one GPU
+    kv_shards: int
+    source: str                # what fixed the pool: a flag, or the engine's accounting
+    non_torch_bytes: float = 0.0
+    cudagraph_bytes: float = 0.0
+
+    @property
+    def pool_bytes(self) -> float:
+        return max(self.per_gpu_bytes, 0.0) * self.kv_shards
+
+
+def engine_log(pool: PoolSizing, kv, kind: str, options: dict, max_model_len: int) -> list[str]:
+    """What the engine logs about one policy's pool: vLLM's "GPU KV cache size" and
+    "Maximum concurrency" lines (kvsim.model.vllm_pool.KVCapacity), SGLang's "KV Cache is
+    allocated" (kvsim.model.sglang_pool.tokens_of); none for a contiguous policy, which no
+    engine runs."""
+    if kind == "contiguous":
+        return []
+    if pool.engine == "sglang":
+        from kvsim.model.sglang_pool import tokens_of
+        return [f"KV Cache is allocated. #tokens: {tokens_of(pool, kv, options.get('page_size', 1))}"]
+    from kvsim.model.vllm_pool import KVCapacity
+    return list(KVCapacity.of(pool, kv, options["block_size"], max_model_len).lines())
 
 
 def activation_estimate(model: ModelSpec, batched_tokens: int, max_num_seqs: int, tp: int) -> float:
-    """Peak activation bytes per GPU for a step of `batched_tokens` tokens.
-
-    vLLM measures this by profiling a dummy step; kvsim estimates the largest live
-    tensors of that step instead: the MLP's gate and up outputs (2 x ffn wide), a few
-    hidden-size buffers (residual, norm output, attention output, QKV), all in the
-    model dtype and split by tp where the layer is, plus fp32 logits for one token per
-    sequence. An estimate, labelled as such; set activation_memory_gib to override.
-    """
-    act = DTYPE_BITS[model.dtype] / 8
-    per_token = (2 * model.intermediate_size / tp + 4 * model.hidden_size) * act
-    logits = max_num_seqs * model.vocab_size * 4 / tp
-    return batched_tokens * per_token + logits
-
-
-def size_pool(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization: float,
-              kv_cache_memory_gib: float | None, activation_bytes: float) -> PoolSizing:
-    gpu_bytes = gpu.memory_gib * GIB
-    usable = gpu_bytes * gpu_memory_utilization
-    weights = model.weight_bytes() / tp
-    if kv_cache_memory_gib is not None:
-        return PoolSizing(gpu_bytes, usable, weights, activation_bytes,
-                          kv_cache_memory_gib * GIB * tp, "kv_cache_memory_gib")
-    per_gpu = usable - weights - activation_bytes
-    return PoolSizing(gpu_bytes, usable, weights, activation_bytes, max(per_gpu, 0.0) * tp,
-                      "gpu_memory_utilization")
+    """Peak activation bytes per GPU of a step of `batched_tokens` tokens and its sampler
+    over max_num_seqs requests, estimated as for vLLM's profile run (kvsim.model.vllm_pool)."""
+    from kvsim.model.vllm_pool import forward_peak, sampler_peak
+    return max(forward_peak(model, batched_tokens, tp),
+               sampler_peak(model, min(max_num_seqs, batched_tokens), batched_tokens))
 
 
 def no_room(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization: float,

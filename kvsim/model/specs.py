@@ -215,14 +215,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 # Dense peaks from FACTS.md ("GPUs"): NVIDIA A100 and H100/H200 datasheets (SXM parts).
 # NVLink per GPU, both directions together, from the same datasheets: A100 SXM (40 and
 # 80 GB) 600 GB/s (NVLink 3), H100 SXM and H200 SXM 900 GB/s (NVLink 4).
-# Memory is what the CUDA driver reports, in GiB: the A100s' "40/80 GB" are 40/80 GiB;
-# an H100 80GB reports 81,559 MiB; an H200's "141 GB" shows as about 139 GiB usable
-# (the H200 machine lent to this project, see the device tool's notes).
+# Memory is the total CUDA reports (cudaMemGetInfo), which engines multiply by their
+# memory fraction, in GiB: an H100 80GB HBM3 79.19 GiB ("Free memory on device
+# (78.66/79.19 GiB)" in vLLM 0.10's startup log; nvidia-smi shows 81,559 MiB), an H200
+# 139.81 GiB (vLLM 0.11's "Free memory on device (139.21/139.81 GiB)"); the A100s'
+# "40/80 GB" are taken as 40/80 GiB.
 GPU_PRESETS: dict[str, GPUSpec] = {
     "a100-40gb": GPUSpec("a100-40gb", 40, 1.555, 312, None, pcie_gb_s=32, nvlink_gb_s=600),
     "a100-80gb": GPUSpec("a100-80gb", 80, 2.039, 312, None, pcie_gb_s=32, nvlink_gb_s=600),
-    "h100-80gb": GPUSpec("h100-80gb", 79.6, 3.35, 989, 1979, nvlink_gb_s=900),
-    "h200": GPUSpec("h200", 139, 4.8, 989, 1979, nvlink_gb_s=900),
+    "h100-80gb": GPUSpec("h100-80gb", 79.19, 3.35, 989, 1979, nvlink_gb_s=900),
+    "h200": GPUSpec("h200", 139.81, 4.8, 989, 1979, nvlink_gb_s=900),
 }
 
 

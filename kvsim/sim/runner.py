@@ -5,7 +5,7 @@ Building and running never write files; kvsim.cli.app writes what this returns.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -16,7 +16,8 @@ from kvsim.cost.model import describe, make_cost_model
 from kvsim.sim.loop import simulate
 from kvsim.engines import EngineSettings
 from kvsim.config.errors import InputError
-from kvsim.model.memory import PoolSizing, activation_estimate, no_room, size_pool
+from kvsim.model import sglang_pool, vllm_pool
+from kvsim.model.memory import PoolSizing, engine_log, no_room
 from kvsim.sim.parallel import ordered_map
 from kvsim.config.scenario import Scenario
 from kvsim.sim.scheduler import SwapSpace
@@ -38,31 +39,54 @@ class Results:
     pool: PoolSizing
     per_replica: pd.DataFrame | None = None    # a fleet's rows per (policy, replica)
     stages: pd.DataFrame | None = None         # rows per (policy, load stage): kvsim.analysis.stages
+    engine_log: dict[str, list[str]] | None = None   # per policy, what the engine logs of its pool
 
 
 def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:
+    """One GPU's memory in the scenario's engine's accounting and the KV pool it leaves:
+    vLLM's profile run (kvsim.model.vllm_pool) or SGLang's static fraction (kvsim.model.sglang_pool);
+    kv_cache_memory_gib fixes the pool, activation_memory_gib the activation peak."""
     tp = scn.tensor_parallel_size
     s = scn.engine_settings()
-
-    def activations(tp: int) -> float:
-        if scn.activation_memory_gib is not None:
-            return scn.activation_memory_gib * GIB
-        return activation_estimate(model, s.max_num_batched_tokens, s.max_num_seqs, tp)
-    problem = scn.kv_cache_memory_gib is None and no_room(
-        model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization, activation_bytes=activations)
-    if problem:
-        raise InputError(src, "tensor_parallel_size", problem)
-    pool = size_pool(model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
-                     kv_cache_memory_gib=scn.kv_cache_memory_gib, activation_bytes=activations(tp))
+    fixed = None if scn.kv_cache_memory_gib is None else scn.kv_cache_memory_gib * GIB
     if scn.kv_cache_memory_gib is not None and scn.kv_cache_memory_gib > gpu.memory_gib:
         raise InputError(src, "kv_cache_memory_gib", f"{scn.kv_cache_memory_gib} GiB is more than "
                          f"the GPU's {gpu.memory_gib} GiB")
+
+    def vllm(tp: int) -> PoolSizing:
+        return vllm_pool.size_pool(
+            model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
+            max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
+            cuda_graphs=scn.engine_name == "vllm-v1" and not scn.enforce_eager,
+            activation_bytes=None if scn.activation_memory_gib is None else scn.activation_memory_gib * GIB,
+            kv_cache_memory_bytes=fixed, engine=scn.engine_name)
+    if scn.engine_name == "sglang":
+        pool = sglang_pool.size_pool(model, gpu, tp=tp, mem_fraction_static=scn.mem_fraction_static,
+                                     chunked_prefill_size=scn.scheduler.max_num_batched_tokens)
+        if fixed is not None:
+            pool = replace(pool, per_gpu_bytes=fixed, source="kv_cache_memory_gib")
+        if pool.pool_bytes <= 0:
+            raise InputError(src, "mem_fraction_static", f"no memory left for the KV cache: "
+                             f"{pool.usable_bytes / GIB:.1f} GiB (mem_fraction_static of {gpu.memory_gib:g} GiB) "
+                             f"holds {pool.weight_bytes / GIB:.1f} GiB of weights per GPU; raise "
+                             "tensor_parallel_size or mem_fraction_static, or use a larger GPU")
+        return pool
+    def overheads(tp: int) -> float:       # all but the weights and the KV cache
+        p = vllm(tp)
+        return p.activation_bytes + p.non_torch_bytes + p.cudagraph_bytes
+    problem = fixed is None and no_room(model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
+                                        activation_bytes=overheads)
+    if problem:
+        raise InputError(src, "tensor_parallel_size", problem)
+    pool = vllm(tp)
     if pool.pool_bytes <= 0:
         raise InputError(src, "gpu_memory_utilization",
                          f"no memory left for the KV cache: {scn.gpu_memory_utilization} x "
-                         f"{gpu.memory_gib} GiB holds {pool.weight_bytes / GIB:.1f} GiB of weights and "
-                         f"{pool.activation_bytes / GIB:.1f} GiB of activations per GPU; raise "
-                         "tensor_parallel_size or gpu_memory_utilization, or use a larger GPU")
+                         f"{gpu.memory_gib} GiB holds {pool.weight_bytes / GIB:.1f} GiB of weights, "
+                         f"{pool.activation_bytes / GIB:.1f} GiB of activations and "
+                         f"{(pool.non_torch_bytes + pool.cudagraph_bytes) / GIB:.1f} GiB of CUDA and NCCL "
+                         "buffers and CUDA graphs per GPU; raise tensor_parallel_size or "
+                         "gpu_memory_utilization, or use a larger GPU")
     return pool
 
 
@@ -114,6 +138,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
     pool = plan_pool(scn, model, gpu, src)
     requests = generate_requests(scn, base_dir, src)
     setups = []     # build every policy first: bad input fails before any simulation
+    log: dict[str, list[str]] = {}
     for i, policy in enumerate(scn.policies):
         kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale,
                     policy.kv_scale_group_size)
@@ -132,6 +157,9 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                                block_size=options.get("block_size"), base_dir=base_dir, src=src)
         settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
         setups.append((policy, kv, allocator, cost, settings, kind, options))
+        lines = engine_log(pool, kv, kind, options, scn.max_model_len)
+        if lines:
+            log[policy.name] = lines
     width = max(scn.workload.n, scn.workload.beam_width)
     replicas, router = scn.fleet
     stage_list = _stage_list(scn, requests)
@@ -203,7 +231,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
     stages = pd.DataFrame([r for p in stage_parts for r in p]).map(lambda v: tidy(v) if isinstance(v, float) else v)
     return Results(pd.DataFrame(list(rows)), pd.concat(series, ignore_index=True),
                    pd.concat(tables, ignore_index=True), pool,
-                   _replica_columns(pd.DataFrame(per_replica)) if per_replica else None, stages)
+                   _replica_columns(pd.DataFrame(per_replica)) if per_replica else None, stages, log)
 
 
 def _stage_list(scn: Scenario, requests: RequestTable) -> list[tuple[float, float]]:
