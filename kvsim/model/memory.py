@@ -76,7 +76,8 @@ def engine_log(pool: PoolSizing, kv, kind: str, options: dict, max_model_len: in
         from kvsim.model.sglang_pool import tokens_of
         return [f"KV Cache is allocated. #tokens: {tokens_of(pool, kv, options.get('page_size', 1))}"]
     from kvsim.model.vllm_pool import KVCapacity
-    return list(KVCapacity.of(pool, kv, options["block_size"], max_model_len).lines())
+    block = options.get("block_size", options.get("page_size", 1))    # a radix cache's pages
+    return list(KVCapacity.of(pool, kv, block, max_model_len).lines())
 
 
 def activation_estimate(model: ModelSpec, batched_tokens: int, max_num_seqs: int, tp: int) -> float:
