@@ -21,6 +21,7 @@ from kvsim.kvcache import InvariantError
 from kvsim.cli.args import model_arg
 from kvsim.cli.cache_curve import cache_curve
 from kvsim.cli.cost import calibrate, cost
+from kvsim.cli.flags import flags
 from kvsim.cli.output import run_meta, simulate_with_progress, swap_in, write_run
 from kvsim.cli.table import WIDE_HELP, print_run
 from kvsim.cli.report import compare, reproduce
@@ -78,11 +79,14 @@ EMPTY_RUN = 3      # exit status of a run that completed nothing (as of an invar
 @click.option("--jobs", type=click.IntRange(min=1), envvar="KVSIM_JOBS", metavar="N",
               help="Run the policies in up to N processes (the same results) [default: one per CPU core].")
 @click.option("--profile", metavar="NAME_OR_DIR", help="Step costs from this profile (overrides cost_model).")
+@click.option("--vllm-args", metavar="FLAGS", help="vLLM's serve flags, as on its command line, over the "
+              "scenario's fields (e.g. \"--tensor-parallel-size 2 --max-num-seqs 128\").")
+@click.option("--sglang-args", metavar="FLAGS", help="SGLang's launch flags, likewise (engine: sglang).")
 @click.option("--rates", metavar="R1,R2,..|START:STOP:STEP",
               help="Rerun at each arrival rate (req/s) into DIR/rate-R/, and draw latency and "
                    "throughput against rate (rate_sweep.png, rates.csv).")
 def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invariants, exact_steps, bucket_s,
-        force, jobs, profile, rates):
+        force, jobs, profile, vllm_args, sglang_args, rates):
     """Run every policy of SCENARIO on one request stream and write results and plots.
 
     With --rates, run it once per arrival rate and add the sweep's curves and the highest
@@ -94,7 +98,8 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
     if rates is not None:
         from kvsim.analysis.rates import parse_rates     # (pandas: not before the simulation, see kvsim.cli.output)
         rate_list = parse_rates(rates)
-    scn, base_dir = load_scenario(scenario)
+    given = {k: v for k, v in (("vllm_args", vllm_args), ("sglang_args", sglang_args)) if v is not None}
+    scn, base_dir = load_scenario(scenario, given)
     scn = _override(scn, str(scenario), seed, num_requests, policies)
     if profile is not None:
         from kvsim.cost.generalize import check_profile
@@ -240,6 +245,7 @@ def _bytes(n: int) -> str:
 
 
 cli.add_command(cost)
+cli.add_command(flags)
 cli.add_command(calibrate)
 cli.add_command(sweep)
 cli.add_command(capacity)

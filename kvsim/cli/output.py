@@ -93,7 +93,20 @@ def run_meta(scn, src: str, results, started: float) -> dict:
             "engine_log": results.engine_log,
         },
         "timing_notes": notes(scn, Path(src).parent),
+        **engine_args(scn),
     }
+
+
+def engine_args(scn) -> dict:
+    """run.json's record of the scenario's vllm_args or sglang_args: what they set and the
+    flags kvsim accepted and ignored (kvsim.config.engine_flags)."""
+    from kvsim.config.engine_flags import ARGS_FIELDS, parse
+    for key, engine in ARGS_FIELDS.items():
+        text = getattr(scn, key)
+        if text is not None:
+            parsed = parse(text, engine, "scenario", key, v0=scn.engine_name == "vllm-v0")
+            return {"engine_args": {key: text, "sets": parsed.sets, "ignored": list(parsed.ignored)}}
+    return {}
 
 
 

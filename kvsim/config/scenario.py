@@ -409,6 +409,8 @@ class Scenario(Strict):
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
     enforce_eager: bool = False      # vLLM: no CUDA graphs, so none counted in the pool
     mem_fraction_static: float | None = Field(None, gt=0, lt=1)   # SGLang's pool (default: by GPU and tp)
+    vllm_args: str | None = None     # `vllm serve` flags setting the fields above (kvsim.config.engine_flags)
+    sglang_args: str | None = None   # SGLang's launch flags, likewise (engine: sglang)
     max_model_len: int | None = Field(None, ge=1)   # default: the model's context length (filled at load)
     engine: Engine | None = None     # vllm-v0, vllm-v1 (default) or sglang; or under scheduler:
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
@@ -470,10 +472,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def load_scenario(path: str | Path) -> tuple[Scenario, Path]:
-    """Read and validate a scenario; returns it and the folder relative paths start from."""
+def load_scenario(path: str | Path, engine_args: dict[str, str] | None = None) -> tuple[Scenario, Path]:
+    """Read and validate a scenario; returns it and the folder relative paths start from.
+    engine_args: {"vllm_args" or "sglang_args": a command line} given to `kvsim run`,
+    which applies over the scenario's own fields (kvsim.config.engine_flags)."""
     path = Path(path)
-    return validate_scenario(read_yaml(path, "scenario keys (name, model, ...)"), str(path)), path.parent
+    return validate_scenario(read_yaml(path, "scenario keys (name, model, ...)"), str(path),
+                             engine_args), path.parent
 
 
 def read_yaml(path: Path, keys: str) -> dict:
@@ -498,9 +503,10 @@ def read_yaml(path: Path, keys: str) -> dict:
     return raw
 
 
-def validate_scenario(raw: dict, src: str) -> Scenario:
+def validate_scenario(raw: dict, src: str, engine_args: dict[str, str] | None = None) -> Scenario:
     raw = _expand_inference_perf(raw, src)
     base = Path(src).parent
+    raw = _with_engine_args(raw, base, src, engine_args or {})
     _check_files(raw, base, src)
     try:
         scn = Scenario.model_validate(raw)
@@ -597,6 +603,24 @@ def _check_engine(scn: Scenario, src: str) -> None:
                          f"{s.max_num_batched_tokens} is smaller than max_model_len ({scn.max_model_len}), "
                          "so a long prompt could never be prefilled; raise it or set "
                          "enable_chunked_prefill: true")
+def _with_engine_args(raw: dict, base: Path, src: str, given: dict[str, str]) -> dict:
+    """The scenario with what its vllm_args or sglang_args set, then what the command line's
+    do (kvsim.config.engine_flags); the command line's flags win over the file's fields."""
+    from kvsim.config.engine_flags import ARGS_FIELDS, apply
+    for key in ARGS_FIELDS:
+        text = raw.get(key)
+        if text is not None:
+            if not isinstance(text, str):
+                raise InputError(src, key, "must be one string of flags, as on the command line")
+            raw, _ = apply(raw, key, text, src, base)
+    if sum(k in raw or k in given for k in ARGS_FIELDS) > 1:
+        raise InputError(src, "vllm_args", "give vLLM's flags or SGLang's, not both")
+    for key, text in given.items():
+        raw, _ = apply(raw, key, text, "command line", Path.cwd(), override=True)
+        raw[key] = text
+    return raw
+
+
 def check_parallel(tp: int, model: ModelSpec, src: str, field: str = "tensor_parallel_size") -> None:
     """Tensor parallelism must split the heads evenly, as vLLM 0.33.0 requires: the query
     heads by tp (config/model.py, verify_with_parallel_config), and the KV heads by tp, or
