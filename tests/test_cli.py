@@ -232,7 +232,7 @@ def test_invalid_scenario_through_the_executable(tmp_path):
     assert proc.stderr.splitlines() == [
         "kvsim: error: small.yaml: policies[0].blok_size: unknown key 'blok_size' (did you mean "
         "'block_size'?); choose from: allocator, block_size, enable_prefix_caching, kv_cache_dtype, "
-        "kv_scale, kv_scale_group_size, name, prefix_cache"]
+        "kv_offload, kv_scale, kv_scale_group_size, name, prefix_cache"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.yaml"]     # no results/ folder
 
 

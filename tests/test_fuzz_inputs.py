@@ -67,6 +67,8 @@ BASE = {
     "policies": [
         {"name": "contiguous", "allocator": "contiguous", "reserve": "pow2", "placement": "buddy"},
         {"name": "paged", "allocator": "paged", "block_size": 16},
+        {"name": "offload", "allocator": "paged", "block_size": 16, "enable_prefix_caching": True,
+         "kv_offload": {"cpu_gib": 0.05, "disk_gib": 0.1, "policy": "arc", "chunk_tokens": 32}},
     ],
 }
 

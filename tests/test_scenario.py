@@ -138,7 +138,7 @@ def test_unknown_key_without_a_close_match_lists_the_allowed_keys(tmp_path):
     text = load_error(write_scenario(tmp_path, **{"policies.0": {"name": "c", "allocator": "contiguous",
                                                                   "blok_size": 8}}))
     assert text.endswith("policies[0].blok_size: unknown key 'blok_size'; "
-                         "choose from: allocator, enable_prefix_caching, kv_cache_dtype, kv_scale, kv_scale_group_size, "
+                         "choose from: allocator, enable_prefix_caching, kv_cache_dtype, kv_offload, kv_scale, kv_scale_group_size, "
                          "name, placement, reserve")
 
 

@@ -31,6 +31,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from kvsim.kvcache.tiers import TIER_NAMES
 from kvsim.sim.loop import STEP_FIELDS, PolicyRun
 from kvsim.sim.scheduler import LIMITS
 
@@ -56,6 +57,9 @@ def step_table(run: PolicyRun) -> pd.DataFrame:
     for part in PARTS:
         df[part] = df[part] / cap
     df["limited_by"] = pd.Categorical.from_codes(df["limit"].astype(int), LIMITS)
+    for name in (TIER_NAMES if run.tiers is not None else ()):
+        held = df.pop(f"tier_{name}_chunks")
+        df[f"tier_{name}_occupancy"] = held / max(run.tiers.get(f"seen_chunks_{name}", 0), 1)
     df.insert(0, "step", np.arange(len(df), dtype=np.int64))
     df.insert(0, "policy", run.name)
     return df.drop(columns=["allocated", "shared", "limit"])
@@ -78,6 +82,9 @@ def bucket_table(run: PolicyRun) -> pd.DataFrame:
                        "prefill_tokens": b["prefill_tokens"].astype(np.int64),
                        "decode_tokens": b["decode_tokens"].astype(np.int64),
                        **{part: b[f"dt_{part}"] / busy / cap for part in PARTS}})
+    for name in (TIER_NAMES if run.tiers is not None else ()):
+        df[f"tier_{name}_occupancy"] = (b[f"dt_tier_{name}_chunks"] / busy
+                                        / max(run.tiers.get(f"seen_chunks_{name}", 0), 1))
     limits = np.stack([b[f"dt_limit_{i}"] for i in range(len(LIMITS))], axis=1)
     df["limited_by"] = pd.Categorical.from_codes(limits.argmax(axis=1) if len(df) else [], LIMITS)
     return df
@@ -229,3 +236,37 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
         "steps": figures["steps"],
     }
     return {k: tidy(v) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def tier_columns(run: PolicyRun) -> dict:
+    """The KV tiers' summary columns (zeros, and every hit the GPU's, for a run without):
+    the share of prompt tokens each tier held (prefix_hit_rate_gpu, _cpu, _disk: they sum
+    to prefix_hit_rate), GiB written to and read from each tier, each tier's occupancy
+    (time-weighted over the busy time, as a share of its capacity), the seconds steps
+    waited for loads and their share of the busy time."""
+    prompt = run.prompt_tokens or 1
+    t = run.tiers or {}
+    tiers = {name: t.get(f"hit_tokens_{name}", 0.0) for name in TIER_NAMES}
+    row = {"prefix_hit_rate_gpu": (run.cached_tokens - sum(tiers.values())) / prompt if run.prompt_tokens else 0.0,
+           **{f"prefix_hit_rate_{name}": tokens / prompt for name, tokens in tiers.items()}}
+    for name in TIER_NAMES:
+        row[f"tier_{name}_written_gib"] = t.get(f"written_bytes_{name}", 0.0) / 2**30
+        row[f"tier_{name}_read_gib"] = t.get(f"read_bytes_{name}", 0.0) / 2**30
+    steps = run.steps
+    if run.tiers is None:
+        busy, held = 0.0, {name: 0.0 for name in TIER_NAMES}
+    elif steps.bucketed:
+        b = steps.buckets()
+        busy = float(b["busy"].sum())
+        held = {name: float(b[f"dt_tier_{name}_chunks"].sum()) for name in TIER_NAMES}
+    else:
+        a = steps.array()
+        dt = a[:, STEP_FIELDS.index("step_s")]
+        busy = float(dt.sum())
+        held = {name: float((a[:, len(STEP_FIELDS) + i] * dt).sum()) for i, name in enumerate(TIER_NAMES)}
+    for name in TIER_NAMES:
+        cap = t.get(f"seen_chunks_{name}", 0.0)      # a fleet's: over replica-time, of each one's
+        row[f"tier_{name}_occupancy"] = held[name] / busy / cap if busy > 0 and cap else 0.0
+    row["tier_load_s"] = t.get("load_s", 0.0)
+    row["tier_load_share"] = row["tier_load_s"] / busy if busy > 0 else 0.0
+    return {k: tidy(v) for k, v in row.items()}

@@ -262,11 +262,37 @@ class SLO(Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class KVOffload(Strict):
+    """KV tiers behind the GPU's prefix cache (kvsim.kvcache.tiers): host memory and
+    local disk, per replica (vLLM's kv_offloading_size: the sum over the replica's GPUs)
+    or, `shared`, one store for the whole fleet reached over the network. A tier of 0
+    bytes is no tier; both at 0 is no kv_offload at all."""
+    cpu_gib: float = Field(0.0, ge=0)
+    disk_gib: float = Field(0.0, ge=0)
+    policy: Literal["lru", "arc"] = "lru"          # host memory's (vLLM's eviction_policy); disk: LRU
+    chunk_tokens: int | None = Field(None, ge=1)   # tokens per stored chunk; default the block size
+    # Samsung 980 PRO (PCIe 4.0 x4 NVMe) data sheet: 7,000 MB/s sequential read
+    disk_gb_s: float = Field(7.0, gt=0)
+    shared: bool = False
+    # one 200 Gb/s port (InfiniBand HDR, or 200GbE) per GPU: 25 GB/s
+    network_gb_s: float = Field(25.0, gt=0)
+
+    @property
+    def empty(self) -> bool:
+        return self.cpu_gib == 0 and self.disk_gib == 0
+
+
 class PolicyBase(Strict):
     name: str
     kv_cache_dtype: KVDtype = "auto"
     kv_scale: Literal["tensor", "head", "group"] = "tensor"   # quantization scale granularity
     kv_scale_group_size: int = Field(64, ge=1)
+    kv_offload: KVOffload | None = None
+
+    @property
+    def tiers(self) -> KVOffload | None:
+        """kv_offload, or None where it holds no bytes."""
+        return None if self.kv_offload is None or self.kv_offload.empty else self.kv_offload
 
 
 class Contiguous(PolicyBase):
@@ -280,6 +306,9 @@ class Contiguous(PolicyBase):
         if self.enable_prefix_caching:
             raise ValueError("contiguous allocation cannot share KV between requests (each owns one "
                              "region); use allocator: paged for enable_prefix_caching")
+        if self.tiers is not None:
+            raise ValueError("kv_offload: contiguous allocation cannot share KV between requests, so "
+                             "no tier can give it back; use allocator: paged with enable_prefix_caching")
         return self
 
     def allocator_kind(self, engine: str = "vllm-v1") -> tuple[str, dict]:
@@ -303,6 +332,22 @@ class Paged(PolicyBase):
             given = "block_size" in self.model_fields_set
             return "radix", {"page_size": self.block_size} if given else {}
         return "paged", {"block_size": self.block_size, "prefix_caching": True}
+
+    @model_validator(mode="after")
+    def _tiers_need_a_cache(self):
+        t = self.tiers
+        if t is None:
+            return self
+        if self.enable_prefix_caching is False:
+            raise ValueError("kv_offload: tiers hold what a prefix cache shares; "
+                             "set enable_prefix_caching: true")
+        if self.prefix_cache == "radix":
+            raise ValueError("kv_offload: tiers are modelled behind vLLM's hash prefix cache, not "
+                             "the radix cache (SGLang HiCache is not modelled); use prefix_cache: hash")
+        if t.chunk_tokens is not None and t.chunk_tokens % self.block_size:
+            raise ValueError(f"kv_offload: chunk_tokens ({t.chunk_tokens}) must be a multiple of "
+                             f"block_size ({self.block_size})")
+        return self
 
 
 Policy = Annotated[Union[Contiguous, Paged], Field(discriminator="allocator")]

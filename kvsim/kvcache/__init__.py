@@ -10,6 +10,9 @@ here turn bytes into slots with the frozen KVSpec, so allocators only count slot
               SGLang's default 1)
   contiguous  one region per sequence (options: reserve = max | pow2 | oracle,
               placement = first-fit | buddy)
+
+A paged prefix cache may have KV tiers behind it (option tiers: a TierStore,
+kvsim.kvcache.tiers; the allocator is then kvsim.kvcache.tiered's).
 """
 from __future__ import annotations
 
@@ -18,14 +21,20 @@ from kvsim.kvcache.contiguous import ContiguousAllocator
 from kvsim.kvcache.paged import PagedAllocator
 from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
 from kvsim.kvcache.radix import RadixCacheAllocator
+from kvsim.kvcache.tiered import TieredPrefixCachingAllocator
+from kvsim.kvcache.tiers import TierStore
 from kvsim.model.specs import KVSpec
 
 
 def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 16,
-           prefix_caching: bool = False, free_order: str = "v1",
+           prefix_caching: bool = False, free_order: str = "v1", tiers: TierStore | None = None,
            ) -> PagedAllocator | PrefixCachingPagedAllocator:
     # Whole blocks only: the remainder of the pool is never handed out.
     num_blocks = int(pool_bytes // (block_size * kv.bytes_per_token))
+    if tiers is not None:
+        if not prefix_caching:
+            raise ValueError("KV tiers hold what a prefix cache shares: enable prefix caching")
+        return TieredPrefixCachingAllocator(num_blocks, block_size, tiers, block_size * kv.bytes_per_token)
     if prefix_caching:    # cached blocks stay whole: no sliding-window release here
         if free_order != "v1":
             raise ValueError("free_order v0 is modelled without prefix caching only: vLLM V0's "
@@ -66,5 +75,5 @@ def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
 __all__ = [
     "ALLOCATORS", "Breakdown", "ContiguousAllocator", "InvariantError", "KVAllocator",
     "NextSeq", "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
-    "make_allocator",
+    "TieredPrefixCachingAllocator", "TierStore", "make_allocator",
 ]

@@ -83,6 +83,7 @@ class _CachedSeq(_Seq):
     keyed: int = 0                                   # leading blocks that hold their keys: chain[:keyed]
     hashed: int = 0                                  # full blocks looked at so far
     chain: list[int] = field(default_factory=list)   # its shape's keys, as far as they were made
+    offered: int = 0                                 # chunks offered to KV tiers (kvsim.kvcache.tiered)
 
 
 class PrefixCachingPagedAllocator(PagedAllocator):

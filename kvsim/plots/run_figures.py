@@ -41,6 +41,7 @@ from matplotlib.mathtext import MathTextParser
 from matplotlib.patches import Patch
 
 from kvsim.sim.parallel import ordered_map
+from kvsim.plots import tier_plots
 from kvsim.plots.style import (bar_figure_width, policy_colours, policy_styles,  # noqa: F401 (re-exported)
                                 same_as, wrap_label)
 from kvsim.analysis.verdict import arrival_limited
@@ -86,7 +87,10 @@ def _builders(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.Data
                 lambda: _latency(requests, styles, targets or {}),
                 lambda: _throughput_batch(summary, colours),
                 lambda: latency_percentiles(summary, colours, targets or {}))
-    return {name: _pinned_titles(build) for name, build in zip(FILES, builders)}
+    built = {name: _pinned_titles(build) for name, build in zip(FILES, builders)}
+    if tier_plots.tiered(summary):      # a run with KV tiers: their figure too
+        built[tier_plots.FILE] = _pinned_titles(lambda: tier_plots.hits_by_tier(summary, timeseries, colours))
+    return built
 
 
 def _pinned_titles(build: Callable[[], Figure]) -> Callable[[], Figure]:
@@ -99,7 +103,7 @@ def _pinned_titles(build: Callable[[], Figure]) -> Callable[[], Figure]:
 
 def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
             context: str = "", targets: dict | None = None, notes=()) -> dict[str, Figure]:
-    """The five figures by file name (the notebooks show these; write_plots saves them).
+    """The five figures by file name (six with KV tiers: kvsim.plots.tier_plots; the notebooks show these; write_plots saves them).
     targets: the scenario's latency targets (drawn on the latency figures); notes: lines
     for the figures of time (kvsim.analysis.unmodelled's)."""
     figs = {name: build() for name, build in _builders(summary, timeseries, requests, targets).items()}
@@ -111,7 +115,7 @@ def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFr
 def write_plots(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
                 out_dir: Path, context: str = "", workers: int = 1, targets: dict | None = None,
                 notes=()) -> list[Path]:
-    """Write the five figures into `out_dir` (which must exist); return their paths.
+    """Write the figures into `out_dir` (which must exist); return their paths.
     workers: draw them in up to that many processes (kvsim.sim.parallel; the same files)."""
     jobs = plot_jobs(summary, timeseries, requests, out_dir, context, targets, notes)
     return ordered_map(lambda i: jobs[i](), len(jobs), workers)

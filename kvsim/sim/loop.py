@@ -35,6 +35,7 @@ import simpy
 
 from kvsim.sim import lazy
 from kvsim.kvcache import InvariantError, KVAllocator, PrefixCachingPagedAllocator
+from kvsim.kvcache.tiers import tally
 from kvsim.cost.model import CostModel
 from kvsim.engines import make_rules
 from kvsim.sim.router import make_router
@@ -47,15 +48,19 @@ from kvsim.workload.requests import RequestSpec, RequestTable
 STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens",
                "token", "reservation", "internal", "external", "free", "allocated", "shared", "limit")
 INT_FIELDS = STEP_FIELDS[2:]
+# with KV tiers (kvsim.kvcache.tiered), the chunks each holds while the step runs
+TIER_FIELDS = ("tier_cpu_chunks", "tier_disk_chunks")
 
 
-def step_log(bucket_s: float | None = None) -> StepLog:
+def step_log(bucket_s: float | None = None, tiers: bool = False) -> StepLog:
     """Where a run's steps go: every step, or sums per `bucket_s` seconds (BucketLog)."""
+    fields = STEP_FIELDS + TIER_FIELDS if tiers else STEP_FIELDS
+    ints = INT_FIELDS + TIER_FIELDS if tiers else INT_FIELDS
     if bucket_s is None:
-        return StepLog(STEP_FIELDS, INT_FIELDS)
-    return BucketLog(STEP_FIELDS, INT_FIELDS, bucket_s, totals=("prefill_tokens", "decode_tokens"),
-                     weighted=("running", "waiting", *STEP_FIELDS[6:13]), limits=len(LIMITS),
-                     memory=LIMITS.index("memory"))
+        return StepLog(fields, ints)
+    return BucketLog(fields, ints, bucket_s, totals=("prefill_tokens", "decode_tokens"),
+                     weighted=("running", "waiting", *STEP_FIELDS[6:13], *fields[len(STEP_FIELDS):]),
+                     limits=len(LIMITS), memory=LIMITS.index("memory"))
 
 
 @dataclass
@@ -76,6 +81,7 @@ class PolicyRun:
     arrived_s: np.ndarray | None = None   # each sequence's arrival, where stages moved them
     parts: list["PolicyRun"] = field(default_factory=list)   # a fleet's replicas' runs ...
     replica: np.ndarray | None = None     # ... and the replica each request was sent to
+    tiers: dict[str, float] | None = None   # what KV tiers did (kvsim.kvcache.tiers.tally)
 
     @property
     def seqs(self) -> list[SeqRecord]:
@@ -135,10 +141,16 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     per = width if reps[0].sched.rules.split_samples else 1
     records = SeqLog(len(requests) * per)
     for rep in reps:
-        rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records, step_log(bucket_s))
+        rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records,
+                            step_log(bucket_s, tiers=hasattr(rep.sched.allocator, "store")))
         # a request deep in a long waiting queue is kept as its index and rebuilt near the head
         rep.sched.waiting.rebuild = partial(_rebuild, rep.sched, requests, per)
-    pick = make_router(router, len(reps)).pick if len(reps) > 1 else None
+    stores = {id(a.store): a.store for a in fleet if hasattr(a, "store")}
+    shared = None
+    if len(fleet) > 1 and len(stores) == 1 and all(hasattr(a, "store") for a in fleet):
+        store = next(iter(stores.values()))      # one KV store behind every replica
+        shared = lambda spec: len(store.find(spec.shape, 0)) * store.chunk_tokens  # noqa: E731
+    pick = make_router(router, len(reps), shared).pick if len(reps) > 1 else None
     served = np.full(len(requests), -1, dtype=np.int64)   # each request's replica
     left = [per] * len(requests) if pick else None         # its sequences not ended yet
     limit = math.inf if time_limit_s is None else time_limit_s
@@ -233,6 +245,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
                 run.extrapolation_reasons.update(why)
             if step.swap_bytes:      # the step waits for its PCIe copies
                 dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
+            dt += step.load_s        # and for the KV its admissions load from tiers
             _record(run, sched, step, now, dt)
             if check_invariants:
                 _check(sched, f"{rep.label(name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
@@ -267,9 +280,14 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
         rep.run.prompt_tokens, rep.run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
         rep.run.width = sched.width
         rep.run.arrived_s = stages.arrived_s
+        if hasattr(sched.allocator, "store"):
+            rep.run.tiers = tally([sched.allocator])
     if len(reps) == 1:
         return reps[0].run
-    return fleet_run(name, [rep.run for rep in reps], served)
+    run = fleet_run(name, [rep.run for rep in reps], served)
+    if reps[0].run.tiers is not None:
+        run.tiers = tally([rep.sched.allocator for rep in reps])
+    return run
 
 
 class _Stages:
@@ -391,5 +409,8 @@ def _check(sched: Scheduler, where: str) -> None:
 
 def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:
     prefill = sum(n for n, _ in step.cost.prefills)
-    run.steps.append((now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,
-                      step.cost.decodes, *sched.recorded_parts(step.head_need), LIMITS.index(step.limit)))
+    row = (now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,
+           step.cost.decodes, *sched.recorded_parts(step.head_need), LIMITS.index(step.limit))
+    if len(run.steps.fields) > len(STEP_FIELDS):
+        row += sched.allocator.tier_occupancy()
+    run.steps.append(row)

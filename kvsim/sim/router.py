@@ -20,6 +20,11 @@ sending it to its response). It never reads a replica's KV cache.
   the tree's periodic LRU trim (max_tree_size 10,000 nodes every 30 s), so the router
   may believe a replica still holds a prefix its cache has since evicted; vLLM's
   production-stack router, which routes by the same idea, is not imitated separately.
+  With a KV tier shared by the fleet (`kv_offload: {shared: true}`), the router also
+  reads that store's index, as Mooncake's Conductor reads its global cache's: a prefix
+  the store holds counts for every replica (each can load it), so a replica is
+  preferred only for holding more of the prompt than the store, else the least-loaded
+  one serves.
 """
 from __future__ import annotations
 
@@ -50,9 +55,10 @@ class PrefixAware:
     """The prompt as content runs; the trees as one map from (the runs before, a run's
     content id) to the longest run of that content each replica was sent there."""
 
-    def __init__(self, replicas: int):
+    def __init__(self, replicas: int, shared=None):
         self.n = replicas
         self.seen: dict[tuple, dict[int, int]] = {}
+        self.shared = shared      # spec -> prompt tokens a shared KV store holds, or None
 
     def matched(self, runs) -> list[int]:
         """Tokens of the prompt each replica's tree holds as a prefix."""
@@ -75,7 +81,8 @@ class PrefixAware:
         if not (hi - lo > BALANCE_ABS_THRESHOLD and hi > lo * BALANCE_REL_THRESHOLD) and spec.prompt_tokens:
             tokens = self.matched(runs)
             best = tokens.index(max(tokens))
-            if tokens[best] / spec.prompt_tokens > CACHE_THRESHOLD:
+            everywhere = self.shared(spec) if self.shared else 0
+            if tokens[best] / spec.prompt_tokens > CACHE_THRESHOLD and tokens[best] > everywhere:
                 choice = best
         for j, (content, length) in enumerate(runs):
             sent = self.seen.setdefault((runs[:j], content), {})
@@ -90,7 +97,9 @@ ROUTERS = {
 }
 
 
-def make_router(name: str, replicas: int):
+def make_router(name: str, replicas: int, shared=None):
+    """shared: where the fleet shares a KV store, what of a prompt it holds (spec -> tokens),
+    for the prefix-aware router."""
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}; valid: {', '.join(ROUTERS)}")
-    return ROUTERS[name](replicas)
+    return PrefixAware(replicas, shared) if name == "prefix-aware" else ROUTERS[name](replicas)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from kvsim.kvcache import SeqShape, make_allocator
+from kvsim.kvcache.tiers import build_stores
 from kvsim.cost.model import describe, make_cost_model
 from kvsim.sim.loop import simulate
 from kvsim.engines import EngineSettings
@@ -115,6 +116,27 @@ def effective_columns(s: EngineSettings, kind: str, options: dict) -> dict:
             "watermark": s.watermark}
 
 
+def tier_stores(t, kv: KVSpec, gpu: GPUSpec, scn: Scenario, block_size: int, replicas: int) -> list:
+    """Each replica's KV tiers (kvsim.kvcache.tiers) for a policy's kv_offload `t`: the
+    host link and the network per GPU, each of the replica's tp GPUs copying its share."""
+    tp = scn.tensor_parallel_size
+    return build_stores(replicas=replicas, shared=t.shared, cpu_bytes=t.cpu_gib * GIB,
+                        disk_bytes=t.disk_gib * GIB, policy=t.policy,
+                        chunk_tokens=t.chunk_tokens or block_size, bytes_per_token=kv.bytes_per_token,
+                        link_bytes_s=gpu.pcie_gb_s * 1e9 * tp, network_bytes_s=t.network_gb_s * 1e9 * tp,
+                        disk_bytes_s=t.disk_gb_s * 1e9)
+
+
+def offload_columns(t, block_size: int | None) -> dict:
+    """A policy's kv_offload settings as summary columns (zeros where it has none)."""
+    if t is None:
+        return {"kv_offload_cpu_gib": 0.0, "kv_offload_disk_gib": 0.0, "kv_offload_policy": "",
+                "kv_offload_chunk_tokens": 0, "kv_offload_shared": False}
+    return {"kv_offload_cpu_gib": t.cpu_gib, "kv_offload_disk_gib": t.disk_gib,
+            "kv_offload_policy": t.policy, "kv_offload_chunk_tokens": t.chunk_tokens or block_size,
+            "kv_offload_shared": t.shared}
+
+
 def total_footprint(allocator, requests: RequestTable) -> int:
     """The sum of every request's footprint (allocator.footprint), asked once per distinct
     (prompt, output) pair: a footprint depends on a shape's lengths alone."""
@@ -172,6 +194,9 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
             if on_progress and not parallel else None
         fleet = [allocator] + [make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options)
                                for _ in range(replicas - 1)]
+        if policy.tiers is not None:       # fresh stores for this run: the allocators behind them too
+            fleet = [make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options, tiers=store)
+                     for store in tier_stores(policy.tiers, kv, gpu, scn, options["block_size"], replicas)]
         run = simulate(policy.name, requests, fleet, cost, on_step=progress,
                        check_invariants=check_invariants, time_limit_s=scn.time_limit_s,
                        exact_steps=exact_steps, bucket_s=bucket_s, router=router,
@@ -187,7 +212,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
     def tabulate(i: int, run) -> None:
         """Policy i's summary rows and tables, made as its run arrives: with workers, while
         the others still run (the command's process has imported pandas by then)."""
-        from kvsim.analysis.metrics import request_table, step_table, summarize, tidy
+        from kvsim.analysis.metrics import request_table, step_table, summarize, tidy, tier_columns
         from kvsim.analysis.stages import stage_rows
         policy, kv, allocator, cost, settings, kind, options = setups[i]
         for r in (run, *run.parts):
@@ -196,6 +221,9 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         mean_footprint = total_footprint(allocator, requests) * width / len(requests)
         fixed = {"policy": policy.name, "allocator": policy.allocator,
                  "kv_cache_dtype": kv.kv_cache_dtype, **effective_columns(settings, kind, options)}
+        tiered = any(p.tiers is not None for p in scn.policies)
+        if tiered:
+            fixed.update(offload_columns(policy.tiers, options.get("block_size")))
         if replicas > 1:
             fixed.update(replicas=replicas, router=router)
 
@@ -205,6 +233,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                     "kv_capacity_tokens": allocator.capacity * share,
                     "memory_capacity_requests": tidy(allocator.capacity * share / mean_footprint),
                     **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
+                    **(tier_columns(run) if tiered else {}),
                     "cost_model": describe(cost.label, run.extrapolated, len(run.steps),
                                            run.extrapolation_reasons)}
         parts = []

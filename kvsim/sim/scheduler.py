@@ -83,6 +83,7 @@ class Step:
     lazy: int = 0                        # decoding requests advanced in sum (kvsim.sim.lazy)
     cost: StepBatch | None = None
     swap_bytes: float = 0.0
+    load_s: float = 0.0                  # seconds of KV-tier loads the step waits for
     rejected: list[Seq] = field(default_factory=list)   # found unable to fit even alone
     preempted: int = 0
     limit: str = ""                      # what kept the queue's head out (LIMITS)
@@ -210,6 +211,8 @@ class Scheduler:
                     self.allocator.free(sid)
                 return False
         self.waiting.remove(seq)
+        if hasattr(self.allocator, "take_load_s"):    # KV tiers: the request waits for its prefix
+            step.load_s += self.allocator.take_load_s()
         seq.prefilled = cached
         self.prompt_tokens += seq.target
         self.cached_tokens += cached
