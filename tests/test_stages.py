@@ -219,6 +219,9 @@ def test_stages_csv_from_the_command(tmp_path):
     assert code == 0
     page = (tmp_path / "cmp" / "report.html").read_text().replace("<wbr>", "")
     assert "Per load stage" in page and "out/a: e2e_mean_s" in page and "one/b: itl_mean_s" in page
+    # runs of one stage each: the summary says it all
+    assert kvsim("compare", tmp_path / "one", "--out", tmp_path / "cmp1")[0] == 0
+    assert "Per load stage" not in (tmp_path / "cmp1" / "report.html").read_text()
 
 
 def test_figures_name_the_stages():

@@ -179,7 +179,7 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
         body += [html.image(out / f, f) for f in files if (out / f).is_file()]
 
     stages = combine_stages(focus)
-    if stages is not None:
+    if stages is not None and stages["stage"].nunique() > 1:     # one stage is the summary again
         body.append(html.heading("Per load stage"))
         body.append(html.paragraph("Each stage's requests, as inference-perf reports them: itl and tpot "
                                    "are its client-side line gaps (about half the time between tokens)."))
