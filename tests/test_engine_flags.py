@@ -48,8 +48,9 @@ def test_flags_read_as_vllms_parser_reads_them():
     assert got.ignored == ("--port 8000", "--trust-remote-code", "--served-model-name m",
                            "--optimization-level 2")
     # flags at their defaults that kvsim would otherwise refuse are accepted and ignored
-    assert vllm("--pipeline-parallel-size 1 --async-scheduling --no-enable-expert-parallel").ignored == (
-        "--pipeline-parallel-size 1", "--async-scheduling", "--no-enable-expert-parallel")
+    assert vllm("--pipeline-parallel-size 1 --no-enable-expert-parallel").ignored == (
+        "--pipeline-parallel-size 1", "--no-enable-expert-parallel")
+    assert vllm("--no-async-scheduling").sets == {"scheduler.async_scheduling": False}
 
 
 @pytest.mark.parametrize("text, want", [

@@ -230,6 +230,7 @@ def test_sglang_max_running_requests_follows_the_pool():
     ({"engine": "sglang", "scheduler": {"preemption_mode": "swap"}}, "scheduler.preemption_mode", "recompute only"),
     ({"engine": "vllm-v1", "scheduler": {"watermark": 0.1}}, "scheduler.watermark", "no watermark"),
     ({"engine": "vllm-v1", "scheduler": {"schedule_policy": "lpm"}}, "scheduler.schedule_policy", "SGLang"),
+    ({"engine": "sglang", "scheduler": {"async_scheduling": True}}, "scheduler.async_scheduling", "vllm-v1's"),
     ({"engine": "vllm-v0", "scheduler": {"engine": "sglang"}}, "engine", "give it once"),
     ({"engine": "vllm-v0", "workload": {"n": 4}, "scheduler": {"max_num_seqs": 2}},
      "scheduler.max_num_seqs", "counts every sample or beam"),

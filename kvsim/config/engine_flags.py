@@ -74,6 +74,8 @@ VLLM: dict[str, Flag] = {
     "--kv-cache-dtype": Flag("policy.kv_cache_dtype", {k: v for k, v in KV_DTYPES.items() if k not in ("bf16", "fp16")},
                              "KV cache dtype: auto (the model's), bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2"),
     "--enable-chunked-prefill": Flag("scheduler.enable_chunked_prefill", "bool", "split long prompts over steps"),
+    "--async-scheduling": Flag("scheduler.async_scheduling", "bool",
+                               "plan the next step while this one runs (V1's default: on)"),
     "--enforce-eager": Flag("enforce_eager", "bool", "no CUDA graphs, so none counted in the pool"),
     # what vLLM 0.33.0 does that kvsim does not simulate
     "--pipeline-parallel-size": refuse("pipeline parallelism", "1"),
@@ -98,8 +100,6 @@ VLLM: dict[str, Flag] = {
     "--performance-mode": refuse("a performance mode other than balanced (it changes the batch defaults)",
                                  "balanced"),
     "--stream-interval": refuse("streaming more than one token per chunk", "1"),
-    "--async-scheduling": refuse("turning asynchronous scheduling off (kvsim's overhead assumes the default)",
-                                 "true"),
     "--disable-sliding-window": refuse("sliding-window models run with full attention", "false"),
     "--disable-hybrid-kv-cache-manager": refuse("the unified KV manager for hybrid models", "false"),
     "--max-num-queued-reqs": refuse("a limit on waiting requests"),

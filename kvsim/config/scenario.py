@@ -243,6 +243,7 @@ class Scheduler(Strict):
     swap_space_gib: float = Field(4.0, ge=0)    # CPU memory per GPU for swapped-out KV (vLLM: 4)
     watermark: float | None = Field(None, ge=0, lt=1)   # share of the pool kept free at admission
     schedule_policy: Literal["fcfs", "lpm"] | None = None   # SGLang's order of the waiting queue
+    async_scheduling: bool | None = None        # vLLM V1 (default true): see kvsim.scheduler
 
 
 class SLO(Strict):
@@ -630,6 +631,9 @@ def _check_engine(scn: Scenario, src: str) -> None:
     if name == "sglang" and scn.enforce_eager:
         raise InputError(src, "enforce_eager", "is vLLM's; SGLang's pool does not count CUDA graphs "
                          "(its mem_fraction_static reserves room for them)")
+    if name != "vllm-v1" and scn.scheduler.async_scheduling:
+        raise InputError(src, "scheduler.async_scheduling", "vllm-v1's setting; kvsim models no "
+                         f"asynchronous scheduling for {name}")
     if name != "sglang" and scn.scheduler.schedule_policy:
         raise InputError(src, "scheduler.schedule_policy", "fcfs or lpm is SGLang's choice; "
                          "vLLM admits first come first served")

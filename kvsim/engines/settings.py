@@ -11,6 +11,7 @@ unset takes the chosen engine's default, read from that engine's source:
 | preemption_mode | recompute for one sequence, swap for a group | recompute | recompute (retraction) |
 | watermark | 0.01 | none | none (it reserves for running requests' outputs instead) |
 | enable_prefix_caching | false | true (hash) | true (radix) |
+| async_scheduling | no | true (vLLM 0.33.0's default) | not modelled |
 
 Sources: vllm/config.py SchedulerConfig (V0 max_num_batched_tokens), vllm/core/block_manager.py
 (watermark), vllm/core/scheduler.py `_preempt` (V0); vllm/engine/arg_utils.py
@@ -36,6 +37,7 @@ class EngineSettings:
     preemption_mode: str | None     # None: the engine chooses per request (V0: groups swap)
     watermark: float
     schedule_policy: str = "fcfs"   # SGLang: fcfs or lpm (longest prefix match first)
+    async_scheduling: bool = False  # vLLM V1: plan the next step while this one runs
 
 
 def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib: float,
@@ -54,7 +56,8 @@ def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib
         return EngineSettings(engine, s.max_num_seqs or (1024 if big or huge else 256),
                               s.max_num_batched_tokens or (16384 if huge else 8192 if big else 2048),
                               True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
-                              s.preemption_mode or "recompute", s.watermark or 0.0)
+                              s.preemption_mode or "recompute", s.watermark or 0.0,
+                              async_scheduling=True if s.async_scheduling is None else s.async_scheduling)
     chunk = 2048 if gpu_memory_gib < 35 else 8192 if gpu_memory_gib < 160 else 16384
     seqs = s.max_num_seqs
     if seqs is None:

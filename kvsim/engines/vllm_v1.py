@@ -25,6 +25,9 @@ One token budget (max_num_batched_tokens) per step, no prefill or decode phases:
 There is no swap, and the watermark (SchedulerConfig.watermark) is 0 by default.
 Parallel samples are separate requests (the engine fans a request with n > 1 out into
 n), whose prompts meet in the prefix cache.
+With asynchronous scheduling (vLLM 0.33.0's default; `--no-async-scheduling` turns it
+off) a waiting request is admitted only once the scheduler has seen it: one step
+after the one it arrived during (kvsim.sim.scheduler.Scheduler.visible).
 """
 from __future__ import annotations
 
@@ -68,6 +71,9 @@ class VllmV1:
                 with_limit(step, "max_num_seqs")
                 break
             head = s.waiting[0]
+            if not s.visible(head):      # arrived after this step was planned (async scheduling)
+                with_limit(step, "arrivals")
+                break
             cached, n, held = s.prefill_need(head, budget)
             if not s.chunked and n > budget:
                 with_limit(step, "token_budget", head, held)

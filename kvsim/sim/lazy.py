@@ -317,6 +317,7 @@ class LazyScheduler(Scheduler):
         else:
             self.rules.decode_only(self)
             step = Step(limit="arrivals")
+        self.planning(now)
         self._lazy_tick(self._crossing(tick))
         n = step.lazy = len(self.lazy)
         step.cost = StepBatch((), (), Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks,

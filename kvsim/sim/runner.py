@@ -102,6 +102,7 @@ def scheduler_options(scn: Scenario, kv: KVSpec, gpu, s: EngineSettings) -> dict
                 chunked_prefill=s.enable_chunked_prefill, watermark=s.watermark,
                 preemption_mode=s.preemption_mode, swap=swap, schedule_policy=s.schedule_policy,
                 sliding_window=kv.model.sliding_window, seed=scn.seed,
+                async_scheduling=s.async_scheduling,
                 width=max(scn.workload.n, scn.workload.beam_width), beam=scn.workload.beam_width > 1)
 
 

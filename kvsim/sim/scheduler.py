@@ -104,7 +104,7 @@ class Scheduler:
                  max_num_batched_tokens: int, chunked_prefill: bool, watermark: float = 0.0,
                  preemption_mode: str | None = "recompute", swap: SwapSpace | None = None,
                  sliding_window: int | None = None, width: int = 1, beam: bool = False, seed: int = 0,
-                 schedule_policy: str = "fcfs"):
+                 schedule_policy: str = "fcfs", async_scheduling: bool = False):
         if width > 1 and chunked_prefill and not rules.split_samples:
             raise ValueError("sequence groups need whole-prompt prefill")
         self.allocator, self.rules = allocator, rules
@@ -130,6 +130,11 @@ class Scheduler:
         self.prompt_tokens = 0             # tokens to prefill at admissions ...
         self.cached_tokens = 0             # ... and those a prefix cache already held
         self.now_planned = 0.0             # when the step being planned starts
+        self.async_scheduling = async_scheduling
+        # arrivals by index (the run numbers them in arrival order, kvsim.sim.loop): the
+        # latest, the latest when the step in flight was planned, the latest the step
+        # being planned sees (an index, not a time: stages that drain move arrivals)
+        self.latest = self.planned_latest = self.cutoff = -1
 
     # --- arrivals ----------------------------------------------------------------------
     def expand(self, requests: list[RequestSpec], width: int) -> list[Seq]:
@@ -143,6 +148,7 @@ class Scheduler:
     def arrive(self, seq: Seq, now: float, index: int) -> None:
         """Queue `seq` (the index-th of the run) or reject it at once with the reason."""
         self.arrived(seq, index)
+        self.latest = index
         reason = ("prompt + output exceeds max_model_len"
                   if seq.shape.final_tokens > self.max_model_len
                   else self.allocator.unfit_reason(seq.shape))
@@ -366,8 +372,25 @@ class Scheduler:
         """A step planned without the rules where nothing can happen but decoding (kvsim.sim.lazy)."""
         return None
 
+    def visible(self, seq: Seq) -> bool:
+        """Whether a waiting request has reached the scheduler planning this step. With
+        asynchronous scheduling (vLLM 0.33.0's default, vllm/config/vllm.py; a queue of two
+        batches, vllm/v1/engine/core.py `EngineCore.step_with_batch_queue`), the engine
+        plans step k+1 as soon as step k is launched, so a request that arrives while step
+        k runs can join step k+2 at the earliest: the plan made when step k ends sees the
+        arrivals up to the moment step k started. An idle engine (nothing running) plans
+        as soon as a request comes."""
+        return seq.ids[0] // MAX_WIDTH <= self.cutoff
+
+    def planning(self, now: float) -> None:
+        """Note that a step is planned now (see `visible`)."""
+        lag = self.async_scheduling and self.running
+        self.cutoff = self.planned_latest if lag else self.latest
+        self.planned_latest = self.latest
+
     def schedule(self, now: float) -> Step:
         self.now_planned = now
+        self.planning(now)
         step = self.rules.schedule(self, now)
         if not self.waiting and not self.swapped:
             step.limit, step.head_need = "arrivals", None
