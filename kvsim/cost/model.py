@@ -30,6 +30,8 @@ from kvsim.cost.overhead import DEFAULT, NONE, Comm, Overhead, inline, load_over
 from kvsim.cost.moe import expected_experts
 from kvsim.model.specs import DTYPE_BITS, GPUSpec, KVSpec, ModelSpec
 
+DEFAULT_LIMITS = (1024, 8192)     # vLLM V1's max_num_seqs, max_num_batched_tokens on a large GPU
+
 
 @dataclass(frozen=True)
 class Decodes:
@@ -179,13 +181,21 @@ class Profiled:
     has none, the profile's ring: latency + 2 (tp-1)/tp x N x hidden x 2 B / bus bandwidth.
     The launch wait is the CPU time to launch every layer's kernels beyond what the device
     time above (kernels and all-reduce) hides (kvsim.cost.overhead.Overhead.launch_wait).
+    An overhead for an engine with CUDA graphs (kvsim.cost.engine_terms) prices each step
+    by its mode (kvsim.cost.graphs): a graph step's linear ops and embedding run at the
+    padded size and launch nothing per layer (full) or the attention layers between the
+    pieces (piecewise); only an eager step pays the launch wait. `limits` are the
+    engine's (max_num_seqs, max_num_batched_tokens), which set the captured sizes; None
+    takes vLLM V1's defaults on a large GPU (1024, 8192). The overhead's `kernels`
+    scale the profile's parts where that engine's kernels are measured to differ.
     `overhead` None keeps the profile's own fixed step_overhead_s (0 in shipped profiles).
     `price` names what a step left the measured ranges for; the run counts them
     (kvsim.sim.loop), so this object keeps no history and `label` is fixed.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, profile=None,
-                 block_size: int | None = None, overhead: Overhead | None = None):
+                 block_size: int | None = None, overhead: Overhead | None = None,
+                 limits: tuple[int, int] | None = None):
         profile = profile or find_shipped(model, gpu) or synthesize(model, gpu)
         if profile is None:
             raise NoProfile(f"{gpu.name}/{model.name}")
@@ -214,6 +224,9 @@ class Profiled:
             overhead = replace(overhead, comm=None, label=f"{overhead.label} (host part; measured all-reduce)")
         self.overhead = overhead.for_gpu(gpu)
         self.comm = self.overhead.comm or profile_comm
+        terms = self.overhead.graphs
+        self.graphs = terms and terms.capture(*(limits or DEFAULT_LIMITS))
+        self.scale = dict(self.overhead.kernels)
         base = meta.get("label", f"profile:{profile.name}")
         base = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
         self.label = f"{base} + {self.overhead.label}"
@@ -236,10 +249,12 @@ class Profiled:
         n, decodes = batch.new_tokens, batch.decodes
         seqs = len(batch.prefills) + decodes
         why: list[str] = []
-        if n not in self._linear:
-            self._linear[n] = (*self._ops(n, [o for o in LINEAR_OPS if o not in PER_STEP_OPS]),
-                               self._ops(n, ["emb"])[0])
-        layer_linear, lwhy, emb = self._linear[n]
+        padded = self.graphs.padded(n) if self.graphs else None
+        run = padded or n              # the tokens the linear ops compute on
+        if run not in self._linear:
+            self._linear[run] = (*self._ops(run, [o for o in LINEAR_OPS if o not in PER_STEP_OPS]),
+                                 self._ops(run, ["emb"])[0])
+        layer_linear, lwhy, emb = self._linear[run]
         if seqs not in self._lm_head:
             self._lm_head[seqs] = self._ops(seqs, ["lm_head"])
         lm_head, hwhy = self._lm_head[seqs]
@@ -258,18 +273,25 @@ class Profiled:
         pre_tokens = n - decodes
         kv_write = (w.get("a_s", 0.0) + w.get("per_prefill_token_s", 0.0) * pre_tokens
                     + w.get("per_decode_token_s", 0.0) * decodes) if w else 0.0
-        if n not in self._comm:
-            self._comm[n] = self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], n)
+        if run not in self._comm:
+            self._comm[run] = self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], run)
         if (seqs, n) not in self._outside:
             self._outside[seqs, n] = self.overhead.outside(self.tp, seqs, n)
         why += self._outside[seqs, n]
         L = self.layers
         parts = {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
-                 "kv_write": L * kv_write, "allreduce": self._comm[n], "embedding": emb,
+                 "kv_write": L * kv_write, "allreduce": self._comm[run], "embedding": emb,
                  "lm_head": lm_head}
+        for part, factor in self.scale.items():
+            parts[part] *= factor
         device = sum(parts.values())
-        return {**parts, **self.overhead.host(seqs, pre_tokens),
-                "overhead_launch": self.overhead.launch_wait(L, device)}, tuple(why)
+        if padded is None:             # every kernel launched by the CPU
+            launch = self.overhead.launch_wait(L, device)
+        elif self.graphs.mode(n, seqs) == "piecewise":
+            launch = L * self.overhead.graphs.piecewise_per_layer_s
+        else:
+            launch = 0.0
+        return {**parts, **self.overhead.host(seqs, pre_tokens), "overhead_launch": launch}, tuple(why)
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per part of one step (they sum to step_time)."""

@@ -35,6 +35,15 @@ it the profile's all-reduce is used); ``range`` {tp, seqs, new_tokens: [low, hig
 measured steps, beyond which a step is named as extrapolated. The rest (the fit's
 points, rules and error) documents the fit and is not read. Format "kvsim-overhead/1" is
 the same without ``launch_per_layer_ms`` (read as 0: a purely additive overhead).
+
+Format "kvsim-overhead/3" describes an engine that runs CUDA graphs (vLLM V1) and adds,
+each optional (kvsim.cost.engine_terms): ``graphs`` {rule, piecewise_per_layer_ms}, the
+capture rule whose steps replay graphs (kvsim.cost.graphs) and the launch cost per layer
+of a piecewise step (attention between the pieces); a full-graph step launches nothing
+per layer, an eager one (beyond the largest captured size) pays ``launch_per_layer_ms``
+as above; ``kernels`` {part: factor}, this engine's kernel time relative to the
+profile's for a part of the step; ``api`` {request_ms, per_prompt_token_us}, what the
+HTTP server adds to each request's time to first token (and so to its end-to-end time).
 """
 from __future__ import annotations
 
@@ -44,10 +53,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from kvsim.config.errors import InputError
+from kvsim.cost.engine_terms import ApiServer, GraphTerms, kernel_scales
 from kvsim.model.specs import GPU_PRESETS, GPUSpec
 
 FORMAT = "kvsim-overhead/2"
-FORMATS = ("kvsim-overhead/1", FORMAT)     # /1: no launch_per_layer_ms (0)
+GRAPH_FORMAT = "kvsim-overhead/3"
+FORMATS = ("kvsim-overhead/1", FORMAT, GRAPH_FORMAT)     # /1: no launch_per_layer_ms (0)
 SHIPPED = Path(__file__).parent.parent / "data" / "overheads"
 DEFAULT = "splitwise-a100-v2"     # what `calibrated` adds to the kernels
 ACT_BYTES = 2                     # fp16/bf16 activations
@@ -92,6 +103,9 @@ class Overhead:
     gpu: str | None = None        # the GPU it was measured on
     ranges: tuple = ()            # (what, low, high): the measured steps' tp, seqs, new_tokens
     launch_per_layer_s: float = 0.0
+    graphs: GraphTerms | None = None     # None: every step launches its kernels (no CUDA graphs)
+    kernels: tuple[tuple[str, float], ...] = ()   # (part, factor) on the profile's kernel times
+    api: ApiServer | None = None         # what the HTTP server adds to each request
 
     def outside(self, tp: int, seqs: int, tokens: int) -> list[str]:
         """Why a step lies outside the measured steps (linear extrapolation), if it does."""
@@ -133,6 +147,7 @@ def from_file(data: dict) -> Overhead:
     """An Overhead from a kvsim-overhead/1 or /2 document (raises KeyError on a missing field)."""
     host, comm = data["host"], data.get("comm")
     ranges = tuple((k, *data["range"][k]) for k in ("tp", "seqs", "new_tokens") if k in data.get("range", {}))
+    graphs, api = data.get("graphs"), data.get("api")
     return Overhead(
         label=f"overhead:{data['name']}", gpu=data["gpu"], step_s=host["step_ms"] * 1e-3,
         per_seq_s=host["per_seq_ms"] * 1e-3, per_prefill_token_s=host["per_prefill_token_ms"] * 1e-3,
@@ -140,7 +155,10 @@ def from_file(data: dict) -> Overhead:
             latency_s=comm["latency_us"] * 1e-6, latency_per_hop_s=comm["latency_per_hop_us"] * 1e-6,
             bus_gb_s=comm["bus_gb_s"], large_step_tokens=comm.get("large_step_tokens"),
             large_step_bus_gb_s=comm.get("large_step_bus_gb_s")), ranges=ranges,
-        launch_per_layer_s=host.get("launch_per_layer_ms", 0.0) * 1e-3)
+        launch_per_layer_s=host.get("launch_per_layer_ms", 0.0) * 1e-3,
+        graphs=None if graphs is None else GraphTerms.from_doc(graphs),
+        kernels=kernel_scales(data.get("kernels", {})),
+        api=None if api is None else ApiServer.from_doc(api))
 
 
 def inline(step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0,
