@@ -21,6 +21,7 @@ from kvsim.kvcache import InvariantError
 from kvsim.cli.args import model_arg
 from kvsim.cli.cache_curve import cache_curve
 from kvsim.cli.cost import calibrate, cost
+from kvsim.cli.fit import fit, validate
 from kvsim.cli.flags import flags
 from kvsim.cli.output import run_meta, simulate_with_progress, swap_in, write_run
 from kvsim.cli.table import WIDE_HELP, print_run
@@ -247,6 +248,8 @@ def _bytes(n: int) -> str:
 cli.add_command(cost)
 cli.add_command(flags)
 cli.add_command(calibrate)
+cli.add_command(fit)
+cli.add_command(validate)
 cli.add_command(sweep)
 cli.add_command(capacity)
 cli.add_command(compare)

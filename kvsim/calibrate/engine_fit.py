@@ -1,0 +1,186 @@
+"""Fit a vLLM V1 engine overhead to benchmark runs by simulating them.
+
+The runs give per-request latencies per load stage, not step times, so the overhead is
+fitted the only way they allow: kvsim simulates every run with candidate coefficients
+and compares each stage's prediction with its report.
+
+The form (kvsim.cost.overhead, format kvsim-overhead/3), every term non-negative and
+shared by all runs (nothing per run):
+- `step_us`: host time every step waits for (scheduling, input preparation, sampling);
+- `per_seq_us`: the same, per sequence in the step;
+- `piecewise_per_layer_us`: launching a mixed step's attention between the CUDA-graph
+  pieces, per layer; a full-graph step (a uniform decode batch up to vLLM's capture
+  sizes) launches nothing per layer;
+- `launch_per_layer_us`: an eager step's launches per layer (beyond the capture sizes),
+  hidden behind device work where that is longer; held at its start unless asked for
+  (`FREE`): in runs like the vLLM H100 ones the eager steps (whole new prompts and
+  recomputed ones) are device-bound, so no run tells it;
+- `allreduce_us`: the latency of each all-reduce (two per layer at tp > 1), with the
+  profile's bus bandwidth;
+- `attention_decode`: the engine's decode attention relative to the profile's (whose
+  attention on the H100 is transferred from A100 measurements), between the profile's
+  own fraction of the HBM peak (the kernel then reads KV at the datasheet bandwidth)
+  and 1.5;
+- `api_ms`: what the API server adds to each request's time to first token.
+
+Objective: the sum over runs of each run's mean over its stages of
+    (log(predicted / measured E2E mean) / 0.08)^2 + (log(predicted / measured TTFT p50) / 0.15)^2
+    + ((predicted - measured share answered within the client's timeout) / 0.15)^2,
+each error in units of its accuracy target, so every run weighs the same whatever its
+number of stages. Optimizer: projected Levenberg-Marquardt on the parameters scaled to
+their ranges, the Jacobian by forward differences (steps of 2% of a range: coarse enough
+that the simulations' discrete events do not make it noise), started from `START`, at
+most `MAX_ITERATIONS` iterations; a trial step is kept only if it lowers the objective.
+Simulations are deterministic (fixed seeds), so the fit is too. `api_ms` changes no
+step, so its derivative costs no simulation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from kvsim.calibrate.replay import PredictedStage, Replay
+from kvsim.calibrate.runs import MeasuredStage
+from kvsim.cost.engine_terms import ApiServer, GraphTerms
+from kvsim.cost.overhead import Comm, Overhead
+
+TARGETS = {"e2e": 0.08, "ttft": 0.15, "answered": 0.15}
+MAX_ITERATIONS = 12
+FD_STEP = 0.02
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    low: float
+    high: float
+    start: float
+    post_hoc: bool = False      # changes no step: the simulations are reused
+
+
+PARAMS = (
+    Param("step_us", 0.0, 3000.0, 200.0),
+    Param("per_seq_us", 0.0, 100.0, 5.0),
+    Param("piecewise_per_layer_us", 0.0, 200.0, 10.0),
+    Param("launch_per_layer_us", 0.0, 500.0, 50.0),
+    Param("allreduce_us", 0.0, 60.0, 8.0),
+    Param("attention_decode", 0.82, 1.5, 1.0),
+    Param("api_ms", 0.0, 50.0, 5.0, post_hoc=True),
+)
+START = {p.name: p.start for p in PARAMS}
+FREE = tuple(p.name for p in PARAMS if p.name != "launch_per_layer_us")
+BUS_GB_S = 360.0     # the shipped H100 profiles' assumed all-reduce bandwidth (80% of 450 GB/s)
+
+
+def overhead(theta: dict, label: str = "overhead:fitted", gpu: str = "h100-80gb") -> Overhead:
+    """The Overhead a parameter set describes."""
+    t = {**START, **theta}
+    return Overhead(label, step_s=t["step_us"] * 1e-6, per_seq_s=t["per_seq_us"] * 1e-6,
+                    comm=Comm(latency_s=t["allreduce_us"] * 1e-6, bus_gb_s=BUS_GB_S), gpu=gpu,
+                    launch_per_layer_s=t["launch_per_layer_us"] * 1e-6,
+                    graphs=GraphTerms(piecewise_per_layer_s=t["piecewise_per_layer_us"] * 1e-6),
+                    kernels=(("attention_decode", t["attention_decode"]),),
+                    api=ApiServer(request_s=t["api_ms"] * 1e-3))
+
+
+def document(theta: dict, name: str, gpu: str = "h100-80gb") -> dict:
+    """The kvsim-overhead/3 fields of a parameter set (the fitted coefficients only)."""
+    t = {**START, **theta}
+    r = lambda x: round(float(x), 6)     # noqa: E731
+    return {"format": "kvsim-overhead/3", "name": name, "gpu": gpu,
+            "host": {"step_ms": r(t["step_us"] / 1e3), "per_seq_ms": r(t["per_seq_us"] / 1e3),
+                     "per_prefill_token_ms": 0.0, "launch_per_layer_ms": r(t["launch_per_layer_us"] / 1e3)},
+            "comm": {"latency_us": r(t["allreduce_us"]), "latency_per_hop_us": 0.0, "bus_gb_s": BUS_GB_S},
+            "graphs": {"rule": "vllm-0.33.0", "piecewise_per_layer_ms": r(t["piecewise_per_layer_us"] / 1e3)},
+            "kernels": {"attention_decode": r(t["attention_decode"])},
+            "api": {"request_ms": r(t["api_ms"]), "per_prompt_token_us": 0.0}}
+
+
+def residuals(measured: Sequence[MeasuredStage], predicted: Sequence[PredictedStage]) -> np.ndarray:
+    """One run's errors in units of their targets, scaled so the run weighs 1 (see the
+    module docstring)."""
+    out = []
+    for m, p in zip(measured, predicted):
+        for what, stat in (("e2e", "mean"), ("ttft", "p50")):
+            mv, pv = m.get(what, stat), p.get(what, stat)
+            if mv and mv > 0:
+                out.append(math.log(max(pv or 0.0, 1e-6) / mv) / TARGETS[what])
+        out.append((p.answered - m.answered) / TARGETS["answered"])
+    return np.array(out) / math.sqrt(len(measured))
+
+
+class Objective:
+    """The runs' residuals at a parameter set, simulating only what the set changes."""
+
+    def __init__(self, replays: Sequence[Replay], workers: int = 1,
+                 map_fn: Callable | None = None):
+        self.replays = list(replays)
+        self.workers = workers
+        self._sims: dict[tuple, list] = {}
+        self.evaluations = 0       # simulations of every run
+
+    def engine_key(self, theta: dict) -> tuple:
+        return tuple(round(theta[p.name], 9) for p in PARAMS if not p.post_hoc)
+
+    def simulations(self, theta: dict) -> list:
+        key = self.engine_key(theta)
+        if key not in self._sims:
+            from kvsim.sim.parallel import ordered_map
+            o = overhead(theta)
+            self._sims[key] = ordered_map(lambda i: self.replays[i].simulate(o), len(self.replays),
+                                          self.workers)
+            self.evaluations += 1
+        return self._sims[key]
+
+    def predictions(self, theta: dict) -> list[list[PredictedStage]]:
+        api = overhead(theta).api
+        return [r.report(sims, api) for r, sims in zip(self.replays, self.simulations(theta))]
+
+    def __call__(self, theta: dict) -> np.ndarray:
+        return np.concatenate([residuals(r.run.stages, p)
+                               for r, p in zip(self.replays, self.predictions(theta))])
+
+
+def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | None = None,
+        max_iterations: int = MAX_ITERATIONS, on_iteration: Callable | None = None) -> dict:
+    """Projected Levenberg-Marquardt over the `free` parameters (default FREE), the rest
+    held at `start`; returns {"theta", "objective", "iterations", "evaluations"}."""
+    theta = {**START, **(start or {})}
+    free = FREE if free is None else free
+    params = [p for p in PARAMS if p.name in free]
+    span = np.array([p.high - p.low for p in params])
+    low = np.array([p.low for p in params])
+    high = np.array([p.high for p in params])
+
+    def at(x: np.ndarray) -> dict:
+        return {**theta, **{p.name: float(v) for p, v in zip(params, x)}}
+
+    x = np.clip(np.array([theta[p.name] for p in params]), low, high)
+    r = objective(at(x))
+    cost, lam, it = float(r @ r), 1e-2, 0
+    for it in range(1, max_iterations + 1):
+        jac = np.empty((len(r), len(params)))
+        for j in range(len(params)):
+            h = FD_STEP * span[j] * (1 if x[j] + FD_STEP * span[j] <= high[j] else -1)
+            xj = x.copy()
+            xj[j] += h
+            jac[:, j] = (objective(at(xj)) - r) / (h / span[j])
+        improved = False
+        for _ in range(6):
+            a = jac.T @ jac
+            step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -jac.T @ r)
+            trial = np.clip(x + step * span, low, high)
+            rt = objective(at(trial))
+            if float(rt @ rt) < cost:
+                x, r, cost, improved = trial, rt, float(rt @ rt), True
+                lam = max(lam / 3, 1e-6)
+                break
+            lam *= 4
+        if on_iteration:
+            on_iteration(it, at(x), cost)
+        if not improved or np.max(np.abs(step)) < 1e-3:
+            break
+    return {"theta": at(x), "objective": cost, "iterations": it, "evaluations": objective.evaluations}
