@@ -3,6 +3,8 @@ capture sizes as vLLM 0.33.0 chooses them, each step's mode and padded size, and
 kvsim-overhead/3 file changes in a step's price. Expected values are worked out by hand."""
 import json
 
+import numpy as np
+
 import pytest
 
 from kvsim.cost.engine_terms import ApiServer, GraphTerms
@@ -93,3 +95,33 @@ def test_a_bad_graph_overhead_file_is_an_input_error(tmp_path, part, words):
     with pytest.raises(InputError) as info:
         load_overhead(str(write(tmp_path, **part)))
     assert words in str(info.value)
+
+
+def test_the_api_server_delays_what_the_client_sees():
+    import pandas as pd
+    table = pd.DataFrame({"arrival_s": [0.0, 0.0, 0.0], "first_token_s": [1.0, 1.0, 1.0],
+                          "finish_s": [2.0, 3.0, 3.2], "prompt_tokens": [100, 100, 100],
+                          "outcome": ["completed", "completed", "timed out"]})
+    seen = ApiServer(request_s=0.5).respond(table, timeout_s=3.2)
+    assert seen.first_token_s.tolist() == [1.5, 1.5, 1.5]
+    # the second one's last token now comes at 3.5, after its client left at 3.2
+    assert seen.finish_s.tolist() == [2.5, 3.2, 3.2]
+    assert seen.outcome.tolist() == ["completed", "timed out", "timed out"]
+    assert table.finish_s.tolist() == [2.0, 3.0, 3.2]          # the engine's times are left as they were
+
+
+def test_kvsim_run_adds_the_api_servers_delay(tmp_path):
+    from pathlib import Path
+    from kvsim.config.scenario import ProfileCost, load_scenario
+    from kvsim.sim.runner import run_scenario
+    scn, base = load_scenario(Path(__file__).parent / "data" / "golden_tiny.yaml")
+    scn = scn.model_copy(update={"policies": scn.policies[3:4]})
+
+    def ttft(request_ms):
+        path = write(tmp_path, api={"request_ms": request_ms, "per_prompt_token_us": 0})
+        table = run_scenario(scn.model_copy(update={"cost_model": ProfileCost(overhead=str(path))}), base).requests
+        done = table[table.outcome == "completed"]
+        return (done.first_token_s - done.arrival_s).to_numpy(), (done.finish_s - done.first_token_s).to_numpy()
+    (a, span_a), (b, span_b) = ttft(0), ttft(6)
+    assert b - a == pytest.approx(np.full(len(a), 6e-3), abs=1e-12)
+    assert span_a == pytest.approx(span_b, abs=1e-12)

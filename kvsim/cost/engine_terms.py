@@ -17,7 +17,10 @@ and sending the first token back (detokenized, as a server-sent event). It is a 
 on the request, not a cost of a step: a fixed part and a part per prompt token, added to
 the time to first token and so to the end-to-end latency. What the server spends per
 further streamed token delays each token alike, so it moves no inter-token gap; it is
-absorbed into the fixed part.
+absorbed into the fixed part. The engine is simulated on the client's clock and the
+delay added to what the client sees (`respond`): a request then reaches the engine at
+the moment it was sent, milliseconds early, which moves which step it joins by at
+most one.
 """
 from __future__ import annotations
 
@@ -64,6 +67,24 @@ class ApiServer:
     def delay(self, prompt_tokens):
         """Seconds added to a request's time to first token (scalar or array of prompts)."""
         return self.request_s + self.per_prompt_token_s * prompt_tokens
+
+    def respond(self, table, timeout_s: float | None = None):
+        """A request table (kvsim.analysis.metrics.request_table) as the client sees it:
+        every first and last token later by the delay; a completed request whose last
+        token then comes after its client's timeout has timed out, ended at the deadline."""
+        delay = self.delay(table.prompt_tokens.to_numpy(dtype=float))
+        if not (delay > 0).any():
+            return table
+        table = table.copy()
+        table["first_token_s"] += delay
+        done = (table.outcome == "completed").to_numpy()
+        table.loc[done, "finish_s"] += delay[done]
+        if timeout_s is not None:
+            deadline = table.arrival_s + timeout_s
+            late = done & (table.finish_s > deadline).to_numpy()
+            table.loc[late, "outcome"] = "timed out"
+            table.loc[late, "finish_s"] = deadline[late]
+        return table
 
 
 def kernel_scales(doc: dict) -> tuple[tuple[str, float], ...]:

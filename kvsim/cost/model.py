@@ -293,6 +293,11 @@ class Profiled:
             launch = 0.0
         return {**parts, **self.overhead.host(seqs, pre_tokens), "overhead_launch": launch}, tuple(why)
 
+    @property
+    def api(self):
+        """What the overhead's API server adds to each request (kvsim.cost.engine_terms), or None."""
+        return self.overhead.api
+
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds per part of one step (they sum to step_time)."""
         return self.parts(batch)[0]

@@ -219,6 +219,9 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
         for r in (run, *run.parts):
             r.requests = requests
         table = request_table(run)
+        api = getattr(cost, "api", None)       # the HTTP server's delay on each response
+        if api is not None:
+            table = api.respond(table, scn.workload.request_timeout_s)
         mean_footprint = total_footprint(allocator, requests) * width / len(requests)
         fixed = {"policy": policy.name, "allocator": policy.allocator,
                  "kv_cache_dtype": kv.kv_cache_dtype, **effective_columns(settings, kind, options)}
