@@ -5,16 +5,18 @@ pass another folder as the first argument): vLLM V1 on H100 SXM, inference-perf 
 load generator, from the public repository inference-sim/training (February 2026).
 Writes
 
-* ``kvsim/data/overheads/vllm-v1-h100-v1.json``: the overhead fitted on the runs it can
-  simulate (kvsim.calibrate.engine_fit: objective, optimizer), every stage's measured and
-  predicted figures (the whole runs simulated with the fitted overhead), the in-sample
-  error, and each leave-one-experiment-out fit's coefficients and error;
-* ``docs/accuracy-vllm-h100.md``: the accuracy table, made by ``kvsim validate`` on each
-  run with the overhead fitted on the other runs (fit on the rest, predict the one left
-  out), and the commands that made it.
+* ``kvsim/data/overheads/vllm-v1-h100-v1.json``: the overhead fitted on all the runs
+  (kvsim.calibrate.engine_fit: objective, optimizer; every run simulated whole), every
+  stage's measured and predicted figures from ``kvsim validate`` with it (in sample) and
+  with each leave-one-experiment-out overhead (held out), and the errors of both;
+* ``docs/accuracy-vllm-h100.md``: the accuracy table, made from those ``kvsim validate``
+  results: each run predicted with the overhead fitted on the other nine.
 
-Runs the script cannot yet simulate faithfully are listed with the reason and left out
-of the fit (EXCLUDED). Deterministic: fixed seeds, sorted keys, rounded floats.
+Work is reused: each leave-one-out fit starts from the all-runs fit's coefficients with
+the other runs' residuals and Jacobian rows at that point, so its first step costs no
+simulation but its trials, and runs at most LOO_ITERATIONS iterations (whether it
+stopped on its own is recorded). Progress is kept in build/ so an interrupted run
+resumes. Deterministic: fixed seeds, sorted keys, rounded floats.
 
 Usage: python scripts/derive_vllm_overhead.py [RUNS_DIR] [--jobs N]
 """
@@ -26,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from kvsim.calibrate import engine_fit, run_check
 from kvsim.calibrate.replay import Replay
 from kvsim.calibrate.runs import read_run
@@ -35,130 +39,178 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_IN = REPO.parent / "shared" / "data" / "vllm-h100"
 OUT = REPO / "kvsim" / "data" / "overheads" / "vllm-v1-h100-v1.json"
 DOC = REPO / "docs" / "accuracy-vllm-h100.md"
-NAME, VERSION, WINDOW_S = "vllm-v1-h100-v1", 1, 120.0
-# Where the full fit starts: the coefficients of a first fit on the six llama and codellama
-# runs below capacity (60 s windows), to save iterations; each leave-one-out fit starts
-# from the full fit's and runs until it stops improving, so it ends at its own optimum.
-START_FROM = {"step_us": 0.0, "per_seq_us": 0.0, "piecewise_per_layer_us": 1.70, "launch_per_layer_us": 50.0,
-              "allreduce_us": 7.86, "attention_decode": 0.875, "api_ms": 6.32}
-EXCLUDED = {
-    "mixtral-8x7b-v0-1-tp2-reasoning": "69% of its requests time out, and kvsim cannot yet abort a "
-                                       "request the client gave up on (the engine keeps serving it)",
-    "llama-2-7b-tp1-reasoning": "85% of its requests time out, and kvsim cannot yet abort a request "
-                                "the client gave up on (the engine keeps serving it)",
-}
+STATE = REPO / "build" / "derive_vllm_overhead.state.json"
+NAME, VERSION = "vllm-v1-h100-v1", 1
+MAX_ITERATIONS, LOO_ITERATIONS = 12, 4
+# Where the all-runs fit starts: an earlier, partial fit on eight of these runs (four
+# Levenberg-Marquardt iterations on 60-second windows), to save iterations.
+START_FROM = {"step_us": 0.0, "per_seq_us": 5.72, "piecewise_per_layer_us": 0.0, "launch_per_layer_us": 50.0,
+              "allreduce_us": 14.2, "attention_decode": 0.858, "api_ms": 6.03}
 SOURCE = ("inference-sim/training, default_args/ (February 2026): vLLM V1 on NVIDIA H100 SXM 80GB, "
           "inference-perf shared-prefix workloads at constant-rate stages, streaming completions")
 
 
-def fit_on(replays, start=None, jobs=1, iterations=20, log=print):
-    objective = engine_fit.Objective(replays, workers=jobs)
-    return engine_fit.fit(objective, start=start, max_iterations=iterations,
-                          on_iteration=lambda i, t, c: log(f"  iteration {i}: objective {c:.4g}", flush=True))
+def log(*parts) -> None:
+    print(*parts, flush=True)
 
 
-def validate(run_dir: Path, overhead_file: Path, out: Path, jobs: int) -> dict:
-    """`kvsim validate` on one run, as a user runs it; its validation.json."""
-    cmd = [sys.executable, "-m", "kvsim.cli", "validate", str(run_dir), "--cost-model", str(overhead_file),
-           "--out", str(out), "--jobs", str(jobs)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return json.loads((out / "validation.json").read_text())
+def validate(run_dirs: list[Path], theta: dict, name: str, jobs: int) -> dict:
+    """`kvsim validate` on the runs with the overhead `theta` describes, as a user runs it:
+    its validation.json, and the command (with the file's name in place of its path)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / f"{name}.json"
+        f.write_text(json.dumps(engine_fit.document(theta, name)))
+        cmd = [sys.executable, "-m", "kvsim.cli", "validate", *map(str, run_dirs), "--cost-model", str(f),
+               "--out", str(Path(tmp) / "v"), "--jobs", str(jobs)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.loads((Path(tmp) / "v" / "validation.json").read_text())
 
 
 def main(argv: list[str]) -> None:
     jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else 1
     args = [a for i, a in enumerate(argv) if a != "--jobs" and (i == 0 or argv[i - 1] != "--jobs")]
     root = Path(args[0]) if args else DEFAULT_IN
-    dirs = sorted(p for p in root.iterdir() if (p / "exp-config.yaml").is_file())
-    used = [d for d in dirs if d.name not in EXCLUDED]
-    runs = {d.name: read_run(d) for d in used}
-    replays = {n: Replay(r, window_s=WINDOW_S) for n, r in runs.items()}
-    old = json.loads(OUT.read_text()) if OUT.is_file() else {}
-    if old.get("fit", {}).get("runs") == sorted(runs) and "theta" in old.get("fit", {}):
-        theta = old["fit"]["theta"]          # resume: the full fit is done
-        doc = old
-        print(f"resuming from {OUT}: the fit on {len(used)} runs is done", flush=True)
-    else:
-        print(f"fitting on {len(used)} runs ({', '.join(runs)}) from {START_FROM}", flush=True)
-        full = fit_on(list(replays.values()), start=START_FROM, jobs=jobs)
-        theta = full["theta"]
-        print("fitted:", json.dumps(theta), flush=True)
-        doc = engine_fit.document(theta, NAME)
-        with tempfile.TemporaryDirectory() as tmp:
-            shipped = Path(tmp) / f"{NAME}.json"
-            shipped.write_text(json.dumps(doc))
-            points = [row for d in used for row in validate(d, shipped, Path(tmp) / d.name, jobs)["stages"]]
-        print("in sample:", run_check.summary(points), flush=True)
-        doc.update(version=VERSION, source=SOURCE, license="the runs' repository (public benchmark data)",
-                   engine="vLLM V1 (release not recorded in the runs; kvsim follows vLLM 0.33.0's CUDA-graph "
-                          "capture sizes and asynchronous scheduling)",
-                   derived_with="scripts/derive_vllm_overhead.py",
-                   fit={"method": engine_fit.__doc__.split("Objective:")[1].strip(), "window_s": WINDOW_S,
-                        "runs": sorted(runs), "excluded": EXCLUDED, "start": START_FROM,
-                        "theta": {k: round(v, 6) for k, v in theta.items()},
-                        **{k: full[k] for k in ("objective", "iterations", "evaluations")}},
-                   error={"in_sample": run_check.summary(points), "leave_one_out": None,
-                          "leave_one_out_runs": {}},
-                   points=points, range={"tp": [1, 2]})
-        save(doc)
-    held = doc["error"]["leave_one_out_runs"]
-    for d in dirs:
-        if d.name in held:
+    dirs = {p.name: p for p in sorted(root.iterdir()) if (p / "exp-config.yaml").is_file()}
+    replays = {n: Replay(read_run(d)) for n, d in dirs.items()}
+    names = list(replays)
+    state = json.loads(STATE.read_text()) if STATE.is_file() else {}
+    if state.get("runs") != names:
+        state = {"runs": names}
+    free = list(engine_fit.FREE)
+
+    def progress(i, theta, cost):
+        log(f"  iteration {i}: objective {cost:.4g} at " + json.dumps({k: round(v, 4) for k, v in theta.items()}))
+
+    if "full" not in state:
+        log(f"fitting on all {len(names)} runs from {START_FROM}")
+        objective = engine_fit.Objective(list(replays.values()), workers=jobs)
+        full = engine_fit.fit(objective, start=START_FROM, max_iterations=MAX_ITERATIONS, on_iteration=progress)
+        state["full"] = {"theta": full["theta"], "objective": full["objective"], "iterations": full["iterations"],
+                         "evaluations": full["evaluations"], "converged": full["iterations"] < MAX_ITERATIONS,
+                         "residuals": full["residuals"].tolist(), "jacobian": full["jacobian"].tolist()}
+        save_state(state)
+    full = state["full"]
+    theta = full["theta"]
+    log("fitted:", json.dumps(theta))
+    if "in_sample" not in state:
+        state["in_sample"] = validate(list(dirs.values()), theta, NAME, jobs)
+        save_state(state)
+    log("in sample:", state["in_sample"]["summary"])
+
+    # each run's rows of the full fit's residuals and Jacobian
+    sizes = [len(engine_fit.residuals(r.run.stages, r.run.stages)) for r in replays.values()]
+    edges = np.cumsum([0, *sizes])
+    r_all, j_all = np.array(full["residuals"]), np.array(full["jacobian"])
+    held = state.setdefault("held_out", {})
+    for k, name in enumerate(names):
+        if name in held:
             continue
-        others = [replays[n] for n in replays if n != d.name]
-        print(f"leaving out {d.name}", flush=True)
-        loo = fit_on(others, start=theta, jobs=jobs)
-        with tempfile.TemporaryDirectory() as tmp:
-            f = Path(tmp) / "loo.json"
-            f.write_text(json.dumps(engine_fit.document(loo["theta"], f"{NAME}-without-{d.name}")))
-            v = validate(d, f, Path(tmp) / "v", jobs)
-        held[d.name] = {"theta": {k: round(x, 6) for k, x in loo["theta"].items()},
-                        "iterations": loo["iterations"], "summary": v["summary"], "stages": v["stages"]}
-        print("  held out:", v["summary"], flush=True)
-        rows = [r for n, h in held.items() if n not in EXCLUDED for r in h["stages"]]
-        doc["error"]["leave_one_out"] = run_check.summary(rows) if rows else None
-        doc["error"]["leave_one_out_pending"] = [x.name for x in dirs if x.name not in held]
-        save(doc)
-    print(f"wrote {OUT} and {DOC}")
-
-
-def save(doc: dict) -> None:
+        log(f"leaving out {name}")
+        keep = np.concatenate([np.arange(edges[i], edges[i + 1]) for i in range(len(names)) if i != k])
+        objective = engine_fit.Objective([replays[n] for n in names if n != name], workers=jobs)
+        loo = engine_fit.fit(objective, start=theta, max_iterations=LOO_ITERATIONS, on_iteration=progress,
+                             known=(r_all[keep], j_all[keep]))
+        v = validate([dirs[name]], loo["theta"], f"{NAME}-without-{name}", jobs)
+        held[name] = {"theta": loo["theta"], "iterations": loo["iterations"], "evaluations": loo["evaluations"],
+                      "converged": loo["iterations"] < LOO_ITERATIONS, "objective": loo["objective"],
+                      "summary": v["summary"], "stages": v["stages"]}
+        log("  held out:", v["summary"])
+        save_state(state)
+    doc = shipped(state, free)
     OUT.write_text(json.dumps(clean(doc), indent=1, sort_keys=True) + "\n")
     DOC.parent.mkdir(exist_ok=True)
     DOC.write_text(markdown(doc))
+    log(f"wrote {OUT} and {DOC}")
+
+
+def save_state(state: dict) -> None:
+    STATE.parent.mkdir(exist_ok=True)
+    STATE.write_text(json.dumps(clean(state)))
+
+
+def shipped(state: dict, free: list[str]) -> dict:
+    full, held = state["full"], state["held_out"]
+    rows = [r for n in state["runs"] for r in held[n]["stages"]]
+    doc = engine_fit.document(full["theta"], NAME)
+    doc.update(
+        version=VERSION, source=SOURCE, license="the runs' repository (public benchmark data)",
+        engine="vLLM V1 (release not recorded in the runs; kvsim follows vLLM 0.33.0's CUDA-graph capture "
+               "sizes and asynchronous scheduling)",
+        derived_with="scripts/derive_vllm_overhead.py",
+        fit={"method": engine_fit.__doc__.split("Objective:")[1].strip(), "runs": state["runs"],
+             "whole_runs": True, "free": free, "start": START_FROM,
+             "theta": {k: round(v, 6) for k, v in full["theta"].items()},
+             **{k: full[k] for k in ("objective", "iterations", "evaluations", "converged")},
+             "max_iterations": MAX_ITERATIONS, "leave_one_out_max_iterations": LOO_ITERATIONS},
+        error={"in_sample": state["in_sample"]["summary"], "leave_one_out": run_check.summary(rows),
+               "leave_one_out_runs": {n: {k: held[n][k] for k in ("theta", "iterations", "converged", "summary")}
+                                      for n in state["runs"]}},
+        points=[{**r, "in_sample": i} for i, r in
+                [(True, r) for r in state["in_sample"]["stages"]] + [(False, r) for r in rows]],
+        range={"gpu": ["h100-80gb"], "tp": [1, 2], "max_num_seqs": [128], "max_num_batched_tokens": [2048]})
+    return doc
 
 
 def markdown(doc: dict) -> str:
+    ins, loo = doc["error"]["in_sample"], doc["error"]["leave_one_out"]
     held = doc["error"]["leave_one_out_runs"]
-    ins = doc["error"]["in_sample"]
-    loo = doc["error"]["leave_one_out"] or {k: float("nan") for k in ins}
-    lines = ["# How close kvsim comes to real vLLM runs", "",
-             "vLLM V1 on H100 SXM, ten benchmark runs (" + SOURCE + "). Each run is predicted with the",
-             "engine overhead fitted on the other runs kvsim can simulate (leave one experiment out):",
-             "", "    python scripts/derive_vllm_overhead.py    # fits, then for each run:",
-             "    kvsim validate RUN_DIR --cost-model <overhead fitted without RUN_DIR>", "",
-             "Targets: E2E mean within 8% on average and 20% at worst; TTFT p50 within 15% (median over",
-             "stages); the share answered within the client's timeout within 15 points.", "",
-             f"| | E2E mean, mean abs. error | worst stage | TTFT p50, median error | answered, worst |",
-             "| --- | --- | --- | --- | --- |",
-             f"| held out ({loo['stages']} stages) | {loo['e2e_mean_mae']:.1%} | {loo['e2e_mean_worst']:.1%} | "
-             f"{loo['ttft_p50_median_error']:.1%} | {_points(loo['answered_worst_points'])} |",
-             f"| in sample ({ins['stages']} stages) | {ins['e2e_mean_mae']:.1%} | {ins['e2e_mean_worst']:.1%} | "
-             f"{ins['ttft_p50_median_error']:.1%} | {_points(ins['answered_worst_points'])} |", "",
-             "Per stage, held out (measured / kvsim, error)"
-             + (f"; still to do: {', '.join(doc['error'].get('leave_one_out_pending', []))}"
-                if doc["error"].get("leave_one_out_pending") else "") + ":", "",
-             "| run | stage | rate | E2E mean (s) | TTFT p50 (ms) | ITL mean (ms) | ITL p99 (ms) | answered |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    n = len(doc["fit"]["runs"])
+    stopped = [name for name, h in held.items() if not h["converged"]]
+    lines = [
+        "# How close kvsim comes to real vLLM runs", "",
+        f"vLLM V1 on H100 SXM: {n} benchmark runs ({SOURCE}). kvsim replays each run as it was",
+        "driven (its inference-perf config as `workload: {inference_perf: PATH}`, the server's settings, the",
+        "client's 300 s timeout, requests aborted past it counted as failures) and compares every load",
+        "stage with what inference-perf reported. Each run is predicted with the engine overhead fitted on",
+        f"the other {n - 1} runs (leave one experiment out), so the held-out figures are predictions of runs",
+        "kvsim was not fitted to. Made by:", "",
+        "    python scripts/derive_vllm_overhead.py --jobs 2", "",
+        "which fits the overhead on all the runs, then for each run fits it again without that run and",
+        "simulates the run with `kvsim validate RUN_DIR --cost-model FILE` (FILE: the overhead fitted",
+        "without RUN_DIR); the shipped `vllm-v1-h100-v1` is the all-runs fit, checked the same way",
+        "(in sample).", "",
+        "Targets: E2E mean within 8% on average over stages and 20% at worst; TTFT p50 within 15% (median",
+        "over stages); for a run past its capacity, the share of requests answered within the client's",
+        "timeout within 15 points.", "",
+        "| | stages | E2E mean: mean abs. error | worst stage | TTFT p50: median abs. error "
+        "| answered (past capacity): worst |",
+        "| --- | --- | --- | --- | --- | --- |",
+        _summary_row("held out (leave one experiment out)", loo),
+        _summary_row("in sample (the shipped fit)", ins), "",
+        "Per stage, held out (measured / kvsim, error):", "",
+        "| run | stage | rate (req/s) | E2E mean (s) | TTFT p50 (ms) | ITL mean (ms) | answered |",
+        "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, h in held.items():
-        for r in h["stages"]:
-            note = " (not in the fit: " + EXCLUDED[name] + ")" if name in EXCLUDED and r["stage"] == 0 else ""
-            lines.append(f"| {name}{note} | {r['stage']} | {r['rate_per_s']:g} | {_cell(r, 'e2e_mean', 1)} | "
-                         f"{_cell(r, 'ttft_p50', 1e3)} | {_cell(r, 'itl_mean', 1e3)} | {_cell(r, 'itl_p99', 1e3)} | "
+        for r in [p for p in doc["points"] if not p["in_sample"] and p["run"] == name]:
+            lines.append(f"| {name} | {r['stage']} | {r['rate_per_s']:g} | {_cell(r, 'e2e_mean', 1)} | "
+                         f"{_cell(r, 'ttft_p50', 1e3)} | {_cell(r, 'itl_mean', 1e3)} | "
                          f"{r['answered_measured']:.1%} / {r['answered_predicted']:.1%} |")
-    lines += ["", "The fitted overhead (shipped as `" + NAME + "`):", "", "```",
+    lines += [
+        "", "ITL is inference-perf's inter-token latency: the gaps between the stream's lines, of which vLLM",
+        "sends two per token, so it is about half the time between tokens.", "",
+        "## The fitted overhead", "",
+        "Fitted by simulating every run whole with candidate coefficients (kvsim.calibrate.engine_fit):",
+        "", doc["fit"]["method"], "",
+        f"All-runs fit: {doc['fit']['iterations']} iterations ({doc['fit']['evaluations']} simulations of every "
+        f"run), objective {doc['fit']['objective']:.4g}"
+        + ("" if doc["fit"]["converged"] else f" (stopped at the cap of {doc['fit']['max_iterations']})") + ".",
+        f"Each leave-one-out fit starts from the all-runs fit (whose start knew the held-out run) and runs at "
+        f"most {doc['fit']['leave_one_out_max_iterations']} iterations"
+        + (f"; {', '.join(stopped)} stopped at that cap, so its start's knowledge of the held-out run is not "
+           "wholly gone" if stopped else "; every one stopped on its own, before the cap") + ".", "",
+        "| coefficient | all runs | " + " | ".join(f"without {name}" for name in held) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in held) + " |"]
+    for key in doc["fit"]["free"]:
+        lines.append(f"| {key} | {doc['fit']['theta'][key]:.4g} | "
+                     + " | ".join(f"{h['theta'][key]:.4g}" for h in held.values()) + " |")
+    lines += ["", "As shipped:", "", "```json",
               json.dumps({k: doc[k] for k in ("host", "comm", "graphs", "kernels", "api")}, indent=1), "```", ""]
     return "\n".join(lines)
+
+
+def _summary_row(label: str, s: dict) -> str:
+    return (f"| {label} | {s['stages']} | {s['e2e_mean_mae']:.1%} | {s['e2e_mean_worst']:.1%} | "
+            f"{s['ttft_p50_median_error']:.1%} | {_points(s['answered_worst_points'])} |")
 
 
 def _cell(r, key, unit):

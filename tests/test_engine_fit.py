@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from kvsim.calibrate import engine_fit, run_check
-from kvsim.calibrate.replay import Replay, streamed_events
+from kvsim.calibrate.replay import Replay, scenario_of
 from kvsim.calibrate.runs import read_run
 from kvsim.config.errors import InputError
 from helpers import kvsim
@@ -42,6 +42,7 @@ def write_run(d: Path, stages, *, model="llama-2-7b", output=24, reports=None) -
                                                        "max_model_len": 1024, "max_num_batched_tokens": 512,
                                                        "max_num_seqs": 32}))
     (d / "inference-perf-config.yaml").write_text(yaml.safe_dump({
+        "api": {"type": "completion", "streaming": True},
         "data": {"type": "shared_prefix", "shared_prefix": {
             "num_groups": 2, "num_prompts_per_group": 5, "system_prompt_len": 32, "question_len": 96,
             "output_len": output}},
@@ -77,10 +78,30 @@ def test_a_broken_run_folder_is_an_input_error(tmp_path, change, field, words):
 def test_other_data_types_are_refused(tmp_path):
     d = write_run(tmp_path / "r", [(2, 30)])
     cfg = yaml.safe_load((d / "inference-perf-config.yaml").read_text())
-    cfg["data"]["type"] = "random"
+    cfg["data"]["type"] = "mock"
     (d / "inference-perf-config.yaml").write_text(yaml.safe_dump(cfg))
-    with pytest.raises(InputError, match="data.type: 'random'"):
+    with pytest.raises(InputError, match="data.type: 'mock' is not supported"):
         Replay(read_run(d))
+
+
+def test_a_run_is_replayed_as_the_scenario_its_files_describe(tmp_path):
+    d = write_run(tmp_path / "r", [(2, 300), (4, 30)])
+    measured = {"load_summary": {"count": 600}, "successes": {"count": 600, "prompt_len": {"mean": 138.4}},
+                "failures": {"count": 0}}
+    past = {**measured, "failures": {"count": 3}}
+    for i, doc in enumerate((measured, past)):
+        (d / f"stage_{i}_lifecycle_metrics.json").write_text(json.dumps(doc))
+    scn = scenario_of(read_run(d), window_s=60)
+    assert scn["scheduler"] == {"max_num_seqs": 32, "max_num_batched_tokens": 512}
+    assert (scn["model"], scn["tensor_parallel_size"], scn["max_model_len"]) == ("llama-2-7b", 1, 1024)
+    # the server saw 138 tokens for 32 + 96: the 10 more shared 1 : 3 (2 and 8, rounded)
+    sp = scn["workload"]["inference_perf"]["shared_prefix"]
+    assert (sp["system_prompt_len"], sp["question_len"]) == (34, 104)
+    # the stage without failures shortened to the window, the one with failures kept whole
+    assert [s["duration_s"] for s in scn["workload"]["arrival"]["stages"]] == [60.0, 30.0]
+    assert scn["workload"]["request_timeout_s"] == 300.0      # aiohttp's default: the config sets none
+    replay = Replay(read_run(d), window_s=60)
+    assert replay.settings.async_scheduling and len(replay.requests) == 120 + 120
 
 
 TRUE = {"step_us": 400.0, "per_seq_us": 30.0, "api_ms": 8.0}
@@ -93,7 +114,8 @@ def made_runs(tmp_path_factory):
     dirs = []
     # sequences decode about 1 (1 req/s) to 20 at a time (24 req/s): the batch sizes
     # tell the per-step and per-sequence parts apart
-    for name, stages in (("slow", [(1, 20), (8, 10)]), ("busy", [(24, 10)])):
+    # (enough requests that a stage's TTFT median moves smoothly with the coefficients)
+    for name, stages in (("slow", [(1, 60), (8, 30)]), ("busy", [(24, 20)])):
         d = write_run(root / name, stages, output=96)
         predicted = Replay(read_run(d)).predict(engine_fit.overhead(TRUE))
         for i, p in enumerate(predicted):
@@ -104,7 +126,6 @@ def made_runs(tmp_path_factory):
 
 def test_fit_recovers_the_coefficients_of_runs_kvsim_made(made_runs):
     replays = [Replay(read_run(d)) for d in made_runs]
-    assert [r.events for r in replays] == [1, 1]          # one event per token, as kvsim reports
     objective = engine_fit.Objective(replays)
     result = engine_fit.fit(objective, start={"step_us": 100.0, "per_seq_us": 5.0, "api_ms": 2.0},
                             free=tuple(TRUE))
@@ -149,23 +170,12 @@ def test_run_check_rows_and_summary():
 
 
 @needs_data
-def test_a_given_run_held_out_is_predicted_within_the_targets():
-    """codellama-34b-tp2-roleplay, simulated whole with the overhead fitted on the other
-    runs (the leave-one-out coefficients the shipped file records)."""
-    from kvsim.cost.overhead import SHIPPED
-    doc = json.loads((SHIPPED / "vllm-v1-h100-v1.json").read_text())
-    theta = doc["error"]["leave_one_out_runs"]["codellama-34b-tp2-roleplay"]["theta"]
-    run = read_run(DATA / "codellama-34b-tp2-roleplay")
-    replay = Replay(run)
-    assert replay.events == 2           # the runs stream two events per token
-    (stage,) = replay.predict(engine_fit.overhead(theta))
-    (measured,) = run.stages
-    assert abs(stage.get("e2e") / measured.get("e2e") - 1) < 0.08
-    assert abs(stage.get("ttft", "p50") / measured.get("ttft", "p50") - 1) < 0.15
-    assert stage.answered == measured.answered == 1.0
-
-
-@needs_data
-def test_streamed_events_per_token_as_the_reports_show():
-    run = read_run(DATA / "llama-2-7b-tp1-codegen")
-    assert streamed_events(run, 247) == 2
+def test_the_given_runs_replay_the_requests_their_reports_count():
+    for d in sorted(p for p in DATA.iterdir() if (p / "exp-config.yaml").is_file()):
+        run = read_run(d)
+        replay = Replay(run)
+        sent = [int((replay.requests.stage == i).sum()) for i in range(len(run.stages))]
+        assert sent == [st.sent for st in run.stages], d.name
+        assert replay.timeout_s == 300.0 and replay.settings.max_num_seqs == 128
+        # prompts as long as the server saw them (the reports' mean, rounded)
+        assert replay.requests.prompt_tokens.mean() == round(run.stages[0].prompt_tokens), d.name

@@ -32,7 +32,9 @@ their ranges, the Jacobian by forward differences (steps of 2% of a range: coars
 that the simulations' discrete events do not make it noise), started from `START`, at
 most `MAX_ITERATIONS` iterations; a trial step is kept only if it lowers the objective.
 Simulations are deterministic (fixed seeds), so the fit is too. `api_ms` changes no
-step, so its derivative costs no simulation.
+step, so its derivative costs no simulation; the runs' simulations are kept per run,
+so a fit over some of the same runs reuses them, and a fit may start from residuals
+and a Jacobian already known (a leave-one-out fit, from the all-runs fit's end).
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from kvsim.cost.overhead import Comm, Overhead
 TARGETS = {"e2e": 0.08, "ttft": 0.15, "answered": 0.15}
 MAX_ITERATIONS = 12
 FD_STEP = 0.02
+KEEP = 2            # simulations kept: the current point's and the last trial's
 
 
 @dataclass(frozen=True)
@@ -113,41 +116,62 @@ def residuals(measured: Sequence[MeasuredStage], predicted: Sequence[PredictedSt
 
 
 class Objective:
-    """The runs' residuals at a parameter set, simulating only what the set changes."""
+    """The runs' residuals at a parameter set, simulating only what the set changes. Each
+    replay keeps the simulations of its last KEEP engine settings, so objectives over
+    some of the same replays (a leave-one-out fit's) share them."""
 
-    def __init__(self, replays: Sequence[Replay], workers: int = 1,
-                 map_fn: Callable | None = None):
+    def __init__(self, replays: Sequence[Replay], workers: int = 1):
         self.replays = list(replays)
         self.workers = workers
-        self._sims: dict[tuple, list] = {}
         self.evaluations = 0       # simulations of every run
 
-    def engine_key(self, theta: dict) -> tuple:
+    @staticmethod
+    def engine_key(theta: dict) -> tuple:
         return tuple(round(theta[p.name], 9) for p in PARAMS if not p.post_hoc)
 
     def simulations(self, theta: dict) -> list:
         key = self.engine_key(theta)
-        if key not in self._sims:
+        caches = [r.__dict__.setdefault("_fit_runs", {}) for r in self.replays]
+        missing = [i for i, c in enumerate(caches) if key not in c]
+        if missing:
             from kvsim.sim.parallel import ordered_map
             o = overhead(theta)
-            self._sims[key] = ordered_map(lambda i: self.replays[i].simulate(o), len(self.replays),
-                                          self.workers)
+            # the longest first, so that it does not end the batch alone
+            order = sorted(range(len(missing)), key=lambda k: -len(self.replays[missing[k]].requests))
+            runs = ordered_map(lambda k: self.replays[missing[k]].simulate(o), len(missing),
+                               self.workers, first=order)
+            for i, run in zip(missing, runs):
+                caches[i][key] = run
             self.evaluations += 1
-        return self._sims[key]
+        out = []
+        for c in caches:
+            c[key] = c.pop(key)                # the most recently used last
+            while len(c) > KEEP:               # a fit revisits only its current point
+                c.pop(next(iter(c)))
+            out.append(c[key])
+        return out
 
     def predictions(self, theta: dict) -> list[list[PredictedStage]]:
-        api = overhead(theta).api
-        return [r.report(sims, api) for r, sims in zip(self.replays, self.simulations(theta))]
+        o = overhead(theta)
+        return [r.report(run, o) for r, run in zip(self.replays, self.simulations(theta))]
+
+    def per_run(self, theta: dict) -> list[np.ndarray]:
+        """Each run's residuals (their concatenation is the objective's)."""
+        return [residuals(r.run.stages, p) for r, p in zip(self.replays, self.predictions(theta))]
 
     def __call__(self, theta: dict) -> np.ndarray:
-        return np.concatenate([residuals(r.run.stages, p)
-                               for r, p in zip(self.replays, self.predictions(theta))])
+        return np.concatenate(self.per_run(theta))
 
 
 def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | None = None,
-        max_iterations: int = MAX_ITERATIONS, on_iteration: Callable | None = None) -> dict:
+        max_iterations: int = MAX_ITERATIONS, on_iteration: Callable | None = None,
+        known: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """Projected Levenberg-Marquardt over the `free` parameters (default FREE), the rest
-    held at `start`; returns {"theta", "objective", "iterations", "evaluations"}."""
+    held at `start`; returns {"theta", "objective", "iterations", "evaluations",
+    "residuals", "jacobian"} (the last Jacobian, taken at or one step before the end).
+    known: (residuals, Jacobian) at `start` over the free parameters, already computed
+    (a leave-one-out fit from the full fit's end takes the other runs' rows of the full
+    fit's): the first iteration then simulates only its trial steps."""
     theta = {**START, **(start or {})}
     free = FREE if free is None else free
     params = [p for p in PARAMS if p.name in free]
@@ -159,19 +183,22 @@ def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | N
         return {**theta, **{p.name: float(v) for p, v in zip(params, x)}}
 
     x = np.clip(np.array([theta[p.name] for p in params]), low, high)
-    r = objective(at(x))
+    r, jac = known if known is not None else (objective(at(x)), None)
     cost, lam, it = float(r @ r), 1e-2, 0
     for it in range(1, max_iterations + 1):
-        jac = np.empty((len(r), len(params)))
-        for j in range(len(params)):
-            h = FD_STEP * span[j] * (1 if x[j] + FD_STEP * span[j] <= high[j] else -1)
-            xj = x.copy()
-            xj[j] += h
-            jac[:, j] = (objective(at(xj)) - r) / (h / span[j])
+        if jac is None:
+            jac = np.empty((len(r), len(params)))
+            # the parameters that change no step first, while the point's simulations are kept
+            for j in sorted(range(len(params)), key=lambda j: not params[j].post_hoc):
+                h = FD_STEP * span[j] * (1 if x[j] + FD_STEP * span[j] <= high[j] else -1)
+                xj = x.copy()
+                xj[j] += h
+                jac[:, j] = (objective(at(xj)) - r) / (h / span[j])
+        last, jac = jac, None
         improved = False
         for _ in range(6):
-            a = jac.T @ jac
-            step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -jac.T @ r)
+            a = last.T @ last
+            step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -last.T @ r)
             trial = np.clip(x + step * span, low, high)
             rt = objective(at(trial))
             if float(rt @ rt) < cost:
@@ -183,4 +210,5 @@ def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | N
             on_iteration(it, at(x), cost)
         if not improved or np.max(np.abs(step)) < 1e-3:
             break
-    return {"theta": at(x), "objective": cost, "iterations": it, "evaluations": objective.evaluations}
+    return {"theta": at(x), "objective": cost, "iterations": it, "evaluations": objective.evaluations,
+            "residuals": r, "jacobian": last if it else None}

@@ -37,8 +37,10 @@ def _replays(run_dirs, gpu: str, window_s: float | None):
               help="The overhead file to write (JSON, format kvsim-overhead/3).")
 @click.option("--gpu", default="h100-80gb", show_default=True, help=f"The runs' GPU: {', '.join(GPUS)}.")
 @click.option("--name", help="The overhead's name [default: the file's stem].")
-@click.option("--window", "window_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Seconds of arrivals simulated per stage while fitting (stages past capacity run whole).")
+@click.option("--window", "window_s", type=click.FloatRange(min=1), default=None,
+              help="Simulate only this many seconds of arrivals of each stage while fitting, to make it "
+                   "cheaper (stages with failures run whole) [default: whole stages]. Short windows "
+                   "bias the fit: a stage's cold start then weighs more.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Simulate the runs in N processes.")
 @click.option("--max-iterations", type=click.IntRange(min=1), default=12, show_default=True,
@@ -83,11 +85,11 @@ def validate(run_dirs, overhead_ref, gpu, out, jobs):
     """Simulate benchmark runs and compare each stage with what the load generator measured."""
     from kvsim.calibrate import run_check
     from kvsim.cost.overhead import load_overhead
-    from kvsim.cost.model import default_overhead
+    from kvsim.cost.model import choose_overhead
     from kvsim.sim.parallel import ordered_map
     replays = _replays(run_dirs, gpu, None)
     overhead = (load_overhead(overhead_ref, Path("."), "command line", "--cost-model") if overhead_ref
-                else default_overhead("vllm-v1", gpu))
+                else choose_overhead("calibrated"))
     predicted = ordered_map(lambda i: replays[i].predict(overhead), len(replays), jobs)
     label = replays[0].cost(overhead).label
     table = [row for r, p in zip(replays, predicted) for row in run_check.rows(r.run, p, label)]
