@@ -2,7 +2,7 @@
 
 - two runs, same seed: identical summary.csv, summary.json and tables;
 - a policy's row is the same whether it runs alone (--policy) or beside the others, for
-  every policy of scenarios/rag_8k.yaml;
+  every policy of scenarios/rag_8k_overload.yaml;
 - another seed gives other numbers;
 - "another machine": a fresh interpreter with another PYTHONHASHSEED, started from
   another working directory with the scenario given by absolute path;
@@ -28,7 +28,7 @@ from helpers import kvsim_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
-RAG = ROOT / "scenarios" / "rag_8k.yaml"
+RAG = ROOT / "scenarios" / "rag_8k_overload.yaml"   # rag_8k where memory is contended
 RAG_REQUESTS = "100"         # enough for a queue to form: fraction_basis is "waiting"
 SUMMARIES = ("summary.csv", "summary.json")
 
@@ -55,7 +55,7 @@ def rag_policies() -> list[str]:
 
 @pytest.fixture(scope="module")
 def rag_all(tmp_path_factory):
-    """rag_8k with every policy, once for the module."""
+    """rag_8k_overload with every policy, once for the module."""
     out = tmp_path_factory.mktemp("rag") / "all"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("kvsim.plots.run_figures.plot_jobs", lambda *args, **kwargs: [])

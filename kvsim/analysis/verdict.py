@@ -93,7 +93,8 @@ def pick(summary: pd.DataFrame, targets: Mapping[str, float] | None = None) -> s
     close = [r for r in ok if tput[id(r)] >= TIE * top] or ok
     best = min(close, key=lambda r: _num(r, "ttft_p99_s") if not math.isnan(_num(r, "ttft_p99_s")) else math.inf)
     why = "it meets every target and" if targets else "it"
-    unset = "" if targets else " No latency targets are set: add an slo: block to weigh latency."
+    unset = (f" {len(ok)} of {len(rows)} policies meet every target." if targets and len(ok) < len(rows)
+             else "" if targets else " No latency targets are set: add an slo: block to weigh latency.")
     if len(close) > 1:
         return (f"Pick {best['policy']}: {why} matches the best throughput ({top:,.0f} tok/s, within 1%) "
                 f"with the lowest TTFT p99 ({_s(_num(best, 'ttft_p99_s'))}).{unset}")

@@ -1,0 +1,62 @@
+"""The flagship scenario says something: `kvsim run scenarios/rag_8k.yaml` runs at a
+load its server sustains under the shipped step costs, has latency targets, and ends in
+a verdict that picks a policy meeting them while others miss (the policies part there).
+The overloaded variant is the same workload at a rate the server does not sustain.
+
+If the default step costs change and this fails, rerun scripts/flagship_load.py and
+move rag_8k's rate to where the policies part again."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import kvsim
+from kvsim.report.slo import misses
+from kvsim.runner import run_scenario
+from kvsim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+@pytest.fixture(scope="module")
+def flagship():
+    scn, base = load_scenario(SCENARIOS / "rag_8k.yaml")
+    return scn, run_scenario(scn, base, "rag_8k.yaml").summary
+
+
+def test_the_flagship_has_targets_and_its_server_keeps_up(flagship):
+    scn, summary = flagship
+    assert scn.slo is not None and scn.slo.targets()
+    assert (summary["requests_completed"] == summary["requests_total"]).all()
+    # sustained: arrivals, not the server, set the throughput: every policy serves the
+    # same output tokens per second, within 2%
+    tput = summary["throughput_tok_s"]
+    assert tput.min() >= 0.98 * tput.max()
+
+
+def test_the_flagship_s_policies_part_against_its_targets(flagship):
+    scn, summary = flagship
+    met = [r["policy"] for r in summary.to_dict(orient="records") if not misses(r, scn.slo.targets())]
+    assert 0 < len(met) < len(summary), met
+
+
+def test_kvsim_run_of_the_flagship_ends_in_a_verdict_that_picks_a_policy(tmp_path):
+    code, out, err = kvsim("run", SCENARIOS / "rag_8k.yaml", "--out", tmp_path / "r")
+    assert code == 0, err
+    verdict = " ".join(out.split("verdict: ", 1)[1].split("\nwrote ")[0].split())
+    assert verdict.startswith("Pick ") and "meets every target" in verdict, verdict
+    assert "policies meet every target" in verdict
+
+
+def test_the_overloaded_variant_is_the_same_workload_past_what_the_server_sustains():
+    flag = yaml.safe_load((SCENARIOS / "rag_8k.yaml").read_text())
+    over = yaml.safe_load((SCENARIOS / "rag_8k_overload.yaml").read_text())
+    assert over["policies"] == flag["policies"] and over["model"] == flag["model"]
+    assert over["workload"]["arrival"]["rate_per_s"] > flag["workload"]["arrival"]["rate_per_s"]
+    scn, base = load_scenario(SCENARIOS / "rag_8k_overload.yaml")
+    summary = run_scenario(scn, base, "rag_8k_overload.yaml").summary
+    # a queue that grows for the whole run: the median request waits over ten seconds
+    # for its first token under every policy
+    assert (summary["ttft_p50_s"] > 10).all(), summary[["policy", "ttft_p50_s"]]
