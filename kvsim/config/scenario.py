@@ -376,6 +376,7 @@ class InlineModel(Strict):
     moe_intermediate_size: int | None = Field(None, ge=1)
     shared_expert_size: int = Field(0, ge=0)
     dense_layers: int = Field(0, ge=0)
+    expert_weight_bits: float | None = Field(None, gt=0, le=32)   # e.g. 4.25 for MXFP4 experts
 
     @model_validator(mode="after")
     def _experts(self):

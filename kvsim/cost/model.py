@@ -28,7 +28,7 @@ from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synt
 from kvsim.cost.fit import LINEAR_OPS, PER_STEP_OPS, kv_bytes_per_token
 from kvsim.cost.overhead import DEFAULT, NONE, Comm, Overhead, inline, load_overhead
 from kvsim.cost.moe import expected_experts
-from kvsim.model.specs import DTYPE_BITS, GPUSpec, KVSpec, ModelSpec
+from kvsim.model.specs import GPUSpec, KVSpec, ModelSpec
 
 DEFAULT_LIMITS = (1024, 8192)     # vLLM V1's max_num_seqs, max_num_batched_tokens on a large GPU
 
@@ -144,7 +144,7 @@ class Roofline:
         self.flops_per_token = 2 * model.flop_params        # one multiply-add per weight
         self.moe = None
         if model.is_moe:      # (bytes of the weights every step reads, of one layer's expert, ...)
-            per_param = DTYPE_BITS[model.dtype] / 8
+            per_param = model.expert_bytes_per_param
             self.weight_bytes -= model.routed_params * per_param
             self.moe = (model.moe_layers * model.expert_params * per_param,
                         model.experts_per_token, model.num_experts)

@@ -53,6 +53,7 @@ class ModelSpec:
     moe_intermediate_size: int | None = None   # MoE: one routed expert's FFN width (default intermediate_size)
     shared_expert_size: int = 0   # MoE: FFN width of the always-used shared experts together
     dense_layers: int = 0         # MoE: layers with a dense MLP of intermediate_size (DeepSeek's first ones)
+    expert_weight_bits: float | None = None   # MoE: bits per routed-expert weight as stored (default: dtype's)
 
     @property
     def is_mla(self) -> bool:
@@ -105,8 +106,19 @@ class ModelSpec:
             return self.params - self.routed_params + self.moe_layers * self.experts_per_token * self.expert_params
         return self.params
 
+    @property
+    def expert_bytes_per_param(self) -> float:
+        """Bytes per routed-expert weight: the checkpoint's (gpt-oss keeps its experts in
+        MXFP4: 4-bit values with one 8-bit scale per 32, 4.25 bits; OCP Microscaling
+        Formats v1.0), else the model dtype's."""
+        return (self.expert_weight_bits or DTYPE_BITS[self.dtype]) / 8
+
     def weight_bytes(self) -> float:
-        return self.params * DTYPE_BITS[self.dtype] / 8
+        """The weights held in memory: every parameter in the model dtype, but routed
+        experts at their own width where the checkpoint stores them narrower."""
+        dense = self.params - (self.routed_params if self.expert_weight_bits else 0.0)
+        experts = self.routed_params * self.expert_bytes_per_param if self.expert_weight_bits else 0.0
+        return dense * DTYPE_BITS[self.dtype] / 8 + experts
 
 
 @dataclass(frozen=True)
@@ -211,6 +223,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                          dtype="fp16", alibi=True,
                          max_position_embeddings=2048),   # its seq_length
 }
+
+def _published_presets() -> dict[str, ModelSpec]:
+    """Current open models (kvsim/data/models.json: each from its published config.json
+    and model card, the source named in the file)."""
+    doc = json.loads((Path(__file__).parent / "data" / "models.json").read_text())
+    return {name: ModelSpec(name=name, **{k: v for k, v in entry.items() if k != "source"})
+            for name, entry in doc["models"].items()}
+
+
+MODEL_PRESETS.update(_published_presets())
 
 # Dense peaks from FACTS.md ("GPUs"): NVIDIA A100 and H100/H200 datasheets (SXM parts).
 # NVLink per GPU, both directions together, from the same datasheets: A100 SXM (40 and
