@@ -13,7 +13,7 @@ splitwise-sim repository (MIT, Microsoft Research; Patel et al., ISCA 2024). Wri
   per (model, tp, phase), the worst point, the same for the purely additive form of
   ``splitwise-a100-v1`` (no launch overlap), and kvsim's error before the overhead;
 
-and prints the tables the README quotes. Each point's kernel time is what kvsim's
+and prints the tables the documentation quotes (docs/step-costs.md). Each point's kernel time is what kvsim's
 profile predicts for that step with no communication and no overhead: the shipped
 ``a100-llama-2-70b`` profile, or for BLOOM-176B (which has none) the A100 shape model.
 Prefill points are batch x prompt new tokens in one step; a decode point is the mean

@@ -1,6 +1,6 @@
 """From one policy's records to tables: a summary row, a step series, a request table.
 
-Definitions (also in the README):
+Definitions (also in the documentation, docs/outputs.md):
 - Each step records what kept the head of the waiting queue out (kvsim.sim.scheduler.LIMITS):
   `limited_by_<limit>` is the share of the busy time (time-weighted by step duration)
   spent in steps of each kind; `limited_by_arrivals` is the share with nothing waiting.

@@ -96,7 +96,7 @@ def reproduce(ctx: Context, only: tuple[str, ...] = (), on_claim: Callable[[str]
 
 
 def markdown(table: pd.DataFrame) -> str:
-    """The claims as a Markdown table (the README's and claims.md's)."""
+    """The claims as a Markdown table (claims.md's and the documentation's)."""
     cols = [c for c in COLUMNS if c != "why"]
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     for row in table.to_dict(orient="records"):
