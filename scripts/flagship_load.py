@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvsim.report.rates import parse_rates, with_rate
-from kvsim.report.slo import misses
-from kvsim.runner import run_scenario
-from kvsim.scenario import load_scenario
+from kvsim.analysis.rates import parse_rates, with_rate
+from kvsim.analysis.slo import misses
+from kvsim.sim.runner import run_scenario
+from kvsim.config.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,8 @@ import yaml
 from pydantic import BaseModel
 
 from helpers import kvsim
-from kvsim import scenario as schema
-from kvsim.specs import MODEL_PRESETS
+from kvsim.config import scenario as schema
+from kvsim.model.specs import MODEL_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from helpers import kvsim
-from kvsim.report.slo import misses
-from kvsim.runner import run_scenario
-from kvsim.scenario import load_scenario
+from kvsim.analysis.slo import misses
+from kvsim.sim.runner import run_scenario
+from kvsim.config.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

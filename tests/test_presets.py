@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import kvsim
-from kvsim.specs import GIB, MODEL_PRESETS
+from kvsim.model.specs import GIB, MODEL_PRESETS
 
 FILE = Path(__file__).resolve().parents[1] / "kvsim" / "data" / "models.json"
 CURRENT = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.3-70b",

@@ -227,7 +227,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 def _published_presets() -> dict[str, ModelSpec]:
     """Current open models (kvsim/data/models.json: each from its published config.json
     and model card, the source named in the file)."""
-    doc = json.loads((Path(__file__).parent / "data" / "models.json").read_text())
+    doc = json.loads((Path(__file__).resolve().parents[1] / "data" / "models.json").read_text())
     return {name: ModelSpec(name=name, **{k: v for k, v in entry.items() if k != "source"})
             for name, entry in doc["models"].items()}
 
