@@ -8,7 +8,8 @@ Parts: one table per shipped scenario (`scenario_<name>.md`: each policy's limit
 memory, batch, throughput and latency at the scenario's seed), the claims of
 `kvsim reproduce` (`claims.md`), the shipped sweep (`sweep_rag_8k_grid.md`), the fleet's
 routers (`sweep_fleet_fewshot_routers.md`), rag_8k's capacity (`capacity_rag_8k.md`) and
-what the tutorial's commands print (`tutorial_output.md`).
+what the tutorial's commands print (`tutorial_output.md`), and with `--trace PATH` the
+cache curve of Mooncake's synthetic trace (`cache_curve_mooncake.md`).
 Rerun after any change that moves results; tests/test_docs.py checks that the flagship's
 table is current.
 """
@@ -161,20 +162,42 @@ def tutorial_output() -> str:
     return header("kvsim run and kvsim capacity on scenarios/tutorial_vllm_serve.yaml") + "\n".join(blocks)
 
 
+MOONCAKE = "mooncake_synthetic_trace.jsonl"   # Mooncake's synthetic trace (Qin et al., FAST 2025)
+
+
+def cache_curve_table(trace: Path | None) -> str:
+    """The hit rate of each eviction policy against capacity on Mooncake's trace."""
+    if trace is None or not trace.is_file():
+        raise SystemExit(f"cache_curve needs Mooncake's {MOONCAKE}: give --trace PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        kvsim("cache-curve", str(trace), "--out", f"{tmp}/cc", "--quiet")
+        table = pd.read_csv(Path(tmp) / "cc" / "cache_curve.csv")
+    caps = list(dict.fromkeys(table["capacity_tokens"]))
+    heads = ["capacity (tokens)"] + [("unlimited" if math.isinf(c) else f"{c:,.0f}") for c in caps]
+    rows = [[policy] + [_pct(float(group[group["capacity_tokens"] == c]["hit_rate"].iloc[0])) for c in caps]
+            for policy, group in table.groupby("policy", sort=False)]
+    return header(f"kvsim cache-curve {MOONCAKE}") + markdown(rows, heads)
+
+
 PARTS = {**{name: (f"scenario_{name}.md", lambda n=name: scenario_table(n)) for name in SCENARIOS},
          "claims": ("claims.md", claims_table),
          "sweep": ("sweep_rag_8k_grid.md", sweep_grid_table),
          "routers": ("sweep_fleet_fewshot_routers.md", sweep_routers_table),
          "capacity": ("capacity_rag_8k.md", capacity_table),
-         "tutorial": ("tutorial_output.md", tutorial_output)}
+         "tutorial": ("tutorial_output.md", tutorial_output),
+         "cache_curve": ("cache_curve_mooncake.md", lambda: cache_curve_table(TRACE))}
+TRACE: Path | None = None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", choices=list(PARTS), help="regenerate only these parts")
+    ap.add_argument("--trace", type=Path, help=f"Mooncake's {MOONCAKE}, for cache_curve (left out without it)")
     args = ap.parse_args()
+    global TRACE
+    TRACE = args.trace
     OUT.mkdir(parents=True, exist_ok=True)
-    for part in args.only or list(PARTS):
+    for part in args.only or [p for p in PARTS if p != "cache_curve" or args.trace]:
         file, build = PARTS[part]
         (OUT / file).write_text(build())
         print(f"wrote docs/generated/{file}")
