@@ -8,7 +8,9 @@ Parts: one table per shipped scenario (`scenario_<name>.md`: each policy's limit
 memory, batch, throughput and latency at the scenario's seed), the claims of
 `kvsim reproduce` (`claims.md`), the shipped sweep (`sweep_rag_8k_grid.md`), the fleet's
 routers (`sweep_fleet_fewshot_routers.md`), rag_8k's capacity (`capacity_rag_8k.md`) and
-what the tutorial's commands print (`tutorial_output.md`), and with `--trace PATH` the
+what the tutorial's commands print (`tutorial_output.md`), every engine flag as
+`vllm_args` and `sglang_args` read them (`engine_flags_vllm.md`, `engine_flags_sglang.md`),
+and with `--trace PATH` the
 cache curve of Mooncake's synthetic trace (`cache_curve_mooncake.md`).
 Rerun after any change that moves results; tests/test_docs.py checks that the flagship's
 table is current.
@@ -162,6 +164,34 @@ def tutorial_output() -> str:
     return header("kvsim run and kvsim capacity on scenarios/tutorial_vllm_serve.yaml") + "\n".join(blocks)
 
 
+def engine_flags_table(engine: str) -> str:
+    """Every flag of the engine's release as `vllm_args`/`sglang_args` reads it, from the
+    table the parser itself uses (kvsim.config.engine_flags)."""
+    from kvsim.config import engine_flags
+    rows = engine_flags.table(engine)
+    named = [r for r in rows if r["kind"] != "ignored"]
+    flags = {**engine_flags.TABLES[engine], **(engine_flags.VLLM_V0 if engine == "vllm" else {})}
+
+    def kind(r: dict) -> str:
+        if r["kind"] == "sets":
+            return "sets"
+        default = flags[r["flag"]].default
+        return "not modelled" + (f" (accepted at `{default}`)" if default is not None else "")
+    def flag(name: str) -> str:
+        aliases = engine_flags.known(engine).get(name, {}).get("aliases", [])
+        return " ".join(f"`{n}`" for n in [name, *aliases])
+    table = markdown([[flag(r["flag"]), kind(r), f"`{r['field']}`" if r["field"] else "", r["note"]]
+                      for r in named], ["flag", "kvsim", "scenario field", "what"])
+    ignored = [r for r in rows if r["kind"] == "ignored"]
+    kernels = ", ".join(f"`{r['flag']}`" for r in ignored if r["note"].startswith("a kernel"))
+    others = ", ".join(f"`{r['flag']}`" for r in ignored if not r["note"].startswith("a kernel"))
+    release = engine_flags.RELEASES[engine]
+    return (header(f"from kvsim.config.engine_flags, {release}") + table
+            + f"\n??? note \"The other {len(ignored)} flags of {release}: accepted and ignored\"\n"
+            + f"    Kernel and backend choices kvsim's step costs do not tell apart: {kernels}.\n\n"
+            + f"    No simulated quantity: {others}.\n")
+
+
 MOONCAKE = "mooncake_synthetic_trace.jsonl"   # Mooncake's synthetic trace (Qin et al., FAST 2025)
 
 
@@ -185,6 +215,8 @@ PARTS = {**{name: (f"scenario_{name}.md", lambda n=name: scenario_table(n)) for 
          "routers": ("sweep_fleet_fewshot_routers.md", sweep_routers_table),
          "capacity": ("capacity_rag_8k.md", capacity_table),
          "tutorial": ("tutorial_output.md", tutorial_output),
+         "flags_vllm": ("engine_flags_vllm.md", lambda: engine_flags_table("vllm")),
+         "flags_sglang": ("engine_flags_sglang.md", lambda: engine_flags_table("sglang")),
          "cache_curve": ("cache_curve_mooncake.md", lambda: cache_curve_table(TRACE))}
 TRACE: Path | None = None
 
