@@ -251,8 +251,8 @@ def test_without_the_trace_the_mooncake_rows_say_not_measured(tmp_path):
     from kvsim.reproduce.claims import Context, default_scenarios
     for traces in (None, tmp_path):
         ctx = Context(default_scenarios(), quick=True, out=tmp_path, traces=traces)
-        (t2,), (f9,) = mooncake.table2(ctx), mooncake.fig9(ctx)
-        assert t2.verdict == f9.verdict == "not measured" and "not measured" in t2.measured
+        (t2,), (f9,), (f10,) = mooncake.table2(ctx), mooncake.fig9(ctx), mooncake.fig10(ctx)
+        assert t2.verdict == f9.verdict == f10.verdict == "not measured" and "not measured" in t2.measured
         assert "held out" in t2.measured and not ctx.figures
 
 
@@ -270,3 +270,22 @@ def test_the_mooncake_rows_report_the_cache_curve(tmp_path):
     assert f"3M {local:.1%} = {local / unlimited:.0%} of unlimited" in f9.measured
     assert f9.verdict.startswith("holds" if local / unlimited < 0.5 else "does not hold")
     assert [png.name for _, png in ctx.figures] == ["claim11_cache_curve.png"]
+
+
+@needs_mooncake
+def test_the_fig10_row_compares_local_and_shared_tiers_of_equal_bytes(tmp_path):
+    """Mooncake (FAST 2025) Fig. 10: a global cache up to 2.36x the per-node caches' hit
+    rate. The row runs the trace's first requests on four replicas, each host-memory size
+    once per replica and once pooled; the verdict follows the measured ratios."""
+    from kvsim.reproduce import mooncake
+    from kvsim.reproduce.claims import Context, default_scenarios
+    ctx = Context(default_scenarios(), quick=True, out=tmp_path, traces=MOONCAKE.parent)
+    (row,) = mooncake.fig10(ctx)
+    (title, table), = ctx.tables
+    assert list(table.cpu_gib_per_replica) == [32, 128, 512]
+    assert (table.shared > table.local).all() and table.local.is_monotonic_increasing
+    assert table.shared_over_local.tolist() == pytest.approx((table.shared / table.local).tolist())
+    top = table.shared_over_local.max()
+    assert row.verdict.startswith("holds" if abs(top / 2.36 - 1) <= 0.2 else "does not hold")
+    assert f"largest ratio {top:.2f}x" in row.verdict and "the first 800 requests" in row.scenario
+    assert [png.name for _, png in ctx.figures] == ["claim12_shared_tiers.png"]

@@ -120,19 +120,3 @@ def test_bad_tiers_are_one_line_errors_and_nothing_is_written(tmp_path, policy, 
     line = one_error_line(*kvsim("run", scn, "--out", out))
     assert "kv_offload" in line and message in line
     assert not out.exists()
-
-
-TRACE = Path(__file__).parents[1] / ".." / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
-
-
-@pytest.mark.skipif(not TRACE.exists(), reason="the Mooncake trace is not beside the checkout")
-def test_a_shared_tier_hits_more_than_local_ones_on_mooncakes_trace():
-    """Mooncake (FAST 2025) Fig. 10: a global cache reaches up to 2.36x the hit rate of
-    per-node caches. Four replicas behind round-robin, the trace's first 800 requests."""
-    from kvsim.config.scenario import load_scenario
-    scn, base = load_scenario(Path(__file__).parents[1] / "scenarios" / "mooncake_shared_tiers.yaml")
-    scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": 800})})
-    s = run_scenario(scn, base, "mooncake").summary.set_index("policy")
-    local, shared = s.loc["local-cpu-128g"], s.loc["shared-cpu-128g"]
-    assert s.loc["gpu-only"].prefix_hit_rate < local.prefix_hit_rate < shared.prefix_hit_rate
-    assert shared.prefix_hit_rate / local.prefix_hit_rate > 1.2

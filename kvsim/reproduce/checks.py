@@ -1,4 +1,4 @@
-"""The claims `kvsim reproduce` checks (kvsim.reproduce.claims runs them): nine here, two
+"""The claims `kvsim reproduce` checks (kvsim.reproduce.claims runs them): nine here, three
 of Mooncake's in kvsim.reproduce.mooncake.
 
 Sources: the two seeds (shared/seeds/, "seed 1": the KV-cache optimization article,
@@ -442,4 +442,4 @@ def prefill_peak(ctx: Context) -> list[Claim]:
 
 CHECKS = {"1": memory_math, "2": block_size, "3": fill_curve, "4": vllm_paper, "5": rate_sweep,
           "6": fp8, "7": prefix_ttft, "8": sharing, "9": prefill_peak,
-          "10": mooncake.table2, "11": mooncake.fig9}
+          "10": mooncake.table2, "11": mooncake.fig9, "12": mooncake.fig10}
