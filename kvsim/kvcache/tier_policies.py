@@ -17,10 +17,14 @@ chosen with `kv_offload: {policy: lru | arc}` as vLLM's `eviction_policy`:
 
 `victims(n, protected)` skips the keys a caller is using (vLLM's `protected` set: chunks of
 the transfer being planned). No clock, no randomness: the order is that of the calls.
+
+The orders are plain dicts, which keep their keys in insertion order (a key popped and
+set again goes to the end), not OrderedDicts as vLLM's: the same order, and the bulk
+updates a tier makes for every prompt (hundreds of chunks each) run about twice as fast.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from itertools import filterfalse, islice
 from typing import Iterator
 
@@ -30,7 +34,7 @@ class LRUPolicy:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._order: OrderedDict[int, None] = OrderedDict()   # oldest first
+        self._order: dict[int, None] = {}   # oldest first
         self.members = self._order        # every key held, for membership tests at C speed
 
     def __contains__(self, key: int) -> bool:
@@ -57,7 +61,7 @@ class LRUPolicy:
         order.update(dict.fromkeys(keys))
 
     def touch(self, key: int) -> None:
-        self._order.move_to_end(key)
+        self._order[key] = self._order.pop(key)
 
     def victims(self, n: int, protected: frozenset[int] | set[int] = frozenset()) -> list[int] | None:
         """The next `n` keys to evict, oldest first, or None if fewer can go."""
@@ -84,10 +88,10 @@ class ARCPolicy:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.target_t1 = 0.0
-        self.t1: OrderedDict[int, None] = OrderedDict()   # seen once, oldest first
-        self.t2: OrderedDict[int, None] = OrderedDict()   # seen again
-        self.b1: OrderedDict[int, None] = OrderedDict()   # ghosts evicted from T1
-        self.b2: OrderedDict[int, None] = OrderedDict()   # ghosts evicted from T2
+        self.t1: dict[int, None] = {}   # seen once, oldest first
+        self.t2: dict[int, None] = {}   # seen again
+        self.b1: dict[int, None] = {}   # ghosts evicted from T1
+        self.b2: dict[int, None] = {}   # ghosts evicted from T2
         self.members: dict[int, None] = {}   # T1 and T2, for membership tests at C speed
 
     def __contains__(self, key: int) -> bool:
@@ -117,23 +121,29 @@ class ARCPolicy:
     def insert_all(self, keys: list[int]) -> None:
         """insert() of each key, in order, in bulk: only ghost hits change the target
         (in their order), and inserting others changes no ghost list."""
-        ghosts = self.b1.keys() & keys or self.b2.keys() & keys
-        if ghosts:
+        if not (self.b1.keys().isdisjoint(keys) and self.b2.keys().isdisjoint(keys)):
             ghosts = (self.b1.keys() | self.b2.keys()) & set(keys)
             for key in filter(ghosts.__contains__, keys):
                 self._adapt(key)
-        self.t1.update(dict.fromkeys(keys))
-        self.members.update(dict.fromkeys(keys))
+        new = dict.fromkeys(keys)
+        self.t1.update(new)
+        self.members.update(new)
 
     def use_all(self, keys: list[int]) -> None:
         """insert() of each key not held, touch() of the others, in order, in bulk:
         touches move keys to T2's recent end, inserts to T1's, and neither reads the other."""
-        members = self.members
+        members, t1 = self.members, self.t1
         held = list(filter(members.__contains__, keys))
+        if not held:
+            self.insert_all(keys)
+            return
+        # split before anything moves: a held key not in T1 is in T2
+        in_t1 = list(filter(t1.__contains__, held))
+        in_t2 = [] if len(in_t1) == len(held) else list(filterfalse(t1.__contains__, held))
         if len(held) < len(keys):
             self.insert_all(list(filterfalse(members.__contains__, keys)))
-        deque(map(self.t1.pop, list(filter(self.t1.__contains__, held))), maxlen=0)
-        deque(map(self.t2.pop, list(filter(self.t2.__contains__, held))), maxlen=0)
+        deque(map(t1.pop, in_t1), maxlen=0)
+        deque(map(self.t2.pop, in_t2), maxlen=0)
         self.t2.update(dict.fromkeys(held))
 
     def touch(self, key: int) -> None:
@@ -141,7 +151,7 @@ class ARCPolicy:
             del self.t1[key]
             self.t2[key] = None
         else:
-            self.t2.move_to_end(key)
+            self.t2[key] = self.t2.pop(key)
 
     def victims(self, n: int, protected: frozenset[int] | set[int] = frozenset()) -> list[int] | None:
         """The next `n` keys to evict, or None if fewer can go: vLLM's batch `evict`,
@@ -180,12 +190,13 @@ class ARCPolicy:
         del self.members[key]
         ghosts[key] = None
         if len(ghosts) > self.capacity:
-            ghosts.popitem(last=False)
+            del ghosts[next(iter(ghosts))]
 
     def evict_all(self, keys: list[int]) -> None:
         """evict() of each key, in bulk."""
-        for part, ghosts in ((self.t1, self.b1), (self.t2, self.b2)):
-            mine = list(filter(part.__contains__, keys))
+        in_t1 = list(filter(self.t1.__contains__, keys))     # every key is held: the rest in T2
+        in_t2 = [] if len(in_t1) == len(keys) else list(filterfalse(self.t1.__contains__, keys))
+        for part, ghosts, mine in ((self.t1, self.b1, in_t1), (self.t2, self.b2, in_t2)):
             deque(map(part.pop, mine), maxlen=0)
             deque(map(self.members.pop, mine), maxlen=0)
             ghosts.update(dict.fromkeys(mine))

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from itertools import filterfalse, takewhile
+from itertools import filterfalse, islice, takewhile
 
 from kvsim.kvcache.base import InvariantError, SeqShape
 from kvsim.kvcache.tier_policies import POLICIES
@@ -206,13 +206,13 @@ class ChunkNames:
             if name >= 0 and name not in keep:
                 keep.add(name)
                 stack.append(self._parent[name])
-        self._parent = {n: p for n, p in self._parent.items() if n in keep}
+        self._parent = {n: self._parent[n] for n in keep}     # lookups only: the order is free
         self._ids = {i: n for i, n in self._ids.items() if n in keep}
         runs = {}
         for ident, run in self._runs.items():
-            last = max((k for k, n in enumerate(run) if n in keep), default=-1)
-            if last >= 0:               # the names before a kept one are kept: its ancestors
-                runs[ident] = run[:last + 1]
+            kept = list(map(keep.__contains__, reversed(run)))
+            if True in kept:            # the names before a kept one are kept: its ancestors
+                runs[ident] = run[:len(run) - kept.index(True)]
         self._runs = runs
         self._shapes.clear()
         self._prune_after = self._next + max(MIN_NAMES, NAMES_SLACK * len(keep))
@@ -249,13 +249,15 @@ class TierStore:
         last_shape, last_start, version, found = self._last
         if last_shape == shape and last_start == start and version == self._version:
             return found
-        names = self.names.of(shape)[start:]
-        held = [t.held.members for t in self.tiers]
-        if len(held) == 1:              # one tier: the run of names it holds, at C speed
-            found = len(list(takewhile(held[0].__contains__, names)))
-        else:                           # the names any tier holds, then their run
-            anywhere = set().union(*(filter(members.__contains__, names) for members in held))
-            found = len(list(takewhile(anywhere.__contains__, names)))
+        names = self.names.of(shape)
+        end = start
+        while True:     # each tier's run of held names in turn, until none goes further:
+            before = end    # the work is the run's length (at C speed), not the prompt's
+            for tier in self.tiers:
+                end += len(list(takewhile(tier.held.members.__contains__, islice(names, end, None))))
+            if end == before:
+                break
+        found = end - start
         self._last = (shape, start, self._version, found)
         return found
 
