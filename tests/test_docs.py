@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 # words for a project's own history, which users cannot place
-HISTORY = re.compile(r"\bissues? \d+|\bsession \d|\bthe seeds'|shared/seeds|shared/guide|FACTS\.md|\.\./shared|"
+HISTORY = re.compile(r"\bissues? \d+|\bsession \d|\bthe seeds'|\bseed [12]\b|shared/seeds|shared/guide|FACTS\.md|"
+                     r"\.\./shared|"
                      r"\bnow fixed\b|\bas before\b|\bno longer\b", re.IGNORECASE)
 
 
@@ -37,10 +38,25 @@ def test_the_readme_is_short():
     assert len(README.read_text().splitlines()) <= 250
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", pages() + sorted((DOCS / "generated").glob("*.md")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_page_speaks_of_the_project_s_history(page):
     found = [m.group() for m in HISTORY.finditer(page.read_text())]
     assert not found, f"{page.name}: {found}"
+
+
+# files outside the repository that a user does not have
+ELSEWHERE = re.compile(r"\bthe seeds'|\bseed [12]\b|shared/seeds|shared/guide|FACTS\.md", re.IGNORECASE)
+
+
+def test_no_source_cites_a_file_users_do_not_have():
+    """Help texts, claim sources and scenario comments name public sources, not the files
+    they were read from."""
+    files = [f for d in ("kvsim", "scenarios", "notebooks", "scripts", "benchmarks", "tests")
+             for f in sorted((ROOT / d).rglob("*")) if f.suffix in {".py", ".yaml", ".ipynb", ".md", ".sh"}]
+    found = [f"{f.relative_to(ROOT)}: {m.group()}" for f in files if f.name != "test_docs.py"
+             for m in ELSEWHERE.finditer(f.read_text(errors="replace"))]
+    assert not found, found
 
 
 def quick_start() -> list[str]:

@@ -1,7 +1,7 @@
-"""KV-cache footprint: the seeds' worked examples, exactly, through the library and `kvsim memory`.
+"""KV-cache footprint: the published worked examples, exactly, through the library and `kvsim memory`.
 
 bytes per token = 2 (K and V) x layers x KV heads x head_dim x dtype bytes; MLA models cache
-(kv_lora_rank + qk_rope_head_dim) = 576 elements per layer instead (FACTS.md, "KV-cache memory").
+(kv_lora_rank + qk_rope_head_dim) = 576 elements per layer instead (DeepSeek-V2's config.json).
 """
 from __future__ import annotations
 

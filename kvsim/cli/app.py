@@ -209,8 +209,9 @@ def _write_results(results, scn, out: Path, meta: dict, workers: int = 1) -> Non
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def memory(model_name, context, batch, kv_dtype, num_kv_heads, gpu_name, engines, tp, max_model_len,
            gpu_memory_utilization, mem_fraction_static, max_num_batched_tokens, max_num_seqs, block_size, as_json):
-    """KV-cache bytes per token, per request and in total (the seeds' formula); with --gpu,
-    the KV pool each engine would leave on that GPU, stated as the engine logs it."""
+    """KV-cache bytes per token, per request and in total (2 x layers x KV heads x head_dim x
+    bytes); with --gpu, the KV pool each engine would leave on that GPU, stated as the engine
+    logs it."""
     model = with_kv_heads(model_arg(model_name), num_kv_heads)
     if context is None and gpu_name is None:
         raise InputError("command line", "--context", "required (tokens per request), unless --gpu asks for the pool")

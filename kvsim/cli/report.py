@@ -49,7 +49,7 @@ def compare(dirs, out, force):
                    "[default: ../shared/data/traces beside the checkout, if there].")
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 def reproduce(quick, out, only, scenarios, traces, force):
-    """Measure the seeds', the vLLM paper's and Mooncake's claims and print a verdict for each.
+    """Measure published claims (KV-cache explainers, the vLLM paper, Mooncake) and print a verdict for each.
 
     Runs the scenarios in scenarios/claims/ and writes claims.csv, claims.md and
     report.html: per claim what kvsim measured, what was claimed, and whether it holds."""

@@ -1,4 +1,4 @@
-"""vLLM V0 (the system of the vLLM paper and of the seeds' claims), as in vLLM 0.6.3.post1.
+"""vLLM V0 (the system of the vLLM paper and of the claims `kvsim reproduce` checks), as in vLLM 0.6.3.post1.
 
 Without chunked prefill (`Scheduler._schedule_default`, vllm/core/scheduler.py) a step
 either prefills or decodes:

@@ -1,6 +1,6 @@
 """Prefix cache on a radix tree, as in SGLang's RadixAttention (SGLang 0.4.10).
 
-FACTS.md ("Prefix caching"): a radix tree of token sequences, reference counts on the
+RadixAttention (Zheng et al., "SGLang", NeurIPS 2024): a radix tree of token sequences, reference counts on the
 nodes in use, LRU eviction of leaves. The pool is `capacity` token slots in pages of
 `page_size` slots (SGLang's --page-size, default 1: server_args.py); a sequence holds
 whole pages, so with pages > 1 its last page may be partly empty. The tree itself

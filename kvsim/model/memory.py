@@ -1,6 +1,7 @@
 """KV-cache memory math, and how big the KV pool of a served model is.
 
-`kv_footprint` is the seeds' formula (see kvsim.model.specs): bytes per token, per request
+`kv_footprint` is the standard formula, 2 (K and V) x layers x KV heads x head_dim x
+bytes per element (see kvsim.model.specs): bytes per token, per request
 of `context` tokens, and for a batch of them. `PoolSizing` is one GPU's memory as an
 engine accounts for it and the KV pool that leaves: vLLM's profile-run accounting
 (kvsim.model.vllm_pool) or SGLang's static fraction (kvsim.model.sglang_pool).

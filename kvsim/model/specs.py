@@ -13,8 +13,8 @@ layers by `num_experts` routed experts, of which each token uses `experts_per_to
 plus optional always-used shared experts. Memory holds every expert; a token computes
 on its active parameters only (kvsim.cost.moe prices the weights a step reads).
 
-Model shapes and GPU peaks are the published figures collected in
-shared/guide/FACTS.md (model cards and vendor datasheets).
+Model shapes and GPU peaks are published figures: the models' config.json files and
+model cards, and the vendors' datasheets.
 """
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def _model(name, layers, heads, kv_heads, head_dim, hidden, ffn, vocab, params, 
     return ModelSpec(name, layers, heads, kv_heads, head_dim, hidden, ffn, vocab, params, **kw)
 
 
-# Shapes from FACTS.md ("Model shapes"): the models' Hugging Face config.json files.
+# Shapes from the models' Hugging Face config.json files.
 # Context lengths (max_position_embeddings, what vLLM takes as max_model_len's default)
 # from the same config.json files: meta-llama/Meta-Llama-3-8B and -70B 8,192;
 # meta-llama/Llama-2-*-hf 4,096; mistralai/Mistral-7B-v0.1 32,768; Qwen/Qwen2-7B-Instruct
@@ -234,7 +234,7 @@ def _published_presets() -> dict[str, ModelSpec]:
 
 MODEL_PRESETS.update(_published_presets())
 
-# Dense peaks from FACTS.md ("GPUs"): NVIDIA A100 and H100/H200 datasheets (SXM parts).
+# Dense peaks from NVIDIA's A100 and H100/H200 datasheets (SXM parts).
 # NVLink per GPU, both directions together, from the same datasheets: A100 SXM (40 and
 # 80 GB) 600 GB/s (NVLink 3), H100 SXM and H200 SXM 900 GB/s (NVLink 4).
 # Memory is the total CUDA reports (cudaMemGetInfo), which engines multiply by their

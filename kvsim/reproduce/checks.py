@@ -1,10 +1,10 @@
 """The claims `kvsim reproduce` checks (kvsim.reproduce.claims runs them): nine here, three
 of Mooncake's in kvsim.reproduce.mooncake.
 
-Sources: the two seeds (shared/seeds/, "seed 1": the KV-cache optimization article,
-"seed 2": the KV cache & PagedAttention notes) and the vLLM paper (Kwon et al.,
+Sources: two explainers, the article "Understanding KV-Cache Optimization in Modern LLM
+Serving" and the notes "KV Cache & PagedAttention", and the vLLM paper (Kwon et al.,
 "Efficient Memory Management for Large Language Model Serving with PagedAttention",
-SOSP 2023), as summarized in shared/guide/FACTS.md. Tolerances are stated in each
+SOSP 2023) with its blog post. Tolerances are stated in each
 row's `expected`; verdicts are computed from the measured numbers, never the reverse.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from kvsim.reproduce.claims import Claim, Context
 from kvsim.config.scenario import PrefixGroups, Uniform
 from kvsim.model.specs import MODEL_PRESETS
 
-SEED1 = "seed 1 (KV-cache optimization article)"
-SEED2 = "seed 2 (KV cache & PagedAttention notes)"
+ARTICLE = "article \"Understanding KV-Cache Optimization in Modern LLM Serving\""
+NOTES = "notes \"KV Cache & PagedAttention\""
 PAPER = "vLLM paper (Kwon et al., SOSP 2023)"
 RATIO_TOL = 0.20     # a ratio "holds" within ±20% of a point claim
 POINTS_TOL = 0.03    # a share "holds" within ±3 percentage points of a point claim
@@ -47,21 +47,21 @@ def memory_math(ctx: Context) -> list[Claim]:
                        32768, 8, "fp16")
     gqa_32k = kv_footprint(model, 32768, 8, "fp16")
     exact_gb = fp.total_bytes / 1e9
-    seed_gb = 85.7
+    article_gb = 85.7
     right = "85.9 GB" if round(exact_gb, 1) == 85.9 else f"{exact_gb:.1f} GB"
     return [
         Claim("1a", "Llama-3-70B, 8k context, fp16: 327,680 B per token, 2.68 GB per request, "
-              "85.9 GB for 32 requests (one seed prints 85.7 GB)", f"{SEED1}; {SEED2}",
+              "85.9 GB for 32 requests (the article prints 85.7 GB)", f"{ARTICLE}; {NOTES}",
               "formula (kvsim memory --model llama-3-70b --context 8192 --batch 32)",
               f"{fp.per_token_bytes:,} B/token; {fp.per_request_bytes:,} B ({fp.per_request_bytes / 1e9:.2f} GB) "
               f"per request; {fp.total_bytes:,} B ({exact_gb:.2f} GB = {fp.total_bytes / 2**30:.1f} GiB) for 32",
-              "327,680 B; 2.68 GB; 85.9 GB (seed 1: 85.7 GB)",
+              "327,680 B; 2.68 GB; 85.9 GB (the article: 85.7 GB)",
               "holds" if fp.per_token_bytes == 327_680 and round(exact_gb, 1) == 85.9 else "does not hold",
               f"32 x 2,684,354,560 B = {fp.total_bytes:,} B exactly, which is {right} ({exact_gb:.3f} GB); "
-              f"seed 1's {seed_gb} GB is an arithmetic slip (it is neither the GB nor the GiB figure: "
+              f"the article's {article_gb} GB is an arithmetic slip (it is neither the GB nor the GiB figure: "
               f"{fp.total_bytes / 2**30:.1f} GiB)."),
         Claim("1b", "GQA against MHA: 32k context x batch 8 is 85.9 GB with 8 KV heads, 687 GB with 64 (8x)",
-              SEED2, "formula (kvsim memory --context 32768 --batch 8 [--num-kv-heads 64])",
+              NOTES, "formula (kvsim memory --context 32768 --batch 8 [--num-kv-heads 64])",
               f"GQA {gqa_32k.total_bytes / 1e9:.1f} GB; MHA {mha.total_bytes / 1e9:.1f} GB; "
               f"ratio {mha.total_bytes / gqa_32k.total_bytes:.1f}x",
               "85.9 GB; 687 GB; 8x",
@@ -95,7 +95,7 @@ def block_size(ctx: Context) -> list[Claim]:
     else:
         verdict = "does not hold"
     return [Claim("2", "Paging keeps allocation waste under 4%: only a sequence's last block is partly empty",
-                  f"{SEED1}; {PAPER} (blog: 'under 4%'; block sizes 1-256 studied)", "claims/block_size.yaml",
+                  f"{ARTICLE}; {PAPER} (blog: 'under 4%'; block sizes 1-256 studied)", "claims/block_size.yaml",
                   "waste " + ", ".join(f"{b}: {w:.1%}" for b, w in zip(sizes, waste)) + " (block: waste)",
                   "< 4% (at block 16, vLLM's default)", verdict,
                   f"At vLLM's default of 16 tokens the waste is {w16:.1%}. Each sequence leaves on average "
@@ -104,7 +104,7 @@ def block_size(ctx: Context) -> list[Claim]:
 
 
 # --- 3. contiguous utilization against how full requests are ------------------------
-SHAPES = {"chat-shaped (prompt 32%)": 161.31 / (161.31 + 337.99),   # ShareGPT means, FACTS.md
+SHAPES = {"chat-shaped (prompt 32%)": 161.31 / (161.31 + 337.99),   # ShareGPT means, the vLLM paper
           "prompt-heavy (prompt 95%)": 0.95}
 
 
@@ -194,14 +194,14 @@ def fill_curve(ctx: Context) -> list[Claim]:
     ctx.tables.append(("claim 3: utilization against fill", table))
     ctx.save("3", curves(series, "(prompt + output) / max_model_len", "token states (% of KV pool)",
                          "KV utilization against how full requests are (all arrive at once)",
-                         bands=[(0.6, 0.8, "seed 2: 60-80% (contiguous)"), (0.204, 0.382, "paper: 20.4-38.2%")],
+                         bands=[(0.6, 0.8, "notes: 60-80% (contiguous)"), (0.204, 0.382, "paper: 20.4-38.2%")],
                          context=_context(scn).replace("all requests at t=0", "all at t=0, lengths varied")),
              "claim3_fill_curve.png")
     spans60 = {s: _span(*series[f"contiguous-max, {s}"], 0.6, 0.8) for s in SHAPES}
     spans20 = {s: _span(*series[f"contiguous-max, {s}"], 0.204, 0.382) for s in SHAPES}
     sharegpt_fill = (161.31 + 337.99) / 2048
     return [
-        Claim("3a", "Contiguous allocation uses only about 60-80% of KV memory", SEED2,
+        Claim("3a", "Contiguous allocation uses only about 60-80% of KV memory", NOTES,
               "claims/fill_curve.yaml (uniform lengths, burst, contiguous max first-fit)",
               "; ".join(f"{s}: 60-80% at fill {v}" for s, v in spans60.items()),
               "60-80% utilization",
@@ -209,7 +209,7 @@ def fill_curve(ctx: Context) -> list[Claim]:
               "Under max reservation each request holds max_model_len slots while its token states grow "
               "from the prompt to prompt + output, so utilization is about fill x (prompt share + output "
               "share / 2): it reaches 60-80% only when requests nearly fill max_model_len."),
-        Claim("3b", "Paging brings utilization to ~100%", SEED2, "claims/fill_curve.yaml (paged-16)",
+        Claim("3b", "Paging brings utilization to ~100%", NOTES, "claims/fill_curve.yaml (paged-16)",
               f"paged-16 at least {paged_min:.1%} at every fill"
               + "".join(f"; {r['paged_16_util']:.1%} at fill {r['fill']:.0%} ({r['shape']})"
                         for r in rows if r["paged_16_util"] < 0.9),
@@ -229,7 +229,7 @@ def fill_curve(ctx: Context) -> list[Claim]:
               "20.4-38.2% (Orca Max to Oracle, ShareGPT, max_model_len 2,048)",
               _only_when(spans20),
               f"ShareGPT's mean request (161 + 338 tokens) fills {sharegpt_fill:.0%} of 2,048, inside the "
-              "chat-shaped span: the paper's figure and the seed's describe different fills, not a contradiction."),
+              "chat-shaped span: the paper's figure and the notes' describe different fills, not a contradiction."),
     ]
 
 
@@ -306,12 +306,12 @@ def rate_sweep(ctx: Context) -> list[Claim]:
     verdict = ("holds" if _within(vs_max, 2, 4) else
                f"does not hold as stated ({vs_max:.2g}x)" if not math.isnan(vs_max) else "does not hold")
     return [Claim("5", "Paging's larger batches give 2-4x throughput at the same latency",
-                  f"{SEED1}; {PAPER} §6.2: 1.7-2.7x the rate of Orca (Oracle), 2.7-8x Orca (Max)",
+                  f"{ARTICLE}; {PAPER} §6.2: 1.7-2.7x the rate of Orca (Oracle), 2.7-8x Orca (Max)",
                   "claims/vllm_paper_rates.yaml, rates " + ", ".join(f"{r:g}" for r in rates),
                   "sustained rates " + ", ".join(f"{p} {v:g}" for p, v in best.items()) + " req/s; paged-16 / "
                   "orca-max " + f"{vs_max:.2g}x, / orca-oracle {ratio['orca-oracle']:.2g}x"
                   + (" (paged-16 sustains the highest rate swept: a lower bound)" if capped else ""),
-                  "2-4x over contiguous max reservation (seed); paper 2.7-8x over Max, 1.7-2.7x over Oracle",
+                  "2-4x over contiguous max reservation (article); paper 2.7-8x over Max, 1.7-2.7x over Oracle",
                   verdict,
                   f"Sustained: normalized latency (s per output token) within {DIVERGENCE:g}x the sweep's unloaded "
                   "level; the ratio's resolution is the rate grid's. Throughput at a sustained rate is that rate's "
@@ -326,7 +326,7 @@ def fp8(ctx: Context) -> list[Claim]:
     cap = f8["kv_capacity_tokens"] / bf16["kv_capacity_tokens"]
     conc = f8["achievable_batch_size"] / bf16["achievable_batch_size"]
     _save_breakdown(ctx, "6", res, scn, "claim6_fp8.png")
-    return [Claim("6", "FP8 KV halves the footprint and doubles the concurrency that fits", SEED1,
+    return [Claim("6", "FP8 KV halves the footprint and doubles the concurrency that fits", ARTICLE,
                   "claims/fp8_concurrency.yaml (offline batch, memory-bound)",
                   f"capacity {cap:.2f}x ({bf16['kv_capacity_tokens']:,} -> {f8['kv_capacity_tokens']:,} slots); "
                   f"achievable batch {conc:.2f}x ({bf16['achievable_batch_size']:.1f} -> {f8['achievable_batch_size']:.1f})",
@@ -369,7 +369,7 @@ def prefix_ttft(ctx: Context) -> list[Claim]:
     else:
         verdict = "does not hold"
     return [Claim("7", "Prefix caching for shared system prompts and RAG documents cuts time-to-first-token by ~80%",
-                  f"{SEED1}; provider documentation ('up to 80%', FACTS.md)",
+                  f"{ARTICLE}; providers' prompt-caching documentation ('up to 80%')",
                   "claims/prefix_ttft.yaml (4,000/1,000/250 shared tokens + ~300 own), claims/rag_ttft.yaml; 1 req/s",
                   "; ".join(f"{c[0]}: -{c[2]:.0%} (hit rate {c[3]:.0%})" for c in cut),
                   "about -80% (holds at -70% or more)", verdict,
@@ -393,7 +393,7 @@ def sharing(ctx: Context) -> list[Claim]:
         saved = paged["sharing_savings"]
         verdict = "holds" if _within(saved, low, high) else (
             "holds (kvsim saves more than the paper's range)" if saved > high else "does not hold")
-        out.append(Claim(f"8{'ab'[len(out)]}", f"{words}: shared blocks save memory", f"{SEED2}; {PAPER} §6.3",
+        out.append(Claim(f"8{'ab'[len(out)]}", f"{words}: shared blocks save memory", f"{NOTES}; {PAPER} §6.3",
                          f"claims/sharing.yaml with {key}: 4",
                          f"paged-16 saves {saved:.1%} of slots; mean batch {paged['mean_batch_size']:.1f} vs "
                          f"orca-oracle (full copies) {orca['mean_batch_size']:.1f}",
@@ -425,7 +425,7 @@ def prefill_peak(ctx: Context) -> list[Claim]:
                          f"One request: {prompt:,} prompt tokens, {output} output tokens",
                          context=_context(scn, res.summary)), "claim9_timeline.png")
     return [Claim("9", "A request's memory peak sits at the end of prefill (prefill writes all prompt KV at "
-                  "once, decode adds one token a step)", SEED2, "claims/prefill_peak.yaml (one request)",
+                  "once, decode adds one token a step)", NOTES, "claims/prefill_peak.yaml (one request)",
                   f"KV in the prefill step {after_prefill:,} slots ("
                   f"{'prompt + the first token' if after_prefill > prompt else 'the prompt; the first token takes its slot as it is fed back'}"
                   f"); peak {peak:,} at the last step "

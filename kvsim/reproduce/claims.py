@@ -1,4 +1,4 @@
-"""`kvsim reproduce`: the seeds' and the vLLM paper's claims, measured by kvsim.
+"""`kvsim reproduce`: published claims about KV memory, paging, FP8 and prefix caching, measured by kvsim.
 
 Each claim is a function in kvsim.reproduce.checks, listed in CHECKS; it runs the
 scenarios it needs from scenarios/claims/ (fewer requests with `quick`) and returns
