@@ -106,7 +106,7 @@ def test_a_missing_file_is_said_before_any_other_complaint(tmp_path):
     assert line.endswith(f"workload.prompt_tokens.file: file {tmp_path}/lengths.csv not found")
     (tmp_path / "folder").mkdir()
     line = error("run", scenario(tmp_path, workload={**workload, "trace": "folder"}))
-    assert line.endswith(f"workload.trace: file {tmp_path}/folder a folder, not a file")
+    assert line.endswith(f"workload.trace: file {tmp_path}/folder is a folder, not a file")
 
 
 def test_a_run_that_completes_nothing_says_why_writes_nothing_and_exits_3(tmp_path):
@@ -136,3 +136,26 @@ def test_a_config_s_sliding_window_counts_only_where_every_layer_uses_it(tmp_pat
     from kvsim.model.specs import model_from_hf_config
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **extra}))
     assert model_from_hf_config(tmp_path / "config.json").sliding_window == window
+
+
+@pytest.mark.parametrize("changes, expected", [
+    # a length as a bare number: each form a length takes
+    ({"workload_prompt": 100}, "workload.prompt_tokens: needs a mapping of keys, not 100: one of "
+     "{dist: fixed, value}, {dist: uniform}, {dist: lognormal, mean, cv}, {dist: empirical, file, column}"),
+    ({"workload_prompt": {"dist": "constant", "value": 100}},
+     "workload.prompt_tokens: unknown dist 'constant'; choose from: empirical, fixed, lognormal, uniform"),
+    ({"policies": [{"name": "p", "allocator": "pagd"}]},
+     "policies[0]: unknown allocator 'pagd' (did you mean 'paged'?); choose from: contiguous, paged"),
+    ({"policies": ["paged"]}, "policies[0]: needs a mapping of keys, not 'paged': one of "
+     "{allocator: contiguous, name}, {allocator: paged, name}"),
+    ({"slo": 2}, "slo: needs a mapping of keys, not 2: {ttft_p50_s, ttft_p90_s, ttft_p99_s, tpot_p50_s, "
+     "tpot_p90_s, tpot_p99_s, e2e_p50_s, e2e_p99_s}"),
+])
+def test_a_value_of_the_wrong_shape_names_the_shapes_allowed(tmp_path, changes, expected):
+    """pydantic's words ("Input should be a valid dictionary", "Input tag ... found using")
+    become what the key takes."""
+    if "workload_prompt" in changes:
+        workload = yaml.safe_load(open(scenario(tmp_path)))["workload"]
+        changes = {"workload": {**workload, "prompt_tokens": changes.pop("workload_prompt")}}
+    line = error("run", scenario(tmp_path, **changes))
+    assert line == f"kvsim: error: {tmp_path}/m.yaml: {expected}"

@@ -590,7 +590,7 @@ def _check_files(raw: dict, base: Path, src: str) -> None:
             named.append((f"workload.{key}.file", dist.get("file")))
     for field, name in named:
         if isinstance(name, str) and name and not (base / name).is_file():
-            what = "a folder, not a file" if (base / name).is_dir() else "not found"
+            what = "is a folder, not a file" if (base / name).is_dir() else "not found"
             raise InputError(src, field, f"file {base / name} {what}")
 
 
@@ -751,8 +751,37 @@ def _input_error(exc: ValidationError, src: str) -> InputError:
             return InputError(src, field, _misplaced(str(loc[0])))
         allowed = _fields_at(loc[:-1])
         return InputError(src, field, _unknown(str(loc[-1]), allowed, "key"))
+    if err["type"] == "union_tag_invalid":        # e.g. dist: constant
+        ctx = err["ctx"]
+        tags = [t.strip(" '") for t in ctx["expected_tags"].split(",")]
+        return InputError(src, field, _unknown(str(ctx["tag"]), tags, ctx["discriminator"].strip("'")))
+    if err["type"] in ("union_tag_not_found", "model_attributes_type", "model_type", "dict_type"):
+        return InputError(src, field, _mapping_needed(loc, err["input"]))
     msg = err["msg"].removeprefix("Value error, ")
     return InputError(src, field, msg)
+
+
+def _mapping_needed(loc, given) -> str:
+    """What belongs where a mapping of keys is needed (`prompt_tokens: 100`, a policy
+    given by name, a distribution without `dist:`): each form the field takes."""
+    if len(loc) == 2 and loc[1] == "inline":     # model: or gpu:, given neither a name nor keys
+        hf = ", {hf_config: path to a config.json}" if loc[0] == "model" else ""
+        return f"needs a preset's name{hf} or the {loc[0]}'s keys ({', '.join(_fields_at(loc))}), not {given!r}"
+    if tuple(loc) == ("cost_model", "profile-ref"):
+        return f"needs 'roofline', 'calibrated' or {{profile, overhead}}, not {given!r}"
+    models = _models_at(loc)
+    forms = []
+    for model in models:
+        tag = _tag_of(model)
+        # a kind of a union by its tag and what it requires; a plain mapping by all its keys
+        keys = [k for k, f in model.model_fields.items()
+                if k not in ("process", "dist", "allocator") and (f.is_required() or not tag)]
+        key = next((k for k in ("process", "dist", "allocator") if k in model.model_fields), None)
+        forms.append("{" + ", ".join(([f"{key}: {tag}"] if tag else []) + keys) + "}")
+    what = f"one of {', '.join(forms)}" if len(forms) > 1 else (forms[0] if forms else "a mapping")
+    if isinstance(given, dict):
+        return f"needs {what}"
+    return f"needs a mapping of keys, not {given!r}: {what}"
 
 
 def _dotted(loc) -> str:
@@ -769,6 +798,11 @@ def _dotted(loc) -> str:
 
 def _fields_at(loc) -> list[str]:
     """The keys allowed at a pydantic error location (walking unions by their tag)."""
+    return sorted({f for m in _models_at(loc) for f in m.model_fields})
+
+
+def _models_at(loc) -> list[type[BaseModel]]:
+    """The models a value at a pydantic error location may be (every branch of a union)."""
     candidates: list[type[BaseModel]] = [Scenario]
     prev = None
     for part in loc:
@@ -784,7 +818,7 @@ def _fields_at(loc) -> list[str]:
         prev = part
         model = candidates[0]
         candidates = _models_in(model.model_fields[part].annotation)
-    return sorted({f for m in candidates for f in m.model_fields})
+    return candidates
 
 
 def _models_in(annotation) -> list[type[BaseModel]]:
