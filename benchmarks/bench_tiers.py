@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import validate_scenario
-from kvsim.sim.runner import run_scenario
 
 TARGET = 1.5
 ROOT = Path(__file__).parents[1]

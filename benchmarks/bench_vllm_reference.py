@@ -1,6 +1,6 @@
 """How much slower vLLM's own scheduler (engine vllm-reference's core,
 kvsim.engines.vllm_reference) is than kvsim's native vllm-v1 rules on the same stream:
-a shipped scenario's first requests (kvsim.engines.differential.scenario_stream, full
+a shipped scenario's first requests (kvsim.sim.differential.scenario_stream, full
 outputs), both schedulers stepped alike with nothing traced but what each schedules,
 medians of --repeats, alternated. kvsim's time here is its plain (exact) scheduler
 without the simulation around it; `kvsim run` adds the clock, cost model and records.
@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from kvsim.engines.differential import run_native, run_reference, scenario_stream
+from kvsim.sim.differential import run_native, run_reference, scenario_stream
 from kvsim.engines.vllm_reference import load_vllm
 
 ROOT = Path(__file__).resolve().parents[1]

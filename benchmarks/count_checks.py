@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def count(scenario: Path) -> None:
+    from kvsim.analysis import results as tables
     from kvsim.sim import runner, scheduler
     from kvsim.config.scenario import load_scenario
 
@@ -45,7 +46,7 @@ def count(scenario: Path) -> None:
     scheduler.Scheduler.check, runner.simulate = counted, simulate_one
     scn, base = load_scenario(scenario)
     started = time.perf_counter()
-    results = runner.run_scenario(scn, base, str(scenario), check_invariants=True)
+    results = tables.run_scenario(scn, base, str(scenario), check_invariants=True)
     elapsed = time.perf_counter() - started
     scheduler.Scheduler.check, runner.simulate = real, simulate
     print(f"{scenario} with --check-invariants ({elapsed:.0f} s in-process):")

@@ -66,7 +66,7 @@ def markdown(rows: list[list[str]], heads: list[str]) -> str:
 
 def scenario_table(name: str) -> str:
     """One shipped scenario, every policy, as `kvsim run` computes it."""
-    from kvsim.sim.runner import run_scenario
+    from kvsim.analysis.results import run_scenario
     from kvsim.config.scenario import load_scenario
     path = ROOT / "scenarios" / f"{name}.yaml"
     scn, base = load_scenario(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvsim.analysis.rates import parse_rates, with_rate
 from kvsim.analysis.slo import misses
-from kvsim.sim.runner import run_scenario
+from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("summary.csv", "summary.json", "timeseries.parquet", "requests.parquet",
-          "replica_summary.csv", "replica_summary.json", "results.parquet")
+          "replica_summary.csv", "replica_summary.json", "stages.csv", "stages.json", "results.parquet")
 
 
 def shipped(repo: Path) -> list[tuple[str, list[str]]]:

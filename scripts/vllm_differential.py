@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_vllm_differential import SCENARIOS, random_setup  # noqa: E402
 
-from kvsim.engines.differential import compare, random_stream, run_native, run_reference, scenario_stream  # noqa: E402
+from kvsim.sim.differential import compare, random_stream, run_native, run_reference, scenario_stream  # noqa: E402
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ def test_an_idle_engine_plans_at_once():
 
 
 def test_async_scheduling_is_vllm_v1s_default_and_setting():
-    from kvsim.engines.settings import resolve
+    from kvsim.config.engine_defaults import resolve
     from kvsim.config.scenario import Scheduler
     big = dict(max_model_len=4096, gpu_name="h100-80gb", gpu_memory_gib=80)
     assert resolve("vllm-v1", Scheduler(), **big).async_scheduling is True

@@ -1,4 +1,4 @@
-"""The scheduler and the SimPy engine on hand-made cases with exact timelines.
+"""The scheduler and the step loop on hand-made cases with exact timelines.
 
 A fixed cost model (every step takes one second) makes every instant predictable.
 """

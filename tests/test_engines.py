@@ -13,7 +13,8 @@ from kvsim.kvcache import ContiguousAllocator, PagedAllocator, SeqShape
 from kvsim.sim.loop import simulate
 from kvsim.engines import SGLang
 from kvsim.analysis.metrics import request_table, summarize
-from kvsim.sim.scheduler import LIMITS, Scheduler, Seq, Step
+from kvsim.engines.base import LIMITS, Request, Step
+from kvsim.sim.scheduler import Scheduler
 from kvsim.workload.requests import RequestSpec
 
 from helpers import OneSecondSteps
@@ -148,7 +149,7 @@ def test_sglang_retracts_fewest_outputs_first_and_resets_its_ratio():
                   chunked_prefill=True)
     seqs = []
     for i, (prompt, generated) in enumerate([(2, 3), (3, 1), (2, 1)]):
-        seq = Seq(RequestSpec(i, 0.0, prompt, 100), SeqShape(prompt, 100))
+        seq = Request(RequestSpec(i, 0.0, prompt, 100), SeqShape(prompt, 100))
         s.arrive(seq, 0.0, i)
         assert s.admit(seq, 0, prompt, prompt + generated, Step(), 0.0)
         seq.prefilled, seq.generated, seq.held = prompt, generated, prompt + generated

@@ -1,10 +1,9 @@
-"""The fast path (the default: kvsim.sim.lazy and the engine loop that runs ahead of SimPy)
+"""The fast path (the default: kvsim.sim.lazy, decoding requests advanced in sums)
 against the plain path (`--exact-steps`): the same summary, step table and request table,
 to the last bit, for every allocator, engine and sharing mode; the check mode still checks
 at every step; a run in time buckets keeps the summary's sums.
 
-The plain path is the oracle: it visits every running request in every step, each step
-its own SimPy event, as kvsim always did.
+The plain path is the oracle: it visits every running request in every step.
 """
 import copy
 import math
@@ -18,7 +17,8 @@ from kvsim.sim import lazy
 from kvsim.kvcache import InvariantError, PagedAllocator, PrefixCachingPagedAllocator, SeqShape
 from kvsim.sim.loop import simulate
 from kvsim.config.errors import InputError
-from kvsim.sim.runner import run_scenario
+from kvsim.analysis.results import run_scenario
+from kvsim.sim.scheduler import Scheduler
 from kvsim.config.scenario import validate_scenario
 from kvsim.workload.requests import RequestSpec, RequestTable
 
@@ -68,6 +68,11 @@ CASES = {
                                  "workload__prefix": {"groups": 3, "tokens": 100}},
     "sliding window": {"model": SMALL_WINDOW, "cost_model": "roofline"},
     "time limit": {"time_limit_s": 1.5},
+    # one KV store behind three replicas: each reads what the others wrote, in time order
+    "fleet, shared KV tier": {"replicas": 3, "workload__prefix": {"groups": 3, "tokens": 100},
+                              "policies": [{"name": "shared-tier", "allocator": "paged", "block_size": 8,
+                                            "enable_prefix_caching": True,
+                                            "kv_offload": {"cpu_gib": 0.02, "chunk_tokens": 8, "shared": True}}]},
 }
 
 
@@ -105,7 +110,7 @@ def test_fast_path_gives_the_plain_paths_tables_to_the_last_bit(case, monkeypatc
 def counted_run(monkeypatch, doc):
     """A fast run that counts the steps, the checks and the decodes done lazily."""
     counts = {"checks": 0, "lazy": 0, "decodes": 0}
-    check, schedule = lazy.LazyScheduler.check, lazy.LazyScheduler.schedule
+    check, schedule = lazy.LazyRunningSet.check, Scheduler.schedule
 
     def counted_check(self):
         counts["checks"] += 1
@@ -117,8 +122,8 @@ def counted_run(monkeypatch, doc):
         counts["decodes"] += step.cost.decodes
         return step
 
-    monkeypatch.setattr(lazy.LazyScheduler, "check", counted_check)
-    monkeypatch.setattr(lazy.LazyScheduler, "schedule", counted_schedule)
+    monkeypatch.setattr(lazy.LazyRunningSet, "check", counted_check)
+    monkeypatch.setattr(Scheduler, "schedule", counted_schedule)
     return run(doc, exact=False, check=True), counts
 
 
@@ -131,22 +136,22 @@ def test_check_mode_checks_every_step_twice_on_the_fast_path(monkeypatch):
     assert counts["lazy"] > counts["decodes"] / 2 > 0
 
 
-def test_vllm_v0_plans_a_step_that_keeps_the_head_out_as_a_quiet_tick(monkeypatch):
+def test_vllm_v0_decodes_lazily_while_the_head_is_kept_out(monkeypatch):
     """vLLM V0 without chunking, its pool full: in most decode steps the waiting head is
-    kept out, and the fast path plans them without the rules' running pass
-    (rules.head_waits); the tables stay the plain path's."""
+    kept out, and the running requests still decode lazily in them (the running set's
+    decode pass); the tables stay the plain path's."""
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
     doc = scenario(engine="vllm-v0", policies=[POLICIES[3]])
     limits = []
-    quiet_tick = lazy.LazyScheduler.quiet_tick
+    schedule = Scheduler.schedule
 
     def noted(self, now):
-        step = quiet_tick(self, now)
-        if step is not None and self.waiting:
+        step = schedule(self, now)
+        if step.lazy and not step.work and self.waiting:
             limits.append(step.limit)
         return step
 
-    monkeypatch.setattr(lazy.LazyScheduler, "quiet_tick", noted)
+    monkeypatch.setattr(Scheduler, "schedule", noted)
     fast = run(doc, exact=False, check=True)
     assert limits and set(limits) <= {"memory", "watermark", "token_budget", "max_num_seqs"}
     assert_same(run(doc, exact=True), fast)
@@ -154,15 +159,15 @@ def test_vllm_v0_plans_a_step_that_keeps_the_head_out_as_a_quiet_tick(monkeypatc
 
 def test_check_mode_catches_a_stale_lazy_sum(monkeypatch):
     """A breakdown kept in sums is checked against the allocator's own at every step."""
-    original = lazy.LazyScheduler.run_running
+    original = lazy.LazyRunningSet.advance
 
-    def off_by_one(self, step, now, budget, loop):
-        left = original(self, step, now, budget, loop)
+    def off_by_one(self, step, now, budget):
+        left = original(self, step, now, budget)
         if self.tick == 50:
             self.sums.reservation += 1          # what a bug in the sums would do
         return left
 
-    monkeypatch.setattr(lazy.LazyScheduler, "run_running", off_by_one)
+    monkeypatch.setattr(lazy.LazyRunningSet, "advance", off_by_one)
     with pytest.raises(InvariantError, match="breakdown"):
         run(scenario(policies=[POLICIES[3]]), exact=False, check=True)
 
@@ -266,7 +271,7 @@ def test_a_prefix_cache_takes_blocks_in_bulk_only_where_tails_are_private(monkey
     assert not plain.timeseries.equals(run(conversation, exact=False).timeseries)
 
 
-def test_lazy_scheduler_is_used_where_it_applies():
+def test_lazy_running_set_is_used_where_it_applies():
     from kvsim.kvcache import RadixCacheAllocator
     from kvsim.engines import make_rules
     v1 = make_rules("vllm-v1")

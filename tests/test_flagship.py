@@ -15,7 +15,7 @@ import yaml
 
 from helpers import kvsim
 from kvsim.analysis.slo import misses
-from kvsim.sim.runner import run_scenario
+from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

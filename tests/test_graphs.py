@@ -113,7 +113,7 @@ def test_the_api_server_delays_what_the_client_sees():
 def test_kvsim_run_adds_the_api_servers_delay(tmp_path):
     from pathlib import Path
     from kvsim.config.scenario import ProfileCost, load_scenario
-    from kvsim.sim.runner import run_scenario
+    from kvsim.analysis.results import run_scenario
     scn, base = load_scenario(Path(__file__).parent / "data" / "golden_tiny.yaml")
     scn = scn.model_copy(update={"policies": scn.policies[3:4]})
 

@@ -620,19 +620,19 @@ def test_check_mode_on_the_fast_path_catches_a_lost_token_where_it_was_lost(monk
     in completing a step: a token lost there is caught in that same step and phase."""
     from kvsim.sim import lazy
     where = {"step": -1, "phase": ""}
-    quiet, complete = lazy.LazyScheduler.quiet_tick, lazy.LazyScheduler.complete
+    start, complete = lazy.LazyRunningSet.start_step, lazy.LazyRunningSet.complete
 
-    def planning(self, now):        # asked first in every step's planning
+    def planning(self):             # asked first in every step's planning
         where["step"] += 1
         where["phase"] = "planned"
-        return quiet(self, now)
+        return start(self)
 
     def completing(self, step, now):
         where["phase"] = "completed"
         return complete(self, step, now)
 
-    monkeypatch.setattr(lazy.LazyScheduler, "quiet_tick", planning)
-    monkeypatch.setattr(lazy.LazyScheduler, "complete", completing)
+    monkeypatch.setattr(lazy.LazyRunningSet, "start_step", planning)
+    monkeypatch.setattr(lazy.LazyRunningSet, "complete", completing)
     damaged_in = []
 
     def damage(alloc, seq_id, *args):

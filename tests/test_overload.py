@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import wall_limit, with_changes
-from kvsim.sim.runner import run_scenario
+from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import validate_scenario
 
 WALL_LIMIT_S = 60

@@ -13,7 +13,7 @@ import pytest
 from kvsim.kvcache import InvariantError
 from kvsim.config.errors import InputError
 from kvsim.sim.parallel import can_fork, frozen, ordered_map
-from kvsim.sim.runner import run_scenario
+from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import validate_scenario
 
 import helpers

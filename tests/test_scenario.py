@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from kvsim.config.errors import InputError
-from kvsim.sim.runner import plan_pool
+from kvsim.sim.plan import plan_pool
 from kvsim.config.scenario import HFModel, Scenario, load_scenario
 from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS
 
@@ -433,7 +433,7 @@ def test_weights_no_gpu_can_hold_name_the_tp_that_fits(tmp_path):
     # 65.7 GiB of weights + ~0.5 GiB of activations per GPU fit under 90% of it (71.6 GiB)
     # (refused when the pool is planned, before any simulation: a sweep or a capacity
     # search over tp can still load the scenario)
-    from kvsim.sim.runner import plan_pool
+    from kvsim.sim.plan import plan_pool
 
     def plan(**extra):
         scn, base = load_scenario(write_scenario(tmp_path, model="llama-3-70b", **extra))

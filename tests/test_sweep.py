@@ -21,7 +21,7 @@ import yaml
 
 from kvsim.cli.app import main
 from kvsim.config.errors import InputError
-from kvsim.sim.runner import run_scenario
+from kvsim.analysis.results import run_scenario
 from kvsim.sweep.backends import LocalPool, run_point
 from kvsim.sweep.grid import load_sweep, set_path
 from kvsim.sweep.store import Store

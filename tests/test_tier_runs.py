@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvsim.sim.runner import run_scenario
+from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import validate_scenario
 
 from helpers import kvsim, one_error_line

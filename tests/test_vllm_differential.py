@@ -1,5 +1,5 @@
 """kvsim's `vllm-v1` rules step by step against vLLM 0.33.0's own scheduler
-(kvsim.engines.differential): random streams and every shipped scenario's stream must
+(kvsim.sim.differential): random streams and every shipped scenario's stream must
 agree in every step. Needs the `kvsim[vllm]` extra and vLLM itself (see
 kvsim.engines.vllm_reference); skipped without them."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.engines.differential import Setup, compare, random_stream, run_native, run_reference, scenario_stream
+from kvsim.sim.differential import Setup, compare, random_stream, run_native, run_reference, scenario_stream
 from kvsim.engines.vllm_reference import VllmMissing, load_vllm
 from kvsim.config.errors import InputError
 

@@ -2,14 +2,14 @@
 native `vllm-v1` rules and, where vLLM is installed, for vLLM's own scheduler too.
 
 Block ids are vLLM's: kvsim's block b is vLLM's b + 1 (block 0 is vLLM's null block).
-Each case steps a small stream (kvsim.engines.differential) and reads the records.
+Each case steps a small stream (kvsim.sim.differential) and reads the records.
 """
 from __future__ import annotations
 
 import pytest
 
 from kvsim.kvcache import SeqShape
-from kvsim.engines.differential import Arrival, Setup, run_native, run_reference
+from kvsim.sim.differential import Arrival, Setup, run_native, run_reference
 from kvsim.engines.vllm_reference import VllmMissing, load_vllm
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import kvsim.sim.waiting
-from kvsim.sim.runner import run_scenario
+from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import validate_scenario
 from kvsim.sim.scheduler import Scheduler
 from kvsim.sim.waiting import WaitingQueue

@@ -33,7 +33,7 @@ import pandas as pd
 
 from kvsim.kvcache.tiers import TIER_NAMES
 from kvsim.sim.loop import STEP_FIELDS, PolicyRun
-from kvsim.sim.scheduler import LIMITS
+from kvsim.engines.base import LIMITS
 
 PARTS = ("token", "reservation", "internal", "external", "free")
 REQUEST_COLUMNS = ("request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s",

@@ -38,10 +38,8 @@ from kvsim.config.scenario import read_yaml, validate_scenario
 from kvsim.cost.model import Profiled
 from kvsim.cost.overhead import Overhead
 from kvsim.kvcache import make_allocator
-from kvsim.model.specs import KVSpec, resolve_kv_dtype
 from kvsim.sim.loop import PolicyRun, simulate
-from kvsim.sim.runner import plan_pool, scheduler_options
-from kvsim.workload.requests import generate_requests
+from kvsim.sim.plan import resolve
 
 V1_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 8192, "max_num_seqs": 1024}
 POLICY = {"name": "vllm", "allocator": "paged", "block_size": 16, "enable_prefix_caching": True}
@@ -116,30 +114,27 @@ class Replay:
         self.run, self.window_s = run, window_s
         src = str(run.inference_perf)
         self.scenario = scn = validate_scenario(scenario_of(run, gpu, window_s, seed), src)
-        self.model, self.gpu = scn.model_spec(), scn.gpu_spec()
-        self.pool = plan_pool(scn, self.model, self.gpu, src)
-        self.requests = generate_requests(scn, run.path, src)
-        policy = scn.policies[0]
-        self.kv = KVSpec(self.model, resolve_kv_dtype(policy.kv_cache_dtype, self.model))
-        self.kind, self.options = policy.allocator_kind(scn.engine_name)
-        self.settings = scn.engine_settings(int(self.pool.pool_bytes // self.kv.bytes_per_token))
-        self.stage_list = [(s.rate_per_s, s.duration_s) for s in scn.workload.arrival.stages]
-        self.timeout_s = scn.workload.request_timeout_s
-        self.streaming = scn.workload.inference_perf.streaming
+        self.plan = plan = resolve(scn, run.path, src)
+        self.policy = plan.policies[0]
+        self.settings = self.policy.settings        # every default filled
+        self.requests = plan.requests
+        self.timeout_s = plan.request_timeout_s
 
     def cost(self, overhead: Overhead) -> Profiled:
-        s = self.settings
-        return Profiled(self.model, self.gpu, self.kv, self.scenario.tensor_parallel_size, None,
-                        self.options.get("block_size"), overhead,
+        plan, policy = self.plan, self.policy
+        s = policy.settings
+        return Profiled(plan.model, plan.gpu, policy.kv, plan.tensor_parallel_size, None,
+                        policy.options.get("block_size"), overhead,
                         limits=(s.max_num_seqs, s.max_num_batched_tokens))
 
     def simulate(self, overhead: Overhead) -> PolicyRun:
         """The engine's side of the run (what the API server's delay does not change)."""
-        scn = self.scenario
-        allocator = make_allocator(self.kind, self.pool.pool_bytes, self.kv, scn.max_model_len, **self.options)
+        plan, policy = self.plan, self.policy
+        allocator = make_allocator(policy.kind, plan.pool.pool_bytes, policy.kv, plan.max_model_len,
+                                   **policy.options)
         run = simulate(POLICY["name"], self.requests, allocator, self.cost(overhead),
-                       request_timeout_s=self.timeout_s,
-                       **scheduler_options(scn, self.kv, self.gpu, self.settings))
+                       engine=policy.settings.engine, request_timeout_s=plan.request_timeout_s,
+                       **policy.scheduler_options(plan))
         run.requests = None           # the replay holds the stream (a worker sends less back)
         return run
 
@@ -151,7 +146,7 @@ class Replay:
         table = request_table(run)
         if overhead.api is not None:
             table = overhead.api.respond(table, self.timeout_s)
-        rows = stage_rows(run, table, self.stage_list, self.streaming)
+        rows = stage_rows(run, table, list(self.plan.stages), self.plan.streaming)
         run.requests = None
         return [PredictedStage.from_row(r) for r in rows]
 

@@ -18,7 +18,7 @@ import click
 
 from kvsim import __version__
 from kvsim.kvcache import InvariantError
-from kvsim.cli.args import model_arg
+from kvsim.cli.args import model_arg, override
 from kvsim.cli.cache_curve import cache_curve
 from kvsim.cli.cost import calibrate, cost
 from kvsim.cli.fit import fit, validate
@@ -70,8 +70,8 @@ EMPTY_RUN = 3      # exit status of a run that completed nothing (as of an invar
 @click.option("--check-invariants", is_flag=True, envvar="KVSIM_CHECK_INVARIANTS",
               help="Verify the allocator and scheduler after every step (slower).")
 @click.option("--exact-steps", is_flag=True, envvar="KVSIM_EXACT_STEPS",
-              help="Visit every running request in every step, each step its own SimPy event "
-                   "(the plain path; the default fast path gives the same results).")
+              help="Visit every running request in every step (the plain path; the default fast "
+                   "path, which advances decoding requests in sums, gives the same results).")
 @click.option("--timeseries-bucket", "bucket_s", type=click.FloatRange(min=0, min_open=True),
               metavar="SECONDS", help="Write the time series as sums per SECONDS of simulated time "
               "instead of one row per step (bounded memory for long runs; the summary is the same "
@@ -101,7 +101,7 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
         rate_list = parse_rates(rates)
     given = {k: v for k, v in (("vllm_args", vllm_args), ("sglang_args", sglang_args)) if v is not None}
     scn, base_dir = load_scenario(scenario, given)
-    scn = _override(scn, str(scenario), seed, num_requests, policies)
+    scn = override(scn, str(scenario), seed, num_requests, policies)
     if profile is not None:
         from kvsim.cost.generalize import check_profile
         from kvsim.cost.profiles import shipped_names
@@ -132,21 +132,6 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
     if not quiet:
         print_run(results.summary, scn, wide=wide)
         click.echo(f"wrote {out}/")
-
-
-def _override(scn, src, seed, num_requests, policies):
-    update = {}
-    if seed is not None:
-        update["seed"] = seed
-    if num_requests is not None:
-        update["workload"] = scn.workload.model_copy(update={"num_requests": num_requests})
-    if policies:
-        known = {p.name: p for p in scn.policies}
-        for name in policies:
-            if name not in known:
-                raise InputError(src, "--policy", f"no policy '{name}'; the scenario has: {', '.join(known)}")
-        update["policies"] = [known[n] for n in dict.fromkeys(policies)]
-    return scn.model_copy(update=update)
 
 
 def _refuse_foreign(out: Path, name: str) -> None:

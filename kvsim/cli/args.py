@@ -27,3 +27,19 @@ def gpu_arg(name: str):
     if name not in GPU_PRESETS:
         raise InputError("command line", "--gpu", f"unknown GPU '{name}'; choose from: {', '.join(GPU_PRESETS)}")
     return GPU_PRESETS[name]
+
+
+def override(scn, src: str, seed: int | None, num_requests: int | None, policies):
+    """The scenario with the command line's --seed, --num-requests and --policy applied."""
+    update = {}
+    if seed is not None:
+        update["seed"] = seed
+    if num_requests is not None:
+        update["workload"] = scn.workload.model_copy(update={"num_requests": num_requests})
+    if policies:
+        known = {p.name: p for p in scn.policies}
+        for name in policies:
+            if name not in known:
+                raise InputError(src, "--policy", f"no policy '{name}'; the scenario has: {', '.join(known)}")
+        update["policies"] = [known[n] for n in dict.fromkeys(policies)]
+    return scn.model_copy(update=update)

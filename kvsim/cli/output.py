@@ -22,7 +22,7 @@ from kvsim import __version__
 def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariants: bool, label: str = "",
                            **how):
     """run_scenario with a progress bar; `how` is its exact_steps, bucket_s and workers."""
-    from kvsim.sim.runner import run_scenario
+    from kvsim.analysis.results import run_scenario
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
     try:
         results = run_scenario(scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants,
@@ -115,7 +115,7 @@ def _versions() -> dict:
     """The installed versions run.json names (read while the policies run: _import_writing)."""
     from importlib import metadata
     out = {}
-    for name in ("numpy", "pandas", "simpy", "matplotlib", "pydantic", "click"):
+    for name in ("numpy", "pandas", "matplotlib", "pydantic", "click"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -1,9 +1,9 @@
 """`kvsim memory --gpu`: one model's KV pool on one GPU as each engine would size it."""
 from __future__ import annotations
 
-from kvsim.engines.settings import resolve
+from kvsim.config.engine_defaults import resolve
 from kvsim.config.errors import InputError
-from kvsim.model.memory import engine_log
+from kvsim.model.engine_log import engine_log
 from kvsim.config.scenario import Scheduler
 from kvsim.model.specs import GIB, KVSpec, resolve_kv_dtype
 

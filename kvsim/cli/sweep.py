@@ -160,14 +160,14 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
              force, quiet):
     """The highest arrival rate each policy of SCENARIO sustains within latency targets
     (bisection over the rate), or with --rate the fewest GPUs that serve that rate."""
-    from kvsim.cli.app import _override
+    from kvsim.cli.args import override
     from kvsim.analysis.slo import parse_targets
     from kvsim.config.scenario import load_scenario
     from kvsim.sweep import capacity as cap
 
     scn, base_dir = load_scenario(scenario)
     src = str(scenario)
-    scn = _override(scn, src, None, num_requests, policies)
+    scn = override(scn, src, None, num_requests, policies)
     if slo_text is not None:
         targets = parse_targets(slo_text)
     elif scn.slo is not None and scn.slo.targets():

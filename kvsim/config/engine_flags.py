@@ -3,7 +3,7 @@
 A scenario's `vllm_args: "--tensor-parallel-size 2 --max-model-len 4096 ..."` (or
 `kvsim run --vllm-args "..."`) sets what those flags set in vLLM 0.33.0; `sglang_args`
 does the same for SGLang 0.5.10.post1 (engine: sglang). What the flags leave unset takes
-the engine's defaults (kvsim.engines.settings), as the server would.
+the engine's defaults (kvsim.config.engine_defaults), as the server would.
 
 Every flag of the release is known (kvsim/data/engine_flags.json, derived from the
 releases' own parsers by scripts/derive_engine_flags.py) and falls in one of three kinds,

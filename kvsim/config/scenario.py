@@ -7,13 +7,18 @@ unknown key names the closest valid key.
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 import typing
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
+from kvsim.config.engine_defaults import DEFAULT_ENGINE, EngineSettings, prefix_defaults
+from kvsim.config.engine_defaults import resolve as resolve_settings
 from kvsim.config.errors import InputError
 from kvsim.config.inference_perf import InferencePerf
 from kvsim.model.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
@@ -234,7 +239,7 @@ Engine = Literal["vllm-v0", "vllm-v1", "sglang"]
 
 class Scheduler(Strict):
     """Engine settings under vLLM's names; what is left unset takes the engine's default
-    (kvsim.engines.settings)."""
+    (kvsim.config.engine_defaults)."""
     engine: Engine | None = None                # or top-level `engine:`
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
@@ -243,7 +248,7 @@ class Scheduler(Strict):
     swap_space_gib: float = Field(4.0, ge=0)    # CPU memory per GPU for swapped-out KV (vLLM: 4)
     watermark: float | None = Field(None, ge=0, lt=1)   # share of the pool kept free at admission
     schedule_policy: Literal["fcfs", "lpm"] | None = None   # SGLang's order of the waiting queue
-    async_scheduling: bool | None = None        # vLLM V1 (default true): see kvsim.scheduler
+    async_scheduling: bool | None = None        # vLLM V1 (default true): kvsim.config.engine_defaults
 
 
 class SLO(Strict):
@@ -323,7 +328,6 @@ class Paged(PolicyBase):
     prefix_cache: Literal["hash", "radix"] | None = None   # radix: SGLang-style radix tree
 
     def allocator_kind(self, engine: str = "vllm-v1") -> tuple[str, dict]:
-        from kvsim.engines.settings import prefix_defaults
         default_on, default_cache = prefix_defaults(engine)
         on = default_on if self.enable_prefix_caching is None else self.enable_prefix_caching
         if not on:
@@ -474,14 +478,12 @@ class Scenario(Strict):
     # Resolved views: the rest of kvsim uses these, not the raw fields.
     @property
     def engine_name(self) -> str:
-        from kvsim.engines.settings import DEFAULT_ENGINE
         return self.engine or self.scheduler.engine or DEFAULT_ENGINE
 
-    def engine_settings(self, pool_tokens: int | None = None):
-        """The scheduler block's values, or the engine's defaults (kvsim.engines.settings)."""
-        from kvsim.engines.settings import resolve
+    def engine_settings(self, pool_tokens: int | None = None) -> EngineSettings:
+        """The scheduler block's values, or the engine's defaults (kvsim.config.engine_defaults)."""
         gpu = self.gpu_spec()
-        return resolve(self.engine_name, self.scheduler, max_model_len=self.max_model_len,
+        return resolve_settings(self.engine_name, self.scheduler, max_model_len=self.max_model_len,
                        gpu_name=gpu.name, gpu_memory_gib=gpu.memory_gib, pool_tokens=pool_tokens)
 
     @property
@@ -571,11 +573,15 @@ def validate_scenario(raw: dict, src: str, engine_args: dict[str, str] | None = 
     _check_engine(scn, src)
     check_parallel(scn.tensor_parallel_size, scn.model_spec(base), src)
     wl = scn.workload
-    if wl.dataset is not None:
-        from kvsim.workload.datasets import DATASETS
-        if wl.dataset not in DATASETS:
-            raise InputError(src, "workload.dataset", _unknown(wl.dataset, DATASETS, "dataset"))
+    if wl.dataset is not None and wl.dataset not in dataset_names():
+        raise InputError(src, "workload.dataset", _unknown(wl.dataset, dataset_names(), "dataset"))
     return scn
+
+
+@functools.lru_cache(maxsize=None)
+def dataset_names() -> tuple[str, ...]:
+    """The shipped dataset presets (kvsim/data/datasets.json; kvsim.workload.datasets samples them)."""
+    return tuple(json.loads((resources.files("kvsim") / "data" / "datasets.json").read_text())["datasets"])
 
 
 def _check_files(raw: dict, base: Path, src: str) -> None:

@@ -1,10 +1,12 @@
 """Engine rules: how vLLM V0, vLLM V1 and SGLang decide what one step holds.
 
-Exports: ENGINES (the registry keyed by the scenario's `engine:`), make_rules, settings (defaults).
+Exports: ENGINES (the registry keyed by the scenario's `engine:`), make_rules; base (EngineRules,
+the protocol each implements, and what they work with); settings (defaults).
 """
 from __future__ import annotations
 
-from kvsim.engines.settings import DEFAULT_ENGINE, EngineSettings, resolve
+from kvsim.engines.base import EngineRules
+from kvsim.config.engine_defaults import DEFAULT_ENGINE, EngineSettings, resolve
 from kvsim.engines.sglang import SGLang
 from kvsim.engines.vllm_v0 import VllmV0
 from kvsim.engines.vllm_v1 import VllmV1
@@ -16,11 +18,11 @@ ENGINES = {
 }
 
 
-def make_rules(engine: str):
+def make_rules(engine: str) -> EngineRules:
     """A fresh rules object for one run (rules may keep state, as SGLang's ratio)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     return ENGINES[engine]()
 
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineSettings", "make_rules", "resolve"]
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineRules", "EngineSettings", "make_rules", "resolve"]

@@ -27,7 +27,7 @@ clients send it. Parallel samples are separate requests.
 """
 from __future__ import annotations
 
-from kvsim.sim.scheduler import Scheduler, Seq, Step, with_limit
+from kvsim.engines.base import EngineRules, Request, SchedulerOps, Step, with_limit
 
 CLIP_MAX_NEW_TOKENS = 4096
 MAX_PREFILL_TOKENS = 16384
@@ -36,7 +36,7 @@ RETRACT_DECODE_STEPS = 20
 LPM_MAX_QUEUE = 128
 
 
-class SGLang:
+class SGLang(EngineRules):
     name = "sglang"
     split_samples = True
 
@@ -45,46 +45,33 @@ class SGLang:
         self.min_ratio = INIT_RATIO * MIN_RATIO_FACTOR
         self.decay = (INIT_RATIO - self.min_ratio) / DECAY_STEPS
 
-    def preemption_mode(self, s: Scheduler, seq: Seq) -> str:
+    def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
         return "recompute"
 
-    def requeue(self, s: Scheduler, seq: Seq) -> None:
-        s.waiting.append(seq)
+    def requeue(self, s: SchedulerOps, req: Request) -> None:
+        s.waiting.append(req)
 
-    def lazy_ok(self, s: Scheduler) -> bool:
-        """The admission test reads every decoding request's remaining output."""
-        return not s.waiting
-
-    def decode_only(self, s: Scheduler) -> None:
-        """A decode step with memory to spare: the new-token ratio decays."""
-        self.ratio = max(self.ratio - self.decay, self.min_ratio)
-
-    def head_waits(self, s: Scheduler) -> None:
-        """Quiet ticks with requests waiting (kvsim.sim.lazy): none here. The admission test
-        reads every decoding request (lazy_ok)."""
-        return None
-
-    def schedule(self, s: Scheduler, now: float) -> Step:
+    def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
         self._prefill(s, step, now)
         if not step.work and not step.rejected:
             self._decode(s, step, now)
         return step
 
-    def _available(self, s: Scheduler) -> int:
+    def _available(self, s: SchedulerOps) -> int:
         return s.free_slots()            # free and evictable (cached, unreferenced) slots
 
-    def _prefill(self, s: Scheduler, step: Step, now: float) -> None:
+    def _prefill(self, s: SchedulerOps, step: Step, now: float) -> None:
         chunk_left = s.budget if s.chunked else None
         input_left = MAX_PREFILL_TOKENS
-        for seq in s.prefilling_running():       # the request prefilled in chunks goes on
-            n = seq.target - seq.prefilled if chunk_left is None else min(seq.target - seq.prefilled, chunk_left)
-            if n > 0 and s.run(seq, n, step, now):
+        for req in s.running.prefilling():       # the request prefilled in chunks goes on
+            n = req.next_tokens() if chunk_left is None else min(req.next_tokens(), chunk_left)
+            if n > 0 and s.running.run(req, n, step, now):
                 chunk_left = None if chunk_left is None else chunk_left - n
                 input_left -= n
         if not s.waiting:
             return
-        decoding = [q for q in s.running if not q.prefilling]
+        decoding = s.running.decoding()
         reserved = sum(min(q.shape.output_tokens - q.generated, CLIP_MAX_NEW_TOKENS) * self.ratio
                        for q in decoding)
         total_left = self._available(s) - reserved
@@ -124,15 +111,15 @@ class SGLang:
                 with_limit(step, "token_budget")
                 break
 
-    def _order(self, s: Scheduler) -> list[Seq]:
+    def _order(self, s: SchedulerOps) -> list[Request]:
         if s.schedule_policy != "lpm" or len(s.waiting) > LPM_MAX_QUEUE:
             return list(s.waiting)
         hits = {id(q): s.allocator.match_prefix(q.shape, q.target + 1) for q in s.waiting}
         return sorted(s.waiting, key=lambda q: -hits[id(q)])
 
-    def _decode(self, s: Scheduler, step: Step, now: float) -> None:
-        if s.decode_slots_needed() > self._available(s):
-            decoding = [q for q in s.running if not q.prefilling]
+    def _decode(self, s: SchedulerOps, step: Step, now: float) -> None:
+        if s.running.slots_to_decode() > self._available(s):
+            decoding = s.running.decoding()
             victims = sorted(decoding, key=lambda q: (q.generated, -q.shape.prompt_tokens), reverse=True)
             first = True
             while len(victims) > 1 and (first or self._available(s) < RETRACT_DECODE_STEPS * len(victims)):
@@ -141,11 +128,6 @@ class SGLang:
             max_new = sum(q.shape.output_tokens for q in victims)
             decoded = sum(q.generated for q in victims)
             self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(victims)) / max_new)
-        else:
-            self.decode_only(s)
-        s.run_running(step, now, None, lambda b: self._decode_all(s, step, now))
-
-    def _decode_all(self, s: Scheduler, step: Step, now: float) -> None:
-        for seq in [q for q in s.running if not q.prefilling]:
-            if seq in s.running:
-                s.run(seq, 1, step, now)
+        else:                                    # memory to spare: the ratio decays
+            self.ratio = max(self.ratio - self.decay, self.min_ratio)
+        s.running.decode_all(step, now)

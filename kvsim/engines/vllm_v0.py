@@ -23,36 +23,29 @@ in chunks.
 """
 from __future__ import annotations
 
-from kvsim.kvcache import NextSeq, SeqShape
-from kvsim.sim.scheduler import Scheduler, Seq, Step, with_limit
+from kvsim.engines.base import EngineRules, Request, SchedulerOps, Step, with_limit
+from kvsim.kvcache import SeqShape
 
 
-class VllmV0:
+class VllmV0(EngineRules):
     name = "vllm-v0"
     split_samples = False
 
     def __init__(self):
         self._never_memo: tuple = (None, 0, False)   # (head, its target, NEVER): see _never
 
-    def preemption_mode(self, s: Scheduler, seq: Seq) -> str:
+    def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
         if s.preemption_mode is None:
             return "recompute" if s.width == 1 else "swap"
         return s.preemption_mode
 
-    def requeue(self, s: Scheduler, seq: Seq) -> None:
-        (s.swapped.append if seq.swapped else s.waiting.appendleft)(seq)
+    def requeue(self, s: SchedulerOps, req: Request) -> None:
+        (s.swapped.append if req.swapped else s.waiting.appendleft)(req)
 
-    def lazy_ok(self, s: Scheduler) -> bool:
-        """Decoding requests matter to a step only through the running pass."""
-        return True
-
-    def decode_only(self, s: Scheduler) -> None:
-        """A step that only decodes every running request changes nothing else here."""
-
-    def schedule(self, s: Scheduler, now: float) -> Step:
+    def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
         if s.chunked:
-            budget = s.run_running(step, now, s.budget, lambda b: self._running(s, step, now, b))
+            budget = s.running.advance(step, now, s.budget)
             if not step.preempted:
                 budget = self._swapped(s, step, now, budget)
             if s.swapped:
@@ -66,12 +59,12 @@ class VllmV0:
             self._prefills(s, step, now, s.budget)
         if step.work:
             return step
-        s.run_running(step, now, None, lambda b: self._running(s, step, now, b))
+        s.running.decode_all(step, now)
         if not step.preempted:
             self._swapped(s, step, now, None)
         return step
 
-    def _prefills(self, s: Scheduler, step: Step, now: float, budget: float) -> float:
+    def _prefills(self, s: SchedulerOps, step: Step, now: float, budget: float) -> float:
         seqs = s.running_seqs()
         while s.waiting:
             head = s.waiting[0]
@@ -93,7 +86,7 @@ class VllmV0:
             break
         return budget
 
-    def _refusal(self, s: Scheduler, head: Seq, n: int, held: int, budget: float,
+    def _refusal(self, s: SchedulerOps, head: Request, n: int, held: int, budget: float,
                  seqs: int) -> tuple[str, str]:
         """(why `head` is rejected, why it waits): both "" where it may be admitted, with
         `n` tokens to compute and `held` to hold, `seqs` sequences running. can_allocate
@@ -107,19 +100,7 @@ class VllmV0:
                     else "token_budget" if n > budget or n == 0
                     else "max_num_seqs" if seqs + s.width > s.max_num_seqs else "")
 
-    def head_waits(self, s: Scheduler) -> tuple[str, NextSeq] | None:
-        """For kvsim.sim.lazy's quiet ticks: where this step admits no prompt and so decodes
-        every running request (unchunked, nothing swapped out: `schedule`), why the
-        waiting head waits and what it needs (as _prefills finds them); None where it
-        would be admitted or rejected, or the step is planned otherwise."""
-        if s.chunked or s.swapped:
-            return None
-        head = s.waiting[0]
-        _, n, held = s.prefill_need(head, s.budget)
-        reject, why = self._refusal(s, head, n, held, s.budget, s.running_seqs())
-        return None if reject or not why else (why, (head.shape, held, s.keep_free))
-
-    def _never(self, s: Scheduler, head: Seq) -> bool:
+    def _never(self, s: SchedulerOps, head: Request) -> bool:
         """can_allocate's NEVER: the prompt to prefill (`target` tokens) alone exceeds
         the pool minus the watermark. A head that memory keeps out is asked again every
         step, so the answer for the last head and target asked is kept (footprints
@@ -130,29 +111,13 @@ class VllmV0:
                                 s.allocator.footprint(prompt) + s.keep_free > s.allocator.capacity)
         return self._never_memo[2]
 
-    def _running(self, s: Scheduler, step: Step, now: float, budget: float | None) -> float | None:
-        i = 0
-        while i < len(s.running):
-            seq = s.running[i]
-            n = 1
-            if budget is not None:      # chunked: the budget is shared
-                n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
-                if n <= 0 or (not seq.prefilling and budget < s.width):
-                    break
-            if not s.run(seq, n, step, now):
-                break
-            if budget is not None:
-                budget -= n if seq.prefilling else s.width
-            i += 1
-        return budget
-
-    def _swapped(self, s: Scheduler, step: Step, now: float, budget: float | None) -> float | None:
+    def _swapped(self, s: SchedulerOps, step: Step, now: float, budget: float | None) -> float | None:
         seqs = s.running_seqs()
         while s.swapped:
-            seq = s.swapped[0]
+            req = s.swapped[0]
             if seqs + s.width > s.max_num_seqs or (budget is not None and budget < s.width):
                 break
-            if not s.swap_in(seq, step, now, s.keep_free):
+            if not s.swap_in(req, step, now, s.keep_free):
                 break
             seqs += s.width
             budget = None if budget is None else budget - s.width

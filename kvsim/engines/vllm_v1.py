@@ -31,39 +31,27 @@ after the one it arrived during (kvsim.sim.scheduler.Scheduler.visible).
 """
 from __future__ import annotations
 
-from kvsim.sim.scheduler import Scheduler, Seq, Step, with_limit
+from kvsim.engines.base import EngineRules, Request, SchedulerOps, Step, with_limit
 
 
-class VllmV1:
+class VllmV1(EngineRules):
     name = "vllm-v1"
     split_samples = True
     sampled_slot_ahead = False
 
-    def cached_tokens(self, s: Scheduler, seq: Seq) -> int:
-        """Tokens of `seq` a prefix cache serves: whole blocks of at most target - 1 tokens."""
-        return s.allocator.match_prefix(seq.shape, seq.target)
+    def cached_tokens(self, s: SchedulerOps, req: Request) -> int:
+        """Tokens of `req` a prefix cache serves: whole blocks of at most target - 1 tokens."""
+        return s.allocator.match_prefix(req.shape, req.target)
 
-    def preemption_mode(self, s: Scheduler, seq: Seq) -> str:
+    def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
         return "recompute"
 
-    def requeue(self, s: Scheduler, seq: Seq) -> None:
-        s.waiting.appendleft(seq)
+    def requeue(self, s: SchedulerOps, req: Request) -> None:
+        s.waiting.appendleft(req)
 
-    def lazy_ok(self, s: Scheduler) -> bool:
-        """Decoding requests matter to a step only through the running pass."""
-        return True
-
-    def decode_only(self, s: Scheduler) -> None:
-        """A step that only decodes every running request changes nothing else here."""
-
-    def head_waits(self, s: Scheduler) -> None:
-        """Quiet ticks with requests waiting (kvsim.sim.lazy): none here. A step runs the running
-        requests first, on the token budget the waiting ones share."""
-        return None
-
-    def schedule(self, s: Scheduler, now: float) -> Step:
+    def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
-        budget = s.run_running(step, now, s.budget, lambda b: self._running(s, step, now, b))
+        budget = s.running.advance(step, now, s.budget)
         if step.preempted:
             return step
         while s.waiting and budget > 0:
@@ -88,14 +76,3 @@ class VllmV1:
         if s.waiting and budget <= 0:
             with_limit(step, "token_budget")
         return step
-
-    def _running(self, s: Scheduler, step: Step, now: float, budget: int) -> int:
-        i = 0
-        while i < len(s.running) and budget > 0:
-            seq = s.running[i]
-            n = min(seq.target - seq.prefilled, budget) if seq.prefilling else 1
-            if not s.run(seq, n, step, now):
-                break
-            budget -= n
-            i += 1
-        return budget

@@ -16,7 +16,8 @@ kvsim.kvcache.tiers; the allocator is then kvsim.kvcache.tiered's).
 """
 from __future__ import annotations
 
-from kvsim.kvcache.base import Breakdown, InvariantError, KVAllocator, NextSeq, SeqShape
+from kvsim.kvcache.base import (BulkBlockAllocator, Breakdown, CountedAllocator, InvariantError, KVAllocator,
+                                NextSeq, SeqShape)
 from kvsim.kvcache.contiguous import ContiguousAllocator
 from kvsim.kvcache.paged import PagedAllocator
 from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
@@ -73,7 +74,8 @@ def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
 
 
 __all__ = [
-    "ALLOCATORS", "Breakdown", "ContiguousAllocator", "InvariantError", "KVAllocator",
+    "ALLOCATORS", "Breakdown", "BulkBlockAllocator", "ContiguousAllocator", "CountedAllocator",
+    "InvariantError", "KVAllocator",
     "NextSeq", "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
     "TieredPrefixCachingAllocator", "TierStore", "make_allocator",
 ]

@@ -19,7 +19,7 @@ Slots a placement adds on top of what was asked (a buddy region's round-up) are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +101,14 @@ NextSeq = tuple[SeqShape, int, int]   # (shape, tokens it needs, slots to keep f
 class KVAllocator(Protocol):
     """What every registered allocator provides.
 
-    Every method that can fail returns False and leaves the allocator unchanged.
+    Every method that can fail returns False and leaves the allocator unchanged. What it
+    can do beyond this is declared, not probed: `counted` (it is a CountedAllocator) and
+    `takes_blocks_in_bulk` (it is a BulkBlockAllocator).
     """
     capacity: int   # slots
+    block_size: int | None     # tokens per block handed out whole; None: not a pool of blocks
+    counted: ClassVar[bool]
+    takes_blocks_in_bulk: ClassVar[bool]
 
     def unfit_reason(self, shape: SeqShape) -> str | None:
         """Why this sequence could never run even in an empty pool, or None if it can."""
@@ -150,6 +155,10 @@ class KVAllocator(Protocol):
         watermark) decides which free space is usable: free space it could not use is
         external fragmentation, and `starved` says it could not be admitted."""
 
+    def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
+        """(unusable, free, starved) as `breakdown(next_seq)` gives them, without its walk
+        over every sequence (the scheduler asks this at every admission)."""
+
     def check_invariants(self) -> None:
         """Raise InvariantError if the internal structures disagree."""
 
@@ -169,8 +178,24 @@ class CountedAllocator(KVAllocator, Protocol):
         """(slots assigned to the sequence, padding its placement added): its share of
         `breakdown` is split_used(tokens, slots, final) plus the padding."""
 
-    def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
-        """(unusable, free, starved) as `breakdown(next_seq)` gives them."""
+
+class BulkBlockAllocator(CountedAllocator, Protocol):
+    """A counted pool of blocks whose sequences may also take whole blocks ahead, in bulk:
+    the fast path takes the blocks a tick's boundary crossings need in one call and
+    hands them to each sequence when it next looks at it."""
+    block_size: int
+
+    def block_room(self, seq_id: int, tails_private: bool = False) -> int:
+        """Tokens the sequence can gain where each only counts or, on a full last block,
+        takes the next free block (taken later by take_free and attached by extend).
+        tails_private: no request's tail content is another's (what a prefix cache needs
+        to let its blocks go in bulk)."""
+
+    def take_free(self, count: int) -> list[int]:
+        """`count` blocks off the free queue's head, to be attached by `extend`."""
+
+    def extend(self, seq_id: int, num_tokens: int, blocks: list[int]) -> None:
+        """Grow a sequence to `num_tokens` tokens with `blocks` from take_free, in order."""
 
 
 def check_growth(seq_id: int, held: int, num_tokens: int) -> None:

@@ -195,6 +195,9 @@ class _Region:
 
 class ContiguousAllocator:
     """One fixed region per sequence, sized by a reserve rule, placed by a strategy."""
+    counted = True               # a CountedAllocator
+    takes_blocks_in_bulk = False
+    block_size = None            # regions, not blocks
 
     def __init__(self, capacity: int, max_model_len: int, reserve: str, placement: str):
         self.capacity = capacity

@@ -95,6 +95,8 @@ class _Seq:
 
 class PagedAllocator:
     """Fixed-size blocks handed out from the head of a free queue."""
+    counted = True               # a CountedAllocator ...
+    takes_blocks_in_bulk = True  # ... that also takes blocks for later growth (block_room)
 
     def __init__(self, num_blocks: int, block_size: int, window: int | None = None,
                  free_order: str = "v1"):
@@ -275,11 +277,11 @@ class PagedAllocator:
             return 0
         return max(0, min(seq.logical_blocks() * self.block_size, seq.shape.final_tokens) - seq.tokens)
 
-    def block_room(self, seq_id: int) -> int:
+    def block_room(self, seq_id: int, tails_private: bool = False) -> int:
         """Tokens the sequence can gain where each token only counts or, on a full last
         block, takes the next block of the free queue for itself (`take_free` and `extend`
         do that later, in bulk): up to its final length, unless a window or a shared
-        last block limits it to its room."""
+        last block limits it to its room. (tails_private: see the prefix cache's.)"""
         seq = self._seqs[seq_id]
         if self.window is not None or self._shares_partial_last(seq):
             return self.room(seq_id)

@@ -50,7 +50,7 @@ blocks in a separate LRU evictor ordered by the scheduler's access times, hands 
 uncached free blocks first and de-duplicates a block when it fills; that is a
 different structure, not a free order.
 
-kvsim.engines.differential checks these rules against vLLM's own BlockPool and
+kvsim.sim.differential checks these rules against vLLM's own BlockPool and
 KVCacheManager, block id by block id.
 
 Invariants: each block is either queued (refcount 0) or used (refcount = the number of
@@ -115,9 +115,6 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # allocate), and a request that waits for memory is looked up at every step.
         self._touched: set[int] = set()      # keys whose first copy changed since then
         self._last_hits: tuple = (None, 0, set(), ())    # (shape, blocks, keys read, hits)
-        # Set by kvsim.sim.loop.simulate from the workload (RequestTable.private_tails): no
-        # request's tail content is another's, so the fast path may key output blocks late.
-        self.private_tails = False
 
     @property
     def cached_blocks(self) -> list[int]:
@@ -364,8 +361,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         seq = self._seqs[seq_id]
         return room - 1 if room and seq.tokens + room == seq.logical_blocks() * self.block_size else room
 
-    def block_room(self, seq_id: int) -> int:
-        """Where tails are private (`private_tails`), the paged block room: the fast path
+    def block_room(self, seq_id: int, tails_private: bool = False) -> int:
+        """Where tails are private (no request's tail content is another's: the
+        workload's RequestTable.private_tails), the paged block room: the fast path
         (kvsim.sim.lazy) may then fill blocks and take new ones in bulk, keying the filled
         blocks when it catches the sequence up (`extend`, `grow`). That is exact because
         nothing reads those keys in between: a filled block holds output, whose key only
@@ -374,7 +372,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         head in the same order, with the same evictions; which new block goes to which
         sequence is a relabelling of ids, on which nothing depends. Elsewhere, only the
         room: the block that fills is keyed at once, as a later turn may look it up."""
-        return super().block_room(seq_id) if self.private_tails else self.room(seq_id)
+        return super().block_room(seq_id) if tails_private else self.room(seq_id)
 
     def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
         return self._new_blocks_needed(shape, num_tokens)[1]

@@ -64,6 +64,9 @@ class _Seq:
 
 class RadixCacheAllocator:
     """Token slots in pages, shared through a radix tree of cached prefixes."""
+    counted = False              # every token takes a free slot: no room to count in
+    takes_blocks_in_bulk = False
+    block_size = None            # pages are taken one by one as tokens need them
 
     def __init__(self, capacity: int, page_size: int = 1):
         if capacity < 0 or page_size < 1 or capacity % page_size:
@@ -231,15 +234,19 @@ class RadixCacheAllocator:
             t, r, i = split_used(seq.tokens - seq.matched, self._pages(seq.tokens) - seq.matched,
                                  seq.shape.final_tokens - seq.matched)
             token, reservation, internal = token + t, reservation + r, internal + i
+        unusable, free, starved = self.pool_free(next_seq)
+        return Breakdown(token, reservation, internal, padding=0, unusable=unusable, free=free,
+                         shared=logical - token, starved=starved)
+
+    def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
+        """(unusable, free, starved) as `breakdown` gives them, without its walk over sequences."""
         available = self._free + self._tree.evictable
-        starved = False
         if next_seq is not None:
             shape, tokens, keep_free = next_seq
             match = self._tree.walk(cacheable_runs(shape, max(tokens - 1, 0)))
-            starved = self._pages(tokens) - match.matched + keep_free > available - match.locked
-        return Breakdown(token, reservation, internal, padding=0,
-                         unusable=available if starved else 0,
-                         free=0 if starved else available, shared=logical - token, starved=starved)
+            if self._pages(tokens) - match.matched + keep_free > available - match.locked:
+                return available, 0, True
+        return 0, available, False
 
     def check_invariants(self) -> None:
         refs: dict[int, int] = {}

@@ -66,29 +66,6 @@ class PoolSizing:
         return max(self.per_gpu_bytes, 0.0) * self.kv_shards
 
 
-def engine_log(pool: PoolSizing, kv, kind: str, options: dict, max_model_len: int) -> list[str]:
-    """What the engine logs about one policy's pool: vLLM's "GPU KV cache size" and
-    "Maximum concurrency" lines (kvsim.model.vllm_pool.KVCapacity), SGLang's "KV Cache is
-    allocated" (kvsim.model.sglang_pool.tokens_of); none for a contiguous policy, which no
-    engine runs."""
-    if kind == "contiguous":
-        return []
-    if pool.engine == "sglang":
-        from kvsim.model.sglang_pool import tokens_of
-        return [f"KV Cache is allocated. #tokens: {tokens_of(pool, kv, options.get('page_size', 1))}"]
-    from kvsim.model.vllm_pool import KVCapacity
-    block = options.get("block_size", options.get("page_size", 1))    # a radix cache's pages
-    return list(KVCapacity.of(pool, kv, block, max_model_len).lines())
-
-
-def activation_estimate(model: ModelSpec, batched_tokens: int, max_num_seqs: int, tp: int) -> float:
-    """Peak activation bytes per GPU of a step of `batched_tokens` tokens and its sampler
-    over max_num_seqs requests, estimated as for vLLM's profile run (kvsim.model.vllm_pool)."""
-    from kvsim.model.vllm_pool import forward_peak, sampler_peak
-    return max(forward_peak(model, batched_tokens, tp),
-               sampler_peak(model, min(max_num_seqs, batched_tokens), batched_tokens))
-
-
 def no_room(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization: float,
             activation_bytes) -> str | None:
     """Why the KV pool would be empty, and what would help, or None if it is not.
@@ -97,7 +74,7 @@ def no_room(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization: 
     fill even the whole GPU, raising gpu_memory_utilization cannot help: the message says
     so and names the smallest power-of-two tp, or the GPU memory, that leaves room at the
     scenario's gpu_memory_utilization. (Where 100% would leave room but the scenario's
-    share does not, kvsim.sim.runner's message names both remedies.)
+    share does not, kvsim.sim.plan's message names both remedies.)
     """
     gpu_bytes = gpu.memory_gib * GIB
     weights, act = model.weight_bytes() / tp, activation_bytes(tp)

@@ -160,3 +160,10 @@ def size_pool(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization
     available = requested - weights - non_torch - activation - graphs
     return PoolSizing(engine, total, requested, weights, activation, available, shards,
                       "gpu_memory_utilization", non_torch, graphs)
+
+
+def activation_estimate(model: ModelSpec, batched_tokens: int, max_num_seqs: int, tp: int) -> float:
+    """Peak activation bytes per GPU of a step of `batched_tokens` tokens and its sampler
+    over max_num_seqs requests, estimated as for vLLM's profile run."""
+    return max(forward_peak(model, batched_tokens, tp),
+               sampler_peak(model, min(max_num_seqs, batched_tokens), batched_tokens))

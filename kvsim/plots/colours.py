@@ -118,11 +118,11 @@ def with_settings(summary: pd.DataFrame, scenario: dict | None) -> pd.DataFrame:
 def settings_frame(scn) -> pd.DataFrame:
     """A scenario's policies with the settings the colour rule reads, as they take effect
     under its engine (for tables that name policies only: capacity's)."""
-    from kvsim.sim.runner import effective_columns
+    from kvsim.sim.plan import policy_columns
     rows = []
     for policy in scn.policies:
         kind, options = policy.allocator_kind(scn.engine_name)
-        effective = effective_columns(scn.engine_settings(), kind, options)
+        effective = policy_columns(scn.engine_settings(), kind, options)
         if kind == "radix":
             effective["block_size"] = options.get("page_size", 1)
         rows.append({"policy": policy.name, "allocator": "contiguous" if kind == "contiguous" else "paged",

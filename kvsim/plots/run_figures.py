@@ -43,7 +43,7 @@ from matplotlib.patches import Patch
 from kvsim.sim.parallel import ordered_map
 from kvsim.plots import tier_plots
 from kvsim.plots.style import (bar_figure_width, policy_colours, policy_styles,  # noqa: F401 (re-exported)
-                                same_as, wrap_label)
+                                same_as, set_policy_ticks, wrap_label)
 from kvsim.analysis.verdict import arrival_limited
 
 DPI = 110
@@ -195,13 +195,6 @@ def add_context(fig: Figure, context: str, notes=()) -> None:
         lines = textwrap.wrap(context, width) + [line for note in notes
                                                   for line in textwrap.wrap("Note: " + note, width)]
         fig.suptitle("\n".join(lines), fontsize=8, color="0.35", x=0.01, ha="left")
-
-
-def set_policy_ticks(ax, x, policies: list[str], colours: dict[str, str]) -> None:
-    """Horizontal, wrapped policy names in the policy's colour (see bar_figure_width)."""
-    ax.set_xticks(x, [wrap_label(p) for p in policies], fontsize=8)
-    for tick, name in zip(ax.get_xticklabels(), policies):
-        tick.set_color(colours.get(name, "black"))
 
 
 def downsample(series: pd.DataFrame, columns: list[str],

@@ -48,6 +48,13 @@ def bar_figure_width(count: int, minimum: float = 6.5, extra: float = 3.0) -> fl
     return max(minimum, INCH_PER_LABEL * count + extra)
 
 
+def set_policy_ticks(ax, x, policies: list[str], colours: dict[str, str]) -> None:
+    """Horizontal, wrapped policy names in the policy's colour (see bar_figure_width)."""
+    ax.set_xticks(x, [wrap_label(p) for p in policies], fontsize=8)
+    for tick, name in zip(ax.get_xticklabels(), policies):
+        tick.set_color(colours.get(name, "black"))
+
+
 def same_as(series: dict[str, tuple]) -> dict[str, str]:
     """For lines whose data equal an earlier line's: {name: the earlier name}."""
     seen: dict[tuple, str] = {}

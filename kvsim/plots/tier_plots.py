@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from kvsim.plots.style import bar_figure_width
+from kvsim.plots.style import bar_figure_width, set_policy_ticks
 
 FILE = "prefix_hits_by_tier.png"
 # (summary column, label, colour): the GPU's own hits darkest, the slower tiers lighter
@@ -28,7 +28,6 @@ def hits_by_tier(summary: pd.DataFrame, timeseries: pd.DataFrame, colours: dict[
     """Stacked bars: the share of prompt tokens each tier supplied, per policy (they sum
     to prefix_hit_rate), labelled with the seconds steps waited for loads; beside them,
     each tier's occupancy over time."""
-    from kvsim.plots.run_figures import set_policy_ticks
     policies = summary["policy"].astype(str).tolist()
     fig = Figure(figsize=(bar_figure_width(len(policies), extra=3.5) + 5.5, 4.8), layout="constrained")
     ax, ax_occ = fig.subplots(1, 2, width_ratios=(max(len(policies), 2), 3))

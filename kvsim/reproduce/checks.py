@@ -13,9 +13,10 @@ import math
 
 import pandas as pd
 
-from kvsim.model.memory import activation_estimate, kv_footprint
+from kvsim.model.memory import kv_footprint
+from kvsim.model.vllm_pool import activation_estimate
 from kvsim.reproduce import mooncake
-from kvsim.reproduce.claims import Claim, Context
+from kvsim.reproduce.context import Claim, Context
 from kvsim.config.scenario import PrefixGroups, Uniform
 from kvsim.model.specs import MODEL_PRESETS
 
@@ -125,7 +126,7 @@ def _span(x, y, low, high) -> str:
 
 def _pool_slots(scn, base) -> int:
     """Token slots of the scenario's KV pool in the model's own dtype."""
-    from kvsim.sim.runner import plan_pool
+    from kvsim.sim.plan import plan_pool
     from kvsim.model.specs import KVSpec
     model = scn.model_spec(base)
     pool = plan_pool(scn, model, scn.gpu_spec(), scn.name)

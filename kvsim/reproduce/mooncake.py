@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvsim.reproduce.claims import Claim, Context
+from kvsim.reproduce.context import Claim, Context
 
 SOURCE = "Mooncake (Qin et al., FAST 2025)"
 NAMES = ("synthetic_trace.jsonl", "mooncake_synthetic_trace.jsonl")   # Mooncake's name, or with a prefix

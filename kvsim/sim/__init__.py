@@ -1,5 +1,5 @@
-"""The simulation: the step loop on SimPy's clock, the scheduler and its running and waiting requests,
-the step records, and the runner that takes a scenario through every policy (in worker processes).
+"""The simulation: a scenario resolved into a plan, the step loop and its clock, the scheduler
+and its running and waiting requests, the step records, every policy of a plan run (in workers).
 
-Exports: runner.run_scenario; loop.simulate; scheduler.Scheduler; router (fleets).
+Exports: plan.resolve; runner.simulate_plan; loop.simulate; scheduler.Scheduler; router (fleets).
 """

@@ -1,26 +1,28 @@
-"""The discrete-event model: SimPy drives arrivals and the engine's step loop.
+"""The step loop: arrivals and every replica's engine steps on one clock.
 
-Two processes share one environment per policy:
-- `arrivals` hands each request to the scheduler at its arrival time;
-- `engine` repeatedly plans a step, records the memory it holds, waits the step's
-  cost-model time, and applies the step. With nothing to do it sleeps until the next
-  arrival.
-Order of simultaneous events: requests arriving at the instant a step ends are queued
-before the next step is planned (the engine yields one zero-delay timeout after each
-step, which SimPy runs after every event already scheduled for that instant).
-A fleet (`replicas: N`) runs N engine processes, each with its own scheduler and KV
-pool, in the same environment; `arrivals` asks the router (kvsim.sim.router) which
-one gets each request, at its arrival, as the replicas stand then. A request arriving
-at the instant a step of some replica ends sees that step finished or not as SimPy
-orders the two events.
+Each replica's engine repeatedly plans a step (its rules choose what the step holds:
+kvsim.engines), records the memory the step holds, lets the step-cost model price it,
+and applies the step when that time has passed; with nothing to do it waits for the
+next arrival. Requests arrive at their arrival times. Simultaneous events go in a
+documented order (StepLoop): at one instant, steps that end are completed first, then
+arriving requests are received, then idle replicas plan, so a request arriving at the
+instant a step ends joins the step planned then, and a router sees that step finished.
+A fleet (`replicas: N`) runs N engines, each with its own scheduler and KV pool, on the
+one clock; each request goes to the replica the router (kvsim.sim.router) picks at its
+arrival, as the replicas stand then.
 
 Load stages that drain (kvsim.workload.stages) hold a stage's first arrival until every
 request of the previous stage has ended, and move its arrivals by where its start falls.
 A client timeout (`request_timeout_s`) aborts a request at the first step that starts
 after its deadline, in whatever queue it is.
 
-`simulate` runs one policy and returns plain records; kvsim.analysis.metrics turns them into
-tables. Nothing here writes files or reads a clock.
+The clock is an explicit event heap (as in Vidur's simulator) rather than SimPy's
+processes: the only events are step ends and arrivals, a heap entry costs a fraction of
+a SimPy event, so every step can have its own without a fast path that runs ahead of
+the clock, and a step's end is the exact float sum of its start and its price.
+
+`simulate` runs one policy and returns plain records; kvsim.analysis.metrics turns them
+into tables. Nothing here writes files or reads a clock.
 """
 from __future__ import annotations
 
@@ -31,22 +33,22 @@ from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
-import simpy
 
 from kvsim.sim import lazy
-from kvsim.kvcache import InvariantError, KVAllocator, PrefixCachingPagedAllocator
+from kvsim.kvcache import InvariantError, KVAllocator
 from kvsim.kvcache.tiers import tally
 from kvsim.cost.model import CostModel
 from kvsim.engines import make_rules
 from kvsim.sim.router import make_router
-from kvsim.sim.records import BucketLog, MergedLog, SeqLog, SeqRecord, StepLog
-from kvsim.sim.scheduler import LIMITS, MAX_WIDTH, Scheduler, sample_shape
+from kvsim.sim.records import BucketLog, MergedLog, PoolParts, SeqLog, SeqRecord, StepLog
+from kvsim.engines.base import LIMITS
+from kvsim.sim.scheduler import Scheduler, sample_shape
 from kvsim.workload.requests import RequestSpec, RequestTable
 
 # One row per step: the memory breakdown (slots) while the step runs, and what kept the
-# waiting queue's head out (an index into kvsim.sim.scheduler.LIMITS).
+# waiting queue's head out (an index into kvsim.engines.base.LIMITS).
 STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens",
-               "token", "reservation", "internal", "external", "free", "allocated", "shared", "limit")
+               *PoolParts._fields, "limit")
 INT_FIELDS = STEP_FIELDS[2:]
 # with KV tiers (kvsim.kvcache.tiered), the chunks each holds while the step runs
 TIER_FIELDS = ("tier_cpu_chunks", "tier_disk_chunks")
@@ -106,39 +108,36 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     sliding_window, width, beam, seed, schedule_policy).
     check_invariants: verify allocator and scheduler after every planned and every
     completed step; a violation raises InvariantError naming the step and the time.
-    time_limit_s: stop the simulated clock there; requests not finished stay "unfinished".
-    exact_steps: the plain path: every running request visited and every step its own
-    SimPy timeout. By default decoding requests advance lazily (kvsim.sim.lazy) and steps
-    follow each other without SimPy until an arrival or the time limit is due; the
-    records are the same to the last bit (tests/test_fast_path.py).
+    time_limit_s: stop the clock there; requests not finished stay "unfinished".
+    exact_steps: the plain path: every running request visited in every step. By
+    default decoding requests advance lazily (kvsim.sim.lazy); the records are the same
+    to the last bit (tests/test_fast_path.py).
     bucket_s: record steps as sums per bucket of that many simulated seconds (a long
     run's memory then holds its buckets, not its steps); None: every step.
-    allocator: a list of several allocators runs a fleet, one engine per allocator in
-    one environment, each request sent to one of them by `router`
-    (kvsim.sim.router) when it arrives; the run returned is the fleet's, with each
-    replica's run in `parts` and each request's replica in `replica`.
+    allocator: a list of several allocators runs a fleet, one engine per allocator on
+    one clock, each request sent to one of them by `router` (kvsim.sim.router) when it
+    arrives; the run returned is the fleet's, with each replica's run in `parts` and
+    each request's replica in `replica`.
     request_timeout_s: each client gives up that long after it sent its request: at the
     next step's start the engine aborts it wherever it is (waiting, running, swapped
     out), freeing its KV, as vLLM aborts a request whose connection closed; its outcome
     is "timed out", ended at its deadline. A request whose last token comes after its
     deadline has timed out too (its KV is already freed).
     """
-    env = simpy.Environment()
     requests = RequestTable.of(requests)
     fleet = list(allocator) if isinstance(allocator, (list, tuple)) else [allocator]
     cost_blocks = getattr(cost, "block_size", None)
-    width = scheduler_options.get("width", 1)
     reps = []
     for i, alloc in enumerate(fleet):
         rules = make_rules(engine)
-        if isinstance(alloc, PrefixCachingPagedAllocator):    # what its fast path may do
-            alloc.private_tails = requests.private_tails()
         if not exact_steps and lazy.applies(alloc, rules, scheduler_options, cost_blocks):
-            sched = lazy.LazyScheduler(alloc, rules, cost_block_size=cost_blocks, **scheduler_options)
+            tails_private = alloc.takes_blocks_in_bulk and requests.private_tails()
+            sched = Scheduler(alloc, rules, running_set=lazy.LazyRunningSet, **scheduler_options,
+                              running_options={"cost_block_size": cost_blocks, "tails_private": tails_private})
         else:
             sched = Scheduler(alloc, rules, **scheduler_options)
-        reps.append(_Replica(sched, env, index=i if len(fleet) > 1 else None))
-    per = width if reps[0].sched.rules.split_samples else 1
+        reps.append(_Replica(sched, index=i if len(fleet) > 1 else None))
+    per = scheduler_options.get("width", 1) if reps[0].sched.rules.split_samples else 1
     records = SeqLog(len(requests) * per)
     for rep in reps:
         rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records,
@@ -151,193 +150,83 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
         store = next(iter(stores.values()))      # one KV store behind every replica
         shared = lambda spec: len(store.find(spec.shape, 0)) * store.chunk_tokens  # noqa: E731
     pick = make_router(router, len(reps), shared).pick if len(reps) > 1 else None
-    served = np.full(len(requests), -1, dtype=np.int64)   # each request's replica
-    left = [per] * len(requests) if pick else None         # its sequences not ended yet
-    limit = math.inf if time_limit_s is None else time_limit_s
-    # `next`: when SimPy will hand over the next arrival (the time its timeout fires); NaN
-    # while a stage drains (not known yet: the engine neither waits for it nor ends)
-    state = {"ended": 0, "next": 0.0}
-    stages = _Stages(requests, per, env)
-    # each sequence's client deadline: it gives up request_timeout_s after it sent it
-    deadline = None if request_timeout_s is None else np.full(len(records), math.inf)
-
-    def expire(rep: _Replica, now: float) -> None:
-        """Abort, at a step's start, every request whose client has given up by now."""
-        while rep.deadlines and rep.deadlines[0][0] <= now:
-            end_s, index = heapq.heappop(rep.deadlines)
-            if records.outcome[index] == 0:             # not settled yet
-                seq = rep.sched.abort(index, end_s)
-                if seq is not None:
-                    settle(rep, index, seq)
-
-    def settle(rep: _Replica, index: int, seq) -> None:
-        records.settle(index, seq)
-        state["ended"] += 1
-        stages.ended(index, seq.finish_s)
-        if left is not None:
-            left[index // per] -= 1
-            if not left[index // per]:
-                rep.load -= 1
-
-    def arrivals():
-        # A request's sequences are made when it arrives, numbered in arrival order; it
-        # is routed when its first sequence arrives. Where stages drain, a stage's
-        # arrivals wait for the previous stage's requests to end and move with its zero.
-        index = 0
-        for i in range(len(requests)):
-            while (drained := stages.before(i)) is not None:
-                state["next"] = math.nan
-                yield drained
-            shift = stages.shift
-            for k, seq in enumerate(reps[0].sched.expand([requests[i]], width)):
-                delay = seq.spec.arrival_s + shift - env.now
-                if delay > 0:
-                    state["next"] = env.now + delay      # as SimPy computes the timeout's time
-                    yield env.timeout(delay)
-                stages.arrived(index, env.now)
-                if k == 0:
-                    served[i] = pick(seq.spec, [r.load for r in reps]) if pick else 0
-                    rep = reps[served[i]]
-                    rep.load += 1
-                rep.sched.arrive(seq, env.now, index)
-                if seq.outcome:          # rejected on arrival
-                    settle(rep, index, seq)
-                elif deadline is not None:
-                    deadline[index] = env.now + request_timeout_s
-                    heapq.heappush(rep.deadlines, (deadline[index], index))
-                if not rep.wake.triggered:
-                    rep.wake.succeed()
-                index += 1
-        state["next"] = math.inf
-        for rep in reps:                 # idle replicas see that nothing more comes
-            if not rep.wake.triggered:
-                rep.wake.succeed()
-
-    def engine(rep: _Replica):
-        # `now` runs ahead of SimPy's clock between arrivals (never with exact_steps):
-        # nothing but an arrival or the time limit can happen before the next step.
-        sched, run = rep.sched, rep.run
-        now = env.now
-        while True:
-            if rep.deadlines and rep.deadlines[0][0] <= now:
-                expire(rep, now)
-            if not sched.running and not sched.waiting and not sched.swapped:
-                if state["next"] == math.inf:
-                    return
-                for delay in (_delays(env.now, now) if now != env.now else ()):
-                    yield env.timeout(delay)
-                rep.wake = env.event()
-                yield rep.wake
-                now = env.now
-                continue
-            step = sched.quiet_tick(now) or sched.schedule(now)
-            for seq in step.rejected:
-                settle(rep, seq.ids[0] // MAX_WIDTH, seq)
-            if not step.work and not step.lazy and not sched.running and not sched.waiting \
-                    and not sched.swapped:
-                continue
-            if not step.work and not step.lazy:
-                raise RuntimeError(f"{name}: no progress possible at t={now:.6f}s with "
-                                   f"{len(sched.waiting)} waiting; this is a kvsim bug")
-            dt, why = cost.price(step.cost)
-            if why:
-                run.extrapolated += 1
-                run.extrapolation_reasons.update(why)
-            if step.swap_bytes:      # the step waits for its PCIe copies
-                dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
-            dt += step.load_s        # and for the KV its admissions load from tiers
-            _record(run, sched, step, now, dt)
-            if check_invariants:
-                _check(sched, f"{rep.label(name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
-            end = now + dt           # SimPy's time for a timeout of dt from now
-            synced = exact_steps or state["next"] <= end or end >= limit
-            if synced:
-                for delay in ((dt,) if now == env.now else _delays(env.now, end)):
-                    yield env.timeout(delay)
-            now = end
-            for seq in sched.complete(step, now):
-                index = seq.ids[0] // MAX_WIDTH
-                if deadline is not None and now > deadline[index]:   # its client left first
-                    seq.outcome, seq.finish_s = "timed out", float(deadline[index])
-                settle(rep, index, seq)
-            if check_invariants:
-                _check(sched, f"{rep.label(name)}step {len(run.steps) - 1} completed at t={now:.6f}s")
-            if on_step:
-                on_step(state["ended"])
-            # let arrivals at this instant join first (with the next one already later,
-            # there is none left, except where the time limit's event may be pending)
-            if synced and (exact_steps or state["next"] <= now or now >= limit):
-                yield env.timeout(0)
-
-    env.process(arrivals())
-    done = env.all_of([env.process(engine(rep)) for rep in reps])
-    env.run(until=done if time_limit_s is None else env.any_of([done, env.timeout(time_limit_s)]))
+    loop = StepLoop(name, reps, requests, records, cost, per=per,
+                    width=scheduler_options.get("width", 1), pick=pick, on_step=on_step,
+                    check_invariants=check_invariants,
+                    time_limit_s=math.inf if time_limit_s is None else time_limit_s,
+                    request_timeout_s=request_timeout_s)
+    loop.run()
     for rep in reps:
         sched = rep.sched
         for seq in [*sched.running, *sched.waiting, *sched.swapped]:    # unfinished
-            records.settle(seq.ids[0] // MAX_WIDTH, seq)
+            records.settle(seq.index, seq)
         rep.run.preemptions, rep.run.swaps = sched.preemptions, sched.swaps
         rep.run.prompt_tokens, rep.run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
         rep.run.width = sched.width
-        rep.run.arrived_s = stages.arrived_s
+        rep.run.arrived_s = loop.stages.arrived_s
         if hasattr(sched.allocator, "store"):
             rep.run.tiers = tally([sched.allocator])
     if len(reps) == 1:
         return reps[0].run
-    run = fleet_run(name, [rep.run for rep in reps], served)
+    run = fleet_run(name, [rep.run for rep in reps], loop.served)
     if reps[0].run.tiers is not None:
         run.tiers = tally([rep.sched.allocator for rep in reps])
     return run
 
 
+# What happens at one instant, in this order: steps that end then are completed (in the
+# order they were planned), then requests that arrive then are received (in arrival
+# order, routed as the replicas stand after those completions); then every replica
+# without a step in flight that has requests to serve plans its next step.
+COMPLETE, ARRIVE = 0, 1
+
+
 class _Stages:
     """Where load stages drain (kvsim.workload.stages): which arrival waits for the
-    previous stage to end, the event that says it has, and how far the next stage's
-    nominal times move. Records the arrival times used where they moved (per sequence)."""
+    previous stage to end, when it has, and how far the next stage's nominal times move.
+    Records the arrival times used where they moved (per sequence)."""
 
-    def __init__(self, requests: RequestTable, per: int, env: simpy.Environment):
+    def __init__(self, requests: RequestTable, per: int):
         plan = requests.plan
         self.plan = plan if plan is not None and plan.drain and len(plan.counts) > 1 else None
         self.shift = 0.0
         self.arrived_s = None
         if self.plan is None:
             return
-        self.env, self.per = env, per
+        self.per = per
         self.firsts = self.plan.firsts
         self.zero = 0.0                       # where the current stage started
         self.stage = 0
         self.left = [c * per for c in self.plan.counts]   # its sequences not ended yet
         self.last_end = [-math.inf] * len(self.left)
         self.stage_of = requests.stage
-        self.drained = env.event()
         self.arrived_s = np.full(len(requests) * per, np.nan)
 
-    def before(self, i: int) -> simpy.Event | None:
-        """Before request i arrives: the event to wait for where it opens a stage whose
-        predecessor has not drained yet; None once it may come (at its time + shift).
-        A stage of no requests passes at once: it ends at its zero."""
+    def before(self, i: int) -> bool:
+        """Before request i arrives: whether it opens a stage whose predecessor has not
+        drained yet (else it may come, at its time + shift). A stage of no requests
+        passes at once: it ends at its zero."""
         if self.plan is None:
-            return None
+            return False
         while self.stage + 1 < len(self.firsts) and i == self.firsts[self.stage + 1]:
             if self.left[self.stage]:
-                return self.drained
+                return True
             self._next_stage()
-        return None
+        return False
 
     def _next_stage(self) -> None:
         self.zero = self.plan.next_zero(self.zero, self.last_end[self.stage])
         self.stage += 1
         self.shift = self.zero - self.plan.zeros[self.stage]
-        self.drained = self.env.event()
 
-    def ended(self, index: int, finish_s: float) -> None:
+    def ended(self, index: int, finish_s: float) -> bool:
+        """A sequence ended; whether that drained the current stage."""
         if self.plan is None:
-            return
+            return False
         k = int(self.stage_of[index // self.per])
         self.left[k] -= 1
         self.last_end[k] = max(self.last_end[k], finish_s)
-        if k == self.stage and not self.left[k] and not self.drained.triggered:
-            self.drained.succeed()
+        return k == self.stage and not self.left[k]
 
     def arrived(self, index: int, now: float) -> None:
         if self.arrived_s is not None:
@@ -347,20 +236,182 @@ class _Stages:
 @dataclass
 class _Replica:
     """One engine of a fleet: its scheduler, what it records, its unfinished requests
-    (the router's load) and the event that wakes it when idle."""
+    (the router's load) and the step it has in flight."""
     sched: Scheduler
-    env: simpy.Environment
     load: int = 0
     index: int | None = None      # in a fleet of several
-    deadlines: list = field(default_factory=list)   # heap of (client deadline, arrival index)
     run: PolicyRun | None = None
-    wake: simpy.Event = None
-
-    def __post_init__(self):
-        self.wake = self.env.event()
+    in_flight: object = None      # the Step planned and not yet completed
+    deadlines: list = field(default_factory=list)   # heap of (client deadline, arrival index)
 
     def label(self, name: str) -> str:
         return f"{name}: " if self.index is None else f"{name}: replica {self.index}: "
+
+    def has_work(self) -> bool:
+        sched = self.sched
+        return bool(sched.running or sched.waiting or sched.swapped)
+
+
+class StepLoop:
+    """One clock and one queue of events for every replica of a run.
+
+    Events are (time, phase, order) in a heap: a step's end (COMPLETE) or the next
+    arrival (ARRIVE); `order` counts events as they are made, so ties keep the order
+    they were made in. Times are exact: a step planned at t for dt ends at t + dt, and
+    an arrival is received at t + (arrival_s - t) from the time t of the one before (at
+    that time itself where it is not later), so each clock reading is one float
+    addition away from the last. No event is made for a request that arrives with the
+    one before, or for idle replicas: they plan when the instant's events are done. A
+    stage that waits for the previous one to drain makes its first arrival's event when
+    the last of those requests ends, and goes on from that instant."""
+
+    def __init__(self, name: str, reps: list[_Replica], requests: RequestTable, records: SeqLog,
+                 cost: CostModel, *, per: int, width: int, pick: Callable | None, on_step,
+                 check_invariants: bool, time_limit_s: float, request_timeout_s: float | None = None):
+        self.name, self.reps, self.requests, self.records, self.cost = name, reps, requests, records, cost
+        self.per, self.width = per, width
+        self.pick = pick             # the router's choice of replica (None: one replica)
+        self.served = np.full(len(requests), -1, dtype=np.int64)   # each request's replica
+        self.left = [per] * len(requests) if self.pick else None    # its sequences not ended yet
+        self.on_step, self.checking, self.limit = on_step, check_invariants, time_limit_s
+        self.ended = 0               # sequences ended so far (progress)
+        self.events: list[tuple] = []
+        self.made = 0
+        self.next_request = 0        # the next request to arrive ...
+        self.arriving: list = []     # ... or, while one arrives, its sequences still to come
+        self.index = 0               # arrival index of the next sequence
+        self.first = False           # the next of `arriving` is its request's first
+        self.rep: _Replica | None = None   # where the arriving request was routed
+        self.shift = 0.0             # how far its stage moved the arriving request
+        self.stages = _Stages(requests, per)
+        self.blocked = False         # the next request waits for its stage's predecessor to drain
+        # each sequence's client deadline: it gives up request_timeout_s after it sent it
+        self.timeout = request_timeout_s
+        self.deadline = None if request_timeout_s is None else np.full(len(records), math.inf)
+
+    def run(self) -> None:
+        if len(self.requests):
+            self._arrivals(0.0)
+        events, limit, reps = self.events, self.limit, self.reps
+        now = 0.0
+        while True:
+            while events and events[0][0] == now:
+                _, phase, _, rep = heapq.heappop(events)
+                if phase == COMPLETE:
+                    self._complete(rep, now)
+                else:
+                    self._arrivals(now)
+            if now < limit:
+                for rep in reps:
+                    if rep.in_flight is None:
+                        if rep.deadlines and rep.deadlines[0][0] <= now:
+                            self._expire(rep, now)
+                        if rep.has_work():
+                            self._plan(rep, now)
+            if not events or events[0][0] > limit:
+                return
+            now = events[0][0]
+
+    def _push(self, time: float, phase: int, rep: _Replica | None = None) -> None:
+        self.made += 1
+        heapq.heappush(self.events, (time, phase, self.made, rep))
+
+    def _arrivals(self, now: float) -> None:
+        """Receive the sequences due now; schedule the next arrival."""
+        reps, requests = self.reps, self.requests
+        while True:
+            if not self.arriving:
+                if self.next_request == len(requests):
+                    return
+                i = self.next_request
+                if self.stages.before(i):        # its stage waits for the last to drain
+                    self.blocked = True
+                    return
+                self.next_request += 1
+                # A request's sequences are made when it arrives, numbered in arrival order;
+                # it is routed when its first sequence arrives; its stage may move it.
+                self.arriving = reps[0].sched.expand([requests[i]], self.width)
+                self.arriving.reverse()
+                self.first = True
+                self.shift = self.stages.shift
+            seq = self.arriving[-1]
+            delay = seq.spec.arrival_s + self.shift - now
+            if delay > 0:
+                self._push(now + delay, ARRIVE)
+                return
+            self.arriving.pop()
+            i = self.next_request - 1
+            if self.first:
+                self.served[i] = self.pick(seq.spec, [r.load for r in reps]) if self.pick else 0
+                self.rep = reps[self.served[i]]
+                self.rep.load += 1
+                self.first = False
+            rep = self.rep
+            self.stages.arrived(self.index, now)
+            rep.sched.arrive(seq, now, self.index)
+            if seq.outcome:          # rejected on arrival
+                self._settle(rep, self.index, seq, now)
+            elif self.deadline is not None:
+                self.deadline[self.index] = now + self.timeout
+                heapq.heappush(rep.deadlines, (self.deadline[self.index], self.index))
+            self.index += 1
+
+    def _settle(self, rep: _Replica, index: int, seq, now: float) -> None:
+        self.records.settle(index, seq)
+        self.ended += 1
+        if self.stages.ended(index, seq.finish_s) and self.blocked:    # its stage drained
+            self.blocked = False
+            self._push(now, ARRIVE)
+        left = self.left
+        if left is not None:
+            left[index // self.per] -= 1
+            if not left[index // self.per]:
+                rep.load -= 1
+
+    def _plan(self, rep: _Replica, now: float) -> None:
+        sched, run = rep.sched, rep.run
+        step = sched.schedule(now)
+        for seq in step.rejected:
+            self._settle(rep, seq.index, seq, now)
+        if not step.work and not step.lazy:
+            if rep.has_work():
+                raise RuntimeError(f"{self.name}: no progress possible at t={now:.6f}s with "
+                                   f"{len(sched.waiting)} waiting; this is a kvsim bug")
+            return
+        dt, why = self.cost.price(step.cost)
+        if why:
+            run.extrapolated += 1
+            run.extrapolation_reasons.update(why)
+        if step.swap_bytes:      # the step waits for its PCIe copies ...
+            dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
+        dt += step.load_s        # ... and for the KV its admissions load from tiers
+        _record(run, sched, step, now, dt)
+        if self.checking:
+            _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
+        rep.in_flight = step
+        self._push(now + dt, COMPLETE, rep)
+
+    def _expire(self, rep: _Replica, now: float) -> None:
+        """Abort, at a step's start, every request whose client has given up by now."""
+        while rep.deadlines and rep.deadlines[0][0] <= now:
+            end_s, index = heapq.heappop(rep.deadlines)
+            if self.records.outcome[index] == 0:             # not settled yet
+                seq = rep.sched.abort(index, end_s)
+                if seq is not None:
+                    self._settle(rep, index, seq, now)
+
+    def _complete(self, rep: _Replica, now: float) -> None:
+        sched, step = rep.sched, rep.in_flight
+        rep.in_flight = None
+        for seq in sched.complete(step, now):
+            index = seq.index
+            if self.deadline is not None and now > self.deadline[index]:   # its client left first
+                seq.outcome, seq.finish_s = "timed out", float(self.deadline[index])
+            self._settle(rep, index, seq, now)
+        if self.checking:
+            _check(sched, f"{rep.label(self.name)}step {len(rep.run.steps) - 1} completed at t={now:.6f}s")
+        if self.on_step:
+            self.on_step(self.ended)
 
 
 def fleet_run(name: str, parts: list[PolicyRun], served: np.ndarray) -> PolicyRun:
@@ -383,21 +434,6 @@ def fleet_run(name: str, parts: list[PolicyRun], served: np.ndarray) -> PolicyRu
 def _rebuild(sched: Scheduler, requests: RequestTable, per: int, index: int):
     """The sequence that arrived as the index-th, as it arrived (kvsim.sim.waiting)."""
     return sched.arrived(sched.expand([requests[index // per]], per)[index % per], index)
-
-
-def _delays(now: float, target: float) -> tuple[float, ...]:
-    """Timeouts that take SimPy's clock from `now` to exactly `target`, where the engine's
-    own clock ran ahead (step by step, as SimPy would have added the steps). One where
-    now + (target - now) rounds to target; otherwise two, the second from a time t in
-    [target / 2, target], from which target - t is exact (Sterbenz)."""
-    d = target - now
-    if now + d == target:
-        return (d,)
-    first = (target - now) * 0.75
-    t = now + first
-    if not target / 2 <= t <= target or t + (target - t) != target:
-        raise RuntimeError(f"no delays take {now!r} to {target!r} (a kvsim bug)")
-    return first, target - t
 
 
 def _check(sched: Scheduler, where: str) -> None:

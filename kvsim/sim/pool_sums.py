@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from kvsim.kvcache import Breakdown, NextSeq
 from kvsim.kvcache.base import split_used
+from kvsim.sim.records import PoolParts
 
 
 class PoolSums:
@@ -75,9 +76,10 @@ class PoolSums:
                          self.internal, self.padding, unusable, free,
                          shared=self.slots + self.padding - used, starved=starved)
 
-    def recorded_parts(self, next_seq: NextSeq | None) -> tuple[int, ...]:
-        """token, reservation, internal, external, free, allocated and shared slots."""
+    def recorded_parts(self, next_seq: NextSeq | None) -> PoolParts:
+        """What a step records, from the sums (the breakdown's parts, without building it)."""
         unusable, free, _ = self.pool_free(next_seq)
         used = self.allocator.capacity - unusable - free
         res, internal, pad = self.reservation, self.internal, self.padding
-        return used - res - internal - pad, res, internal, pad + unusable, free, used, self.slots + pad - used
+        return PoolParts(used - res - internal - pad, res, internal, pad + unusable, free, used,
+                         self.slots + pad - used)

@@ -12,11 +12,22 @@ when the run does, so a run keeps objects only for the requests in flight.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 CHUNK = 4096
+
+
+class PoolParts(NamedTuple):
+    """What a step records of the KV pool's breakdown (kvsim.kvcache.base.Breakdown), in slots."""
+    token: int
+    reservation: int
+    internal: int
+    external: int
+    free: int
+    allocated: int
+    shared: int
 
 
 class StepLog:

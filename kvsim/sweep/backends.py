@@ -51,7 +51,7 @@ class Outcome:
 
 def run_point(task: Task) -> Outcome:
     """Run one point; any exception becomes a failed outcome."""
-    from kvsim.sim.runner import run_scenario
+    from kvsim.analysis.results import run_scenario
     try:
         return Outcome(task.id, run_scenario(task.scenario, task.base_dir, task.src).summary)
     except InputError as e:
@@ -102,7 +102,7 @@ class LocalPool:
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
         ctx = multiprocessing.get_context(method)
         if method == "forkserver":
-            ctx.set_forkserver_preload(["kvsim.sweep.backends", "kvsim.sim.runner"])
+            ctx.set_forkserver_preload(["kvsim.sweep.backends", "kvsim.analysis.results"])
         return ProcessPoolExecutor(self.workers, mp_context=ctx)
 
     def run(self, tasks: Iterable[Task], on_outcome: OnOutcome) -> None:

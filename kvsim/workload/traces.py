@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.config.errors import InputError
+from kvsim.workload.table import RequestTable
 
 HASH_BLOCK_TOKENS = 512          # tokens per Mooncake hash id
 MAX_TOKENS = 2**31 - 1
@@ -89,7 +90,6 @@ def trace_requests(path, num_requests: int | None = None, time_scale: float = 1.
     """The trace's first `num_requests` requests (all when None) as a RequestTable, with
     arrivals multiplied by `time_scale` (> 1 stretches them, < 1 compresses) and, for a
     Mooncake trace, each prompt's hash blocks as its shared segments (module docstring)."""
-    from kvsim.workload.requests import RequestTable
     frame = read_trace(path)
     if num_requests is not None:
         frame = frame.iloc[:num_requests]

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.kvcache import PagedAllocator, PrefixCachingPagedAllocator, SeqShape
+from kvsim.engines.base import Request
 from kvsim.engines.vllm_v1 import VllmV1
-from kvsim.sim.scheduler import Scheduler, Seq
+from kvsim.kvcache import PagedAllocator, PrefixCachingPagedAllocator, SeqShape
+from kvsim.sim.scheduler import Scheduler, sample_shape
 from kvsim.workload.requests import RequestSpec
 
 
@@ -85,7 +86,6 @@ def random_stream(rng: np.random.Generator, setup: Setup, n: int = 30) -> list[A
 def scenario_stream(path, n: int = 24, max_output: int = 48) -> tuple[list[Arrival], Setup]:
     """The first `n` sequences of a scenario's request stream, and a setup for them."""
     from kvsim.config.scenario import load_scenario
-    from kvsim.sim.scheduler import sample_shape
     from kvsim.workload.requests import generate_requests
     scn, base = load_scenario(path)
     table, width = generate_requests(scn, base, str(path)), scn.workload.n
@@ -139,7 +139,7 @@ def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
             a = pending.pop(0)
             spec = RequestSpec(a.key, float(step), a.shape.prompt_tokens, a.shape.output_tokens,
                                a.shape.segments, a.shape.tail_id)
-            s.arrive(Seq(spec, a.shape), float(step), a.key)
+            s.arrive(Request(spec, a.shape), float(step), a.key)
             live += 1
         before = list(s.running)
         st = s.schedule(float(step))
