@@ -41,7 +41,7 @@ OUT = REPO / "kvsim" / "data" / "overheads" / "vllm-v1-h100-v1.json"
 DOC = REPO / "docs" / "accuracy-vllm-h100.md"
 STATE = REPO / "build" / "derive_vllm_overhead.state.json"
 NAME, VERSION = "vllm-v1-h100-v1", 1
-MAX_ITERATIONS, LOO_ITERATIONS = 12, 4
+MAX_ITERATIONS, LOO_ITERATIONS = 6, 1
 # Where the all-runs fit starts: an earlier, partial fit on eight of these runs (four
 # Levenberg-Marquardt iterations on 60-second windows), to save iterations.
 START_FROM = {"step_us": 0.0, "per_seq_us": 5.72, "piecewise_per_layer_us": 0.0, "launch_per_layer_us": 50.0,
