@@ -26,7 +26,7 @@ from typing import Protocol
 from kvsim.config.errors import InputError
 from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synthesize
 from kvsim.cost.fit import LINEAR_OPS, PER_STEP_OPS, kv_bytes_per_token
-from kvsim.cost.overhead import DEFAULT, NONE, Comm, Overhead, inline, load_overhead
+from kvsim.cost.overhead import DEFAULT, NONE, VLLM_V1_H100, Comm, Overhead, inline, load_overhead
 from kvsim.cost.moe import expected_experts
 from kvsim.model.specs import GPUSpec, KVSpec, ModelSpec
 
@@ -310,8 +310,20 @@ class Profiled:
         return self.price(batch)[0]
 
 
-def choose_overhead(choice, base_dir=".", src: str = "scenario") -> Overhead:
-    """The engine overhead a cost_model asks for: the shipped default unless it names one."""
+ENGINE_DEFAULTS = {("vllm-v1", "h100-80gb"): VLLM_V1_H100, ("vllm-v1", "h200"): VLLM_V1_H100}
+
+
+def default_overhead(engine: str | None, gpu: str) -> Overhead:
+    """What `calibrated` adds to the kernels for this engine and GPU: the vLLM V1 overhead
+    fitted on H100 runs for vLLM V1 on an H100 or H200 (the same host and NVLink), the
+    splitwise one (a 2023 stack without CUDA graphs) elsewhere."""
+    return load_overhead(ENGINE_DEFAULTS.get((engine, gpu), DEFAULT))
+
+
+def choose_overhead(choice, base_dir=".", src: str = "scenario", engine: str | None = None,
+                    gpu: str = "") -> Overhead:
+    """The engine overhead a cost_model asks for: the default for this engine and GPU
+    (`default_overhead`) unless it names one."""
     given = getattr(choice, "overhead", None)
     ms = getattr(choice, "step_overhead_ms", None)
     if ms is not None:     # the deprecated spelling of overhead: {step_ms: X}
@@ -320,14 +332,15 @@ def choose_overhead(choice, base_dir=".", src: str = "scenario") -> Overhead:
                              "(step_overhead_ms is its deprecated spelling), not both")
         return inline(step_ms=ms)
     if given is None:
-        return load_overhead(DEFAULT)
+        return default_overhead(engine, gpu)
     if isinstance(given, str):
         return load_overhead(given, Path(base_dir), src, "cost_model.overhead")
     return inline(**given.model_dump())
 
 
 def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, *,
-                    block_size: int | None = None, base_dir=".", src: str = "scenario") -> CostModel:
+                    block_size: int | None = None, base_dir=".", src: str = "scenario",
+                    engine: str | None = None, limits: tuple[int, int] | None = None) -> CostModel:
     """The scenario's cost_model: "roofline", "calibrated" (the shipped profile for this GPU
     and model, else one predicted from the GPU's fits, else roofline, named as the
     fallback; plus the shipped engine overhead), or {profile: NAME_OR_PATH, overhead:
@@ -337,9 +350,9 @@ def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int,
         return Roofline(model, gpu, kv, tp)
     ref = getattr(choice, "profile", None)
     profile = check_profile(ref, model, Path(base_dir), src) if ref is not None else None
-    overhead = choose_overhead(choice, base_dir, src)
+    overhead = choose_overhead(choice, base_dir, src, engine, gpu.name)
     try:
-        return Profiled(model, gpu, kv, tp, profile, block_size, overhead)
+        return Profiled(model, gpu, kv, tp, profile, block_size, overhead, limits)
     except KeyError as e:
         if ref is None:
             raise

@@ -60,7 +60,8 @@ FORMAT = "kvsim-overhead/2"
 GRAPH_FORMAT = "kvsim-overhead/3"
 FORMATS = ("kvsim-overhead/1", FORMAT, GRAPH_FORMAT)     # /1: no launch_per_layer_ms (0)
 SHIPPED = Path(__file__).parent.parent / "data" / "overheads"
-DEFAULT = "splitwise-a100-v2"     # what `calibrated` adds to the kernels
+DEFAULT = "splitwise-a100-v2"     # what `calibrated` adds to the kernels (kvsim.cost.model.default_overhead) ...
+VLLM_V1_H100 = "vllm-v1-h100-v1"  # ... and for vLLM V1 on an H100 or H200
 ACT_BYTES = 2                     # fp16/bf16 activations
 
 

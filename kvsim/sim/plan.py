@@ -198,9 +198,11 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
         if capacity <= 0:
             raise InputError(src, f"policies[{i}]", f"the KV pool ({pool.pool_bytes / GIB:.3g} GiB) "
                              f"holds not even one block of policy '{policy.name}'")
-        cost = make_cost_model(scn.cost_model, model, gpu, kv, tp,
-                               block_size=options.get("block_size"), base_dir=base_dir, src=src)
         settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
+        cost = make_cost_model(scn.cost_model, model, gpu, kv, tp,
+                               block_size=options.get("block_size"), base_dir=base_dir, src=src,
+                               engine=settings.engine,
+                               limits=(settings.max_num_seqs, settings.max_num_batched_tokens))
         swap = None
         if settings.preemption_mode != "recompute":      # swap, or V0's choice (groups swap)
             swap = SwapSpace(scn.scheduler.swap_space_gib * GIB * tp, kv.bytes_per_token,
