@@ -31,13 +31,31 @@ def test_cost_text_shows_each_part():
                          "--prefill-tokens", "2048")
     assert code == 0
     lines = out.splitlines()
-    assert lines[1] == ("cost model: profile:h100-llama-2-70b + overhead:splitwise-a100-v2 "
-                        "(on h100-80gb: links x1.5)")
+    assert lines[0].startswith("llama-2-70b on h100-80gb x2 under vllm-v1: prefill 2,048 tokens")
+    assert lines[1] == "cost model: profile:h100-llama-2-70b + overhead:vllm-v1-h100-v1"
     assert lines[2].startswith("step time:")
     assert [ln.split()[0] for ln in lines[3:]] == ["linear", "attention_prefill", "attention_decode", "kv_write",
                                                    "allreduce", "embedding", "lm_head", "overhead_step",
                                                    "overhead_seqs", "overhead_prompt_tokens", "overhead_launch", "of"]
     assert lines[-1].startswith("of which kernels ") and "engine overhead" in lines[-1]
+
+
+def test_cost_prices_the_step_of_the_engine_named():
+    """Each engine's default overhead; a CUDA-graph engine's capture sizes follow its limits."""
+    def priced(*args):
+        code, out, err = kvsim("cost", "--model", "llama-2-7b", "--gpu", "h100-80gb", "--decode-batch", "13",
+                               "--context", "100", "--json", *args)
+        assert code == 0, err
+        return json.loads(out)
+    v1, v0 = priced(), priced("--engine", "vllm-v0")
+    assert (v1["engine"], v1["cost_model"]) == ("vllm-v1", "profile:h100-llama-2-7b + overhead:vllm-v1-h100-v1")
+    assert v0["cost_model"].startswith("profile:h100-llama-2-7b + overhead:splitwise-a100-v2")
+    assert v0["step_time_s"] > 3 * v1["step_time_s"]     # a 2023 stack without CUDA graphs
+    # 13 sequences replay the graph of 16 (linear ops on 16 tokens) unless max_num_seqs 4
+    # caps the captured sizes at 8: the step then runs eagerly on its own 13 tokens
+    eager = priced("--max-num-seqs", "4")
+    assert eager["parts_s"]["linear"] < v1["parts_s"]["linear"]
+    assert priced("--max-num-seqs", "8")["parts_s"] == v1["parts_s"]
 
 
 def test_cost_roofline_is_a_bound_without_parts():

@@ -29,8 +29,10 @@ def step_times(scn, policy, base_dir: Path) -> tuple[float, ...]:
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
     kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale, policy.kv_scale_group_size)
     _, options = policy.allocator_kind(scn.engine_name)
+    settings = scn.engine_settings()
     cost = make_cost_model(scn.cost_model, model, gpu, kv, scn.tensor_parallel_size,
-                           block_size=options.get("block_size"), base_dir=base_dir)
+                           block_size=options.get("block_size"), base_dir=base_dir, engine=settings.engine,
+                           limits=(settings.max_num_seqs, settings.max_num_batched_tokens))
     return tuple(cost.step_time(batch) for batch in PROBES)
 
 

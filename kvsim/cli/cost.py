@@ -2,8 +2,12 @@
 
 `kvsim cost` prices one step (a prefill chunk, or a batch of decodes) with the same
 cost model a run uses and prints its parts (GPU kernels, tensor-parallel communication,
-the engine's host overhead), so a profile can be checked against one's own measurements. `kvsim calibrate` measures a profile with PyTorch, or with
-`--report PROFILE` prints a profile's held-out error.
+the engine's host overhead), so a profile can be checked against one's own measurements.
+`--engine` chooses whose step it is: the engine's default overhead (what `calibrated`
+gives a run of that engine on that GPU) and, for a CUDA-graph engine, its capture sizes,
+which follow max_num_seqs and max_num_batched_tokens (the engine's defaults unless given).
+`kvsim calibrate` measures a profile with PyTorch, or with `--report PROFILE` prints a
+profile's held-out error.
 """
 from __future__ import annotations
 
@@ -32,12 +36,18 @@ from kvsim.model.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, KVSpec, re
 @click.option("--roofline", is_flag=True, help="Use the roofline model instead of a profile.")
 @click.option("--overhead", metavar="NAME|none|FILE",
               help="Engine overhead: a shipped one, none (kernels only) or a file [default: the shipped one].")
+@click.option("--engine", type=click.Choice(["vllm-v0", "vllm-v1", "sglang"]), default="vllm-v1",
+              show_default=True, help="The engine whose step this is (its default overhead and graph sizes).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="The engine's max_num_seqs [default: its own].")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
+              help="The engine's max_num_batched_tokens [default: its own].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dtype, block_size, profile,
-         roofline, overhead, as_json):
+         roofline, overhead, engine, max_num_seqs, max_num_batched_tokens, as_json):
     """Predicted time of one engine step and its parts."""
     from kvsim.cost.model import Roofline, StepBatch, describe, make_cost_model
-    from kvsim.config.scenario import ProfileCost
+    from kvsim.config.scenario import ProfileCost, Scheduler
+    from kvsim.engines.settings import resolve
 
     if (prefill_tokens is None) == (decode_batch is None):
         raise InputError("command line", "--prefill-tokens", "give either --prefill-tokens T "
@@ -58,8 +68,11 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
         from kvsim.cost.overhead import load_overhead
         load_overhead(overhead)          # a bad name or file fails here, naming --overhead
     choice = "roofline" if roofline else ProfileCost(profile=profile, overhead=overhead)
+    settings = resolve(engine, Scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+                       max_model_len=model.max_position_embeddings or 4096, gpu_name=gpu.name, gpu_memory_gib=gpu.memory_gib)
     model_cost = make_cost_model(choice, model, gpu, kv, tp, block_size=block_size,
-                                 base_dir=Path("."), src="command line")
+                                 base_dir=Path("."), src="command line", engine=engine,
+                                 limits=(settings.max_num_seqs, settings.max_num_batched_tokens))
     batch = (StepBatch.build([(prefill_tokens, context or 0)], []) if prefill_tokens
              else StepBatch.build([], [context] * decode_batch))
     parts, why = (model_cost.parts(batch) if hasattr(model_cost, "parts")
@@ -70,13 +83,14 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
     step = (f"prefill {prefill_tokens:,} tokens on {context or 0:,} cached" if prefill_tokens
             else f"decode batch {decode_batch:,} x {context:,} context")
     groups = None if "roofline" in parts else grouped(parts)
-    out = {"model": model.name, "gpu": gpu.name, "tp": tp, "step": step, "kv_dtype": kv.kv_cache_dtype,
+    out = {"model": model.name, "gpu": gpu.name, "tp": tp, "engine": engine, "step": step, "kv_dtype": kv.kv_cache_dtype,
            "block_size": block_size, "cost_model": label, "step_time_s": total, "parts_s": parts,
            "groups_s": groups, "roofline_s": bound, "extrapolated": sorted(set(why))}
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
-    click.echo(f"{model.name} on {gpu.name} x{tp}: {step}, KV {kv.kv_cache_dtype}, block {block_size}")
+    click.echo(f"{model.name} on {gpu.name} x{tp} under {engine}: {step}, KV {kv.kv_cache_dtype}, "
+               f"block {block_size}")
     click.echo(f"cost model: {label}")
     click.echo(f"step time:  {total * 1e3:.3f} ms   (roofline bound {bound * 1e3:.3f} ms)")
     for name, seconds in parts.items():

@@ -85,11 +85,11 @@ def validate(run_dirs, overhead_ref, gpu, out, jobs):
     """Simulate benchmark runs and compare each stage with what the load generator measured."""
     from kvsim.calibrate import run_check
     from kvsim.cost.overhead import load_overhead
-    from kvsim.cost.model import choose_overhead
+    from kvsim.cost.model import default_overhead
     from kvsim.sim.parallel import ordered_map
     replays = _replays(run_dirs, gpu, None)
     overhead = (load_overhead(overhead_ref, Path("."), "command line", "--cost-model") if overhead_ref
-                else choose_overhead("calibrated"))
+                else default_overhead("vllm-v1", gpu))
     predicted = ordered_map(lambda i: replays[i].predict(overhead), len(replays), jobs)
     label = replays[0].cost(overhead).label
     table = [row for r, p in zip(replays, predicted) for row in run_check.rows(r.run, p, label)]
