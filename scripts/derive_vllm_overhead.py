@@ -188,14 +188,28 @@ def markdown(doc: dict) -> str:
     lines += [
         "", "ITL is inference-perf's inter-token latency: the gaps between the stream's lines, of which vLLM",
         "sends two per token, so it is about half the time between tokens.", "",
+        "## What these runs do not decide", "",
+        "Every run served a bf16 model with a bf16 KV cache in blocks of 16 tokens, prefix caching on,",
+        "max_num_seqs 128 and max_num_batched_tokens 2048, on H100 SXM GPUs. So the fit says nothing about:", "",
+        "- a quantized KV cache (fp8, int8): kvsim prices its decode attention by the bytes it reads (the",
+        "  profile's bandwidth form); the shipped H100 profiles were measured with 16-bit KV only, so the",
+        "  cost of dequantizing is not modelled there, and a quantized cache changes capacity and those",
+        "  bytes only;",
+        "- block size: no shipped profile timed attention at more than one block size, so block size changes",
+        "  capacity and fragmentation, not step time (`kvsim run` says so in run.json's `timing_notes` when",
+        "  a scenario's policies differ in it);",
+        "- eager steps' launch cost (`launch_per_layer_ms`, held at its start): the runs' eager steps, whole",
+        "  new prompts, are bound by the GPU, so none of them tells it;",
+        "- other GPUs: vLLM V1 on an H200 takes this overhead too (the same host and NVLink generation), with",
+        "  its own kernel profile; other engines and GPUs keep `splitwise-a100-v2`.", "",
         "## The fitted overhead", "",
         "Fitted by simulating every run whole with candidate coefficients (kvsim.calibrate.engine_fit):",
         "", doc["fit"]["method"], "",
-        f"All-runs fit: {doc['fit']['iterations']} iterations ({doc['fit']['evaluations']} simulations of every "
+        f"All-runs fit: {_iterations(doc['fit']['iterations'])} ({doc['fit']['evaluations']} simulations of every "
         f"run), objective {doc['fit']['objective']:.4g}"
         + ("" if doc["fit"]["converged"] else f" (stopped at the cap of {doc['fit']['max_iterations']})") + ".",
         f"Each leave-one-out fit starts from the all-runs fit (whose start knew the held-out run) and runs at "
-        f"most {doc['fit']['leave_one_out_max_iterations']} iterations"
+        f"most {_iterations(doc['fit']['leave_one_out_max_iterations'])}"
         + (f"; {', '.join(stopped)} stopped at that cap, so its start's knowledge of the held-out run is not "
            "wholly gone" if stopped else "; every one stopped on its own, before the cap") + ".", "",
         "| coefficient | all runs | " + " | ".join(f"without {name}" for name in held) + " |",
@@ -203,9 +217,19 @@ def markdown(doc: dict) -> str:
     for key in doc["fit"]["free"]:
         lines.append(f"| {key} | {doc['fit']['theta'][key]:.4g} | "
                      + " | ".join(f"{h['theta'][key]:.4g}" for h in held.values()) + " |")
-    lines += ["", "As shipped:", "", "```json",
+    bounds = {q.name: q for q in engine_fit.PARAMS}
+    at_bound = [f"{k} at {doc['fit']['theta'][k]:.4g} (its {'lower' if doc['fit']['theta'][k] <= bounds[k].low else 'upper'} "
+                "bound)" for k in doc["fit"]["free"]
+                if doc["fit"]["theta"][k] <= bounds[k].low or doc["fit"]["theta"][k] >= bounds[k].high]
+    lines += ["", "Terms of the all-runs fit at a bound of their range: " + (", ".join(at_bound) or "none") + ".",
+              "(the objective may fall further beyond them, where the form does not allow).",
+              "", "As shipped:", "", "```json",
               json.dumps({k: doc[k] for k in ("host", "comm", "graphs", "kernels", "api")}, indent=1), "```", ""]
     return "\n".join(lines)
+
+
+def _iterations(n: int) -> str:
+    return f"{n} iteration" + ("" if n == 1 else "s")
 
 
 def _summary_row(label: str, s: dict) -> str:
