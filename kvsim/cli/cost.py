@@ -47,7 +47,7 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
     """Predicted time of one engine step and its parts."""
     from kvsim.cost.model import Roofline, StepBatch, describe, make_cost_model
     from kvsim.config.scenario import ProfileCost, Scheduler
-    from kvsim.engines.settings import resolve
+    from kvsim.config.engine_defaults import resolve
 
     if (prefill_tokens is None) == (decode_batch is None):
         raise InputError("command line", "--prefill-tokens", "give either --prefill-tokens T "
