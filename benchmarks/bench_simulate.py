@@ -5,7 +5,7 @@ and times `run_scenario` with every policy in that process (one worker), tables
 included; the import of kvsim and the reading of the scenario are left out. With
 --against, the two checkouts take turns, run after run, so that a noisy shared machine
 weighs on both alike; the medians and their ratio (this checkout over the other) are
-printed.
+printed, of wall time and of the process's CPU time (less swayed by a loaded machine).
 
     python benchmarks/bench_simulate.py --against /path/to/other/checkout --repeats 5
     python benchmarks/bench_simulate.py --only rag_8k vidur_10k sharegpt_1m --repeats 3
@@ -49,9 +49,10 @@ except ImportError:                      # where the runner made the tables
 scn, base = load_scenario(scenario)
 if num_requests != "-":
     scn = scn.model_copy(update={"workload": scn.workload.model_copy(update={"num_requests": int(num_requests)})})
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 results = run_scenario(scn, base, scenario, workers=1, bucket_s=None if bucket_s == "-" else float(bucket_s))
-print(json.dumps({"seconds": time.perf_counter() - start, "steps": int(results.summary.steps.sum())}))
+print(json.dumps({"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu,
+                  "steps": int(results.summary.steps.sum())}))
 """
 
 
@@ -73,19 +74,19 @@ def main() -> None:
     opts = ap.parse_args()
     repos = {"this": ROOT} | ({"other": opts.against.resolve()} if opts.against else {})
     for name in opts.only or DEFAULT:
-        times: dict[str, list[float]] = {k: [] for k in repos}
-        steps = {}
+        runs: dict[str, list[dict]] = {k: [] for k in repos}
         for i in range(opts.repeats):
             order = list(repos) if i % 2 == 0 else list(reversed(repos))
             for key in order:
-                r = measure(repos[key], name)
-                times[key].append(r["seconds"])
-                steps[key] = r["steps"]
-        line = f"{name:<14}" + "".join(f"  {key} {statistics.median(t):7.3f} s (steps {steps[key]:,}; "
-                                       f"runs {', '.join(f'{x:.3f}' for x in t)})" for key, t in times.items())
-        if opts.against:
-            line += f"  ratio this/other {statistics.median(times['this']) / statistics.median(times['other']):.3f}"
-        print(line, flush=True)
+                runs[key].append(measure(repos[key], name))
+        for what in ("seconds", "cpu"):
+            times = {key: [r[what] for r in rs] for key, rs in runs.items()}
+            line = f"{name:<14} {'wall' if what == 'seconds' else 'cpu':<4}" + "".join(
+                f"  {key} {statistics.median(t):7.3f} s (steps {runs[key][-1]['steps']:,}; "
+                f"runs {', '.join(f'{x:.3f}' for x in t)})" for key, t in times.items())
+            if opts.against:
+                line += f"  ratio this/other {statistics.median(times['this']) / statistics.median(times['other']):.3f}"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -366,12 +366,3 @@ def test_executable_end_to_end(tmp_path, full_run):
     assert hidden_entries(tmp_path / "results") == []
 
 
-def test_the_writing_imports_skip_matplotlibs_property_docstrings_in_the_command_only():
-    """kvsim.cli.output has matplotlib write no property lists into its docstrings while
-    the command's process imports it (a fifth of those imports); a library user's
-    matplotlib, imported the plain way, keeps them."""
-    probe = "import matplotlib.lines as m; print('antialiased' in (m.Line2D.set.__doc__ or ''))"
-    command = f"from kvsim.cli.output import _import_writing; _import_writing(); {probe}"
-    listed = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True).stdout.strip() for code in (command, probe)]
-    assert listed == ["False", "True"]

@@ -2,7 +2,6 @@
 order as one after the other, byte for byte on disk, and errors raised in a worker
 arrive whole in the caller."""
 import copy
-import gc
 import os
 import pickle
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from kvsim.kvcache import InvariantError
 from kvsim.config.errors import InputError
-from kvsim.sim.parallel import can_fork, frozen, ordered_map
+from kvsim.sim.parallel import can_fork, ordered_map
 from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import validate_scenario
 
@@ -34,57 +33,6 @@ def boom(i):
     if i == 2:
         raise InputError("s.yaml", "policies[2]", "no such thing")
     return i
-
-
-def frozen_in_the_worker(i):
-    return gc.get_freeze_count(), os.getpid()
-
-
-def test_workers_leave_what_they_inherit_out_of_their_collections_and_the_caller_as_it_was():
-    assert gc.get_freeze_count() == 0
-    here = []
-    out = ordered_map(frozen_in_the_worker, 2, 2, meanwhile=lambda: here.append(gc.get_freeze_count()))
-    assert all(pid != os.getpid() and frozen > 0 for frozen, pid in out)   # what they inherited
-    assert here[0] > 0                           # here too, while they ran,
-    assert gc.get_freeze_count() == 0            # and not after, nor after an error
-    with pytest.raises(InputError):
-        ordered_map(boom, 4, 2)
-    assert gc.get_freeze_count() == 0
-
-
-def test_a_freeze_ends_with_the_outermost_one():
-    assert gc.get_freeze_count() == 0
-    with frozen():
-        assert gc.get_freeze_count() > 0
-        with frozen():
-            gc.freeze()
-        out = ordered_map(frozen_in_the_worker, 2, 2)
-        assert all(count > 0 for count, _ in out)
-        assert gc.get_freeze_count() > 0          # inner freezes and the workers' joined this one
-    assert gc.get_freeze_count() == 0
-    with pytest.raises(InputError), frozen():
-        raise InputError("s.yaml", "x", "y")
-    assert gc.get_freeze_count() == 0
-
-
-def test_a_callers_own_freeze_is_left_as_it_was():
-    gc.freeze()
-    try:
-        with frozen():
-            with frozen():
-                pass
-            assert gc.get_freeze_count() > 0
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
-
-
-def test_a_run_leaves_nothing_frozen_with_or_without_workers(tmp_path, monkeypatch):
-    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
-    (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(BASE))
-    for jobs in ("1", "2"):
-        code, _, err = helpers.kvsim("run", tmp_path / "s.yaml", "--quiet", "--jobs", jobs, "--out", tmp_path / jobs)
-        assert (code, err) == (0, "") and gc.get_freeze_count() == 0
 
 
 def test_a_workers_error_is_raised_in_the_caller():
@@ -151,16 +99,7 @@ def test_an_invariant_broken_in_a_worker_ends_the_run_as_in_one_process(tmp_path
     assert not (tmp_path / "o").exists()
 
 
-def test_meanwhile_runs_here_while_even_a_lone_job_runs_in_a_worker(monkeypatch):
-    import os
-    here, calls = os.getpid(), []
-    assert ordered_map(lambda i: os.getpid(), 1, 2, meanwhile=lambda: calls.append(os.getpid()))[0] != here
-    assert calls == [here]
-    assert ordered_map(lambda i: os.getpid(), 1, 1, meanwhile=lambda: calls.append("after")) == [here]
-    assert calls == [here, "after"]
-    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
-    doc = copy.deepcopy(BASE)
-    doc["policies"] = doc["policies"][3:4]
-    scn = validate_scenario(doc, "fast")
-    assert_same(run_scenario(scn, Path("."), "fast"),
-                run_scenario(scn, Path("."), "fast", workers=2, meanwhile=lambda: None))
+def test_jobs_run_in_workers_where_there_are_two_or_more():
+    here = os.getpid()
+    assert all(pid != here for pid in ordered_map(lambda i: os.getpid(), 2, 2))
+    assert ordered_map(lambda i: os.getpid(), 1, 2) == [here]      # a lone job runs here

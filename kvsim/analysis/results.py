@@ -95,15 +95,14 @@ def tabulate(plan: Plan, i: int, run: PolicyRun) -> PolicyTables:
 def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                  on_progress: Callable[[str, int, int], None] | None = None,
                  check_invariants: bool = False, exact_steps: bool = False,
-                 bucket_s: float | None = None, workers: int = 1,
-                 meanwhile: Callable[[], None] | None = None) -> Results:
+                 bucket_s: float | None = None, workers: int = 1) -> Results:
     """Resolve `scn`, run every policy (kvsim.sim.runner.simulate_plan: the options are
     its) and return the tables, each policy's made as its run ends."""
     plan = resolve(scn, base_dir, src)
     tables: dict[int, PolicyTables] = {}
     simulate_plan(plan, on_progress=on_progress, on_result=lambda i, run: tables.__setitem__(i, tabulate(plan, i, run)),
                   check_invariants=check_invariants, exact_steps=exact_steps, bucket_s=bucket_s,
-                  workers=workers, meanwhile=meanwhile)
+                  workers=workers)
     done = [tables[i] for i in range(len(plan.policies))]
     per_replica = [r for t in done for r in t.replica_rows]
     stages = pd.DataFrame([r for t in done for r in t.stage_rows]).map(lambda v: tidy(v) if isinstance(v, float) else v)

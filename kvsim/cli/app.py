@@ -8,7 +8,6 @@ line), the field and what is allowed, with exit status 2 and nothing written.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import warnings
@@ -97,7 +96,7 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
     started = time.monotonic()
     rate_list = None
     if rates is not None:
-        from kvsim.analysis.rates import parse_rates     # (pandas: not before the simulation, see kvsim.cli.output)
+        from kvsim.analysis.rates import parse_rates
         rate_list = parse_rates(rates)
     given = {k: v for k, v in (("vllm_args", vllm_args), ("sglang_args", sglang_args)) if v is not None}
     scn, base_dir = load_scenario(scenario, given)
@@ -116,19 +115,16 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
     out = out or Path("results") / scn.name
     if not force:
         _refuse_foreign(out, scn.name)
-    from kvsim.sim.parallel import cores, frozen
+    from kvsim.sim.parallel import cores
     how = dict(exact_steps=exact_steps, bucket_s=bucket_s, workers=jobs or cores())
-    # what is loaded by now (modules, the scenario) lives as long as the run: left out of
-    # its garbage collections (a full one visits all of it: 10-15 ms at rag_8k's start)
-    with frozen():
-        if rate_list is not None:
-            from kvsim.cli.report import run_rates
-            run_rates(scn, base_dir, str(scenario), rate_list, out, quiet=quiet, wide=wide,
-                      check_invariants=check_invariants, started=started, **how)
-            return
-        results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **how)
-        _refuse_empty(results, scn, str(scenario))
-        _write_results(results, scn, out, run_meta(scn, str(scenario), results, started), how["workers"])
+    if rate_list is not None:
+        from kvsim.cli.report import run_rates
+        run_rates(scn, base_dir, str(scenario), rate_list, out, quiet=quiet, wide=wide,
+                  check_invariants=check_invariants, started=started, **how)
+        return
+    results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **how)
+    _refuse_empty(results, scn, str(scenario))
+    _write_results(results, scn, out, run_meta(scn, str(scenario), results, started), how["workers"])
     if not quiet:
         print_run(results.summary, scn, wide=wide)
         click.echo(f"wrote {out}/")
@@ -279,20 +275,8 @@ def _main(argv: list[str] | None) -> int:
 
 
 def entry() -> None:
-    """The `kvsim` command (and `python -m kvsim.cli`): main(), then end the process at
-    once, its output flushed. A normal exit would first free every object of every module
-    one by one (about 0.2 s after a run that imported pandas and matplotlib); the
-    operating system takes the memory back whole. Every file is written and closed by then."""
-    exit_now(main())
-
-
-def exit_now(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):      # a closed pipe or stream: nothing more to say
-            pass
-    os._exit(code)
+    """The `kvsim` command (and `python -m kvsim.cli`)."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ writing a run's folder (swapped in whole) and run.json. The terminal table is
 kvsim.cli.table's."""
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -26,43 +25,12 @@ def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariant
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
     try:
         results = run_scenario(scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants,
-                               meanwhile=None if bar.enabled else _import_writing, **how)
+                               **how)
     except BaseException:
         bar.close(finished=False)
         raise
     bar.close(finished=True)
     return results
-
-
-def _import_writing() -> None:
-    """What writing the run's files first loads: matplotlib (without the property lists
-    in its docstrings) and its mathtext grammar, pyarrow's Parquet writer, the package
-    versions run.json names. Done while the policies run in worker processes (a lone
-    policy too, unless a progress bar follows it here), so that the processes that write
-    the files, forked from this one, inherit them. What they create lives as long as the
-    process: the garbage collector is off meanwhile, and where a freeze is on (beside
-    workers: kvsim.sim.parallel.frozen) it is frozen after, to end with it. Collections that
-    visit all of it took a tenth of this, and then the first one after it 0.05 s more."""
-    from kvsim.sim.parallel import freezing
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        import matplotlib.artist
-
-        # As it defines each Artist class, matplotlib writes the class's settable
-        # properties into docstrings (kwdoc): a fifth of these imports, for help text
-        # this process never shows. (Only here: a library user's matplotlib is untouched.)
-        matplotlib.artist.kwdoc = lambda artist: ""
-        import pyarrow.parquet  # noqa: F401
-
-        from kvsim.plots.run_figures import build_mathtext
-        build_mathtext()
-        _versions()
-    finally:
-        if freezing():
-            gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 def run_meta(scn, src: str, results, started: float) -> dict:
@@ -109,10 +77,9 @@ def engine_args(scn) -> dict:
     return {}
 
 
-
 @lru_cache(maxsize=None)
 def _versions() -> dict:
-    """The installed versions run.json names (read while the policies run: _import_writing)."""
+    """The installed versions run.json names."""
     from importlib import metadata
     out = {}
     for name in ("numpy", "pandas", "matplotlib", "pydantic", "click"):

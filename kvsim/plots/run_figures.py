@@ -25,19 +25,15 @@ too, identical lines are labelled so, and each memory category has one fixed col
 """
 from __future__ import annotations
 
-import struct
 import textwrap
-import zlib
 from pathlib import Path
 from typing import Callable
 
-import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.mathtext import MathTextParser
 from matplotlib.patches import Patch
 
 from kvsim.sim.parallel import ordered_map
@@ -49,13 +45,6 @@ from kvsim.analysis.verdict import arrival_limited
 DPI = 110
 MAX_POINTS = 2000  # drawn points per policy line; more are invisible at this size
 MAX_CDF_POINTS = 4000   # drawn points per latency CDF (a rank step under 1/4000 of the axis)
-# Text is drawn unhinted: FreeType's hinting of every glyph took a tenth of drawing the
-# five figures, for text that looks the same at this size.
-DRAW_RC = {"text.hinting": "no_hinting"}
-# Titles are pinned to the top of their axes, where matplotlib's automatic placement puts
-# them in these figures (nothing is drawn above an axes), but only after measuring the
-# axes' ticks again at each layout pass and draw: the same pixels, in 6% less time.
-BUILD_RC = {"axes.titley": 1.0}
 FILES = ("memory_breakdown.png", "utilization_batch.png", "latency.png",
          "throughput_batch.png", "latency_percentiles.png")
 
@@ -87,18 +76,10 @@ def _builders(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.Data
                 lambda: _latency(requests, styles, targets or {}),
                 lambda: _throughput_batch(summary, colours),
                 lambda: latency_percentiles(summary, colours, targets or {}))
-    built = {name: _pinned_titles(build) for name, build in zip(FILES, builders)}
+    built = dict(zip(FILES, builders))
     if tier_plots.tiered(summary):      # a run with KV tiers: their figure too
-        built[tier_plots.FILE] = _pinned_titles(lambda: tier_plots.hits_by_tier(summary, timeseries, colours))
+        built[tier_plots.FILE] = lambda: tier_plots.hits_by_tier(summary, timeseries, colours)
     return built
-
-
-def _pinned_titles(build: Callable[[], Figure]) -> Callable[[], Figure]:
-    """`build`, with its titles pinned (BUILD_RC)."""
-    def pinned() -> Figure:
-        with matplotlib.rc_context(BUILD_RC):
-            return build()
-    return pinned
 
 
 def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
@@ -136,52 +117,10 @@ def plot_jobs(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.Data
 
 
 def save(fig: Figure, path: Path) -> Path:
-    """One draw, straight into the PNG (print_figure would draw the whole figure twice:
-    once without output only to run its layout, then again; the same pixels).
-
-    The pixels go out as matplotlib's print_png writes them, but as RGB where the figure
-    is opaque, as kvsim's are (an alpha channel of 255 only), through `png_bytes`. The
-    figure is left as drawn, for the caller to drop: clearing it would cost a tenth of
-    the drawing again."""
-    fig.set_dpi(DPI)
-    canvas = FigureCanvasAgg(fig)
-    with matplotlib.rc_context(DRAW_RC):
-        canvas.draw()
-    pixels = np.asarray(canvas.buffer_rgba())
-    if pixels[..., 3].min() == 255:
-        pixels = pixels[..., :3]
-    software = f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/"
-    Path(path).write_bytes(png_bytes(pixels, DPI, {"Software": software}))
+    """Write `fig` as a PNG at DPI (matplotlib's savefig on the Agg canvas: no pyplot)."""
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=DPI)
     return path
-
-
-def png_bytes(pixels: np.ndarray, dpi: float, text: dict[str, str]) -> bytes:
-    """A PNG of 8-bit RGB or RGBA `pixels` (height x width x 3 or 4): every row unfiltered,
-    zlib at level 3. Figures are mostly flat colour, so filtering gains them almost
-    nothing: PIL, whose adaptive filter tries five filters on every row, wrote kvsim's
-    five files in three times as long, within 1% of the size."""
-    height, width, channels = pixels.shape
-    rows = np.zeros((height, 1 + width * channels), np.uint8)    # filter byte 0: none
-    rows[:, 1:] = pixels.reshape(height, -1)
-    per_metre = round(dpi / 0.0254)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    return b"".join([b"\x89PNG\r\n\x1a\n",
-                     chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, {3: 2, 4: 6}[channels], 0, 0, 0)),
-                     chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
-                     *(chunk(b"tEXt", f"{k}\0{v}".encode("latin-1")) for k, v in text.items()),
-                     chunk(b"IDAT", zlib.compress(rows.tobytes(), 3)),
-                     chunk(b"IEND", b"")])
-
-
-def build_mathtext() -> None:
-    """Have matplotlib build its mathtext grammar, which it builds on first use, once per
-    process (about 25 ms), and which the latency figure's log axes need for their tick
-    labels (10^k). Called in the process that forks the figures' workers (while the
-    simulation runs), it is built there once for every worker to inherit."""
-    MathTextParser("agg").parse(r"$10^{0}$")
 
 
 def add_context(fig: Figure, context: str, notes=()) -> None:

@@ -13,14 +13,12 @@ which run their own pools, get the serial path unless they ask.
 """
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import pickle
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -32,55 +30,22 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-_FROZEN = 0     # frozen() blocks open in this process
-
-
-@contextmanager
-def frozen() -> Iterator[None]:
-    """Everything alive now is left out of garbage collections until the block ends
-    (gc.freeze): what lives as long as the block, and what forked workers inherit
-    (a full collection visits every object, and in a worker copies each page that holds
-    one). Freezes within the block (a nested frozen(), or gc.freeze) end with it. Only
-    an outermost block asks whether a caller froze first (gc.get_freeze_count walks
-    every frozen object: 10 ms before a run's figures are forked)."""
-    global _FROZEN
-    outermost = not _FROZEN and not gc.get_freeze_count()
-    _FROZEN += 1
-    gc.freeze()
-    try:
-        yield
-    finally:
-        _FROZEN -= 1
-        if outermost:
-            gc.unfreeze()
-
-
-def freezing() -> bool:
-    """Whether a frozen() block is open in this process."""
-    return _FROZEN > 0
-
-
 def can_fork() -> bool:
     return ("fork" in multiprocessing.get_all_start_methods()
             and not multiprocessing.current_process().daemon)      # a daemon may not have children
 
 
 def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence[int] = (),
-                on_result: Callable[[int, T], None] | None = None,
-                meanwhile: Callable[[], None] | None = None) -> list[T]:
+                on_result: Callable[[int, T], None] | None = None) -> list[T]:
     """[fn(i) for i in range(n)], run in up to `workers` forked processes. `first`: jobs to
     start before the others (the longest, so that they do not end the run alone).
-    on_result(i, result) is called in this process as each job's result arrives.
-    meanwhile(): work for this process while the workers run (then even a lone job runs
-    in a worker); serially, it runs after the jobs."""
-    if workers <= 1 or n + (meanwhile is not None) <= 1 or not can_fork():
+    on_result(i, result) is called in this process as each job's result arrives."""
+    if workers <= 1 or n <= 1 or not can_fork():
         results = []
         for i in range(n):
             results.append(fn(i))
             if on_result:
                 on_result(i, results[-1])
-        if meanwhile:
-            meanwhile()
         return results
     global _JOB
     order = [*first, *(i for i in range(n) if i not in first)]
@@ -88,24 +53,21 @@ def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence
     _JOB = fn
     # concurrent.futures, not multiprocessing.Pool: Pool.terminate, on an error, can hang
     # on a worker that waits for a task holding the task queue's lock
-    with frozen():      # out of the workers' collections: what they inherit
-        pool = ProcessPoolExecutor(min(workers, n), mp_context=multiprocessing.get_context("fork"))
-        done = False
-        try:
-            pending = [pool.submit(_run, i) for i in order]
-            if meanwhile:
-                meanwhile()
-            for future in as_completed(pending):
-                i, ok, value = future.result()
-                if not ok:
-                    raise value
-                out[i] = value
-                if on_result:
-                    on_result(i, value)
-            done = True
-        finally:
-            _JOB = None
-            pool.shutdown(wait=done, cancel_futures=True)    # on an error: the rest not started
+    pool = ProcessPoolExecutor(min(workers, n), mp_context=multiprocessing.get_context("fork"))
+    done = False
+    try:
+        pending = [pool.submit(_run, i) for i in order]
+        for future in as_completed(pending):
+            i, ok, value = future.result()
+            if not ok:
+                raise value
+            out[i] = value
+            if on_result:
+                on_result(i, value)
+        done = True
+    finally:
+        _JOB = None
+        pool.shutdown(wait=done, cancel_futures=True)    # on an error: the rest not started
     return [out[i] for i in range(n)]
 
 

@@ -18,17 +18,15 @@ from kvsim.sim.plan import Plan
 def simulate_plan(plan: Plan, *, on_progress: Callable[[str, int, int], None] | None = None,
                   on_result: Callable[[int, PolicyRun], None] | None = None,
                   check_invariants: bool = False, exact_steps: bool = False,
-                  bucket_s: float | None = None, workers: int = 1,
-                  meanwhile: Callable[[], None] | None = None) -> list[PolicyRun]:
+                  bucket_s: float | None = None, workers: int = 1) -> list[PolicyRun]:
     """Run every policy of `plan`; on_progress(policy, finished, total) reports progress,
     on_result(i, run) is called as policy i's run ends (with workers, while others run).
     workers: simulate the policies in up to that many processes (the same results;
-    progress is then reported as each policy ends); meanwhile: work for this process
-    while they do (a lone policy then runs in a worker too).
+    progress is then reported as each policy ends).
     exact_steps: the plain path, every running request visited in every step; the same
     results. bucket_s: the time series in buckets of that many simulated seconds."""
     requests, n = plan.requests, len(plan.policies)
-    parallel = workers > 1 and (n > 1 or meanwhile is not None)
+    parallel = workers > 1 and n > 1
 
     def run_policy(i: int) -> PolicyRun:      # in a worker where parallel: plain records travel back
         policy = plan.policies[i]
@@ -62,5 +60,4 @@ def simulate_plan(plan: Plan, *, on_progress: Callable[[str, int, int], None] | 
     # step by step), then the hashed one (its lookups)
     first = ([i for i, p in enumerate(plan.policies) if p.kind == "radix"]
              + [i for i, p in enumerate(plan.policies) if p.options.get("prefix_caching")])
-    return ordered_map(run_policy, n, workers if parallel else 1, first=first, on_result=ended,
-                       meanwhile=meanwhile)
+    return ordered_map(run_policy, n, workers if parallel else 1, first=first, on_result=ended)
