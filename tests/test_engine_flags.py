@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from helpers import kvsim, one_error_line
-from kvsim.config.engine_flags import SGLANG, VLLM, apply, known, parse, size, table
+from kvsim.config.engine_flags import SGLANG, VLLM, known, parse, size, table
 from kvsim.config.errors import InputError
 from kvsim.config.scenario import Scenario, load_scenario
 

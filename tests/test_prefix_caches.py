@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.kvcache import (
-    Breakdown, InvariantError, PagedAllocator, PrefixCachingPagedAllocator, RadixCacheAllocator,
+    Breakdown, InvariantError, PrefixCachingPagedAllocator, RadixCacheAllocator,
     SeqShape, make_allocator,
 )
 from kvsim.kvcache.prefix import KEYS_SLACK

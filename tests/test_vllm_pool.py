@@ -3,7 +3,6 @@ published startup logs."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 

@@ -9,7 +9,6 @@ each run whole, as it ran, and prints and writes predicted against measured per 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click

@@ -13,7 +13,6 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-import click
 
 from kvsim import __version__
 

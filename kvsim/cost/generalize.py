@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from kvsim.cost.fit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_b
 from kvsim.cost.moe import MOE_OPS, act_width, moe_mlp_seconds
 from kvsim.cost.profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_meta, shipped_names
 from kvsim.model.specs import GPUSpec, ModelSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GPU_FITS = SHIPPED / "gpus.json"
 TP_GRID = (1, 2, 4, 8)

@@ -225,7 +225,8 @@ class Profiled:
         self.overhead = overhead.for_gpu(gpu)
         self.comm = self.overhead.comm or profile_comm
         terms = self.overhead.graphs
-        self.graphs = terms and terms.capture(*(limits or DEFAULT_LIMITS))
+        self.graphs = None if terms is None else terms.capture(*(limits or DEFAULT_LIMITS))
+        self.piecewise_per_layer_s = 0.0 if terms is None else terms.piecewise_per_layer_s
         self.scale = dict(self.overhead.kernels)
         base = meta.get("label", f"profile:{profile.name}")
         base = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
@@ -287,8 +288,8 @@ class Profiled:
         device = sum(parts.values())
         if padded is None:             # every kernel launched by the CPU
             launch = self.overhead.launch_wait(L, device)
-        elif self.graphs.mode(n, seqs) == "piecewise":
-            launch = L * self.overhead.graphs.piecewise_per_layer_s
+        elif self.graphs is not None and self.graphs.mode(n, seqs) == "piecewise":
+            launch = L * self.piecewise_per_layer_s
         else:
             launch = 0.0
         return {**parts, **self.overhead.host(seqs, pre_tokens), "overhead_launch": launch}, tuple(why)
@@ -310,7 +311,7 @@ class Profiled:
         return self.price(batch)[0]
 
 
-ENGINE_DEFAULTS = {("vllm-v1", "h100-80gb"): VLLM_V1_H100, ("vllm-v1", "h200"): VLLM_V1_H100}
+ENGINE_DEFAULTS: dict[tuple[str | None, str], str] = {("vllm-v1", "h100-80gb"): VLLM_V1_H100, ("vllm-v1", "h200"): VLLM_V1_H100}
 
 
 def default_overhead(engine: str | None, gpu: str) -> Overhead:

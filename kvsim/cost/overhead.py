@@ -82,6 +82,7 @@ class Comm:
         one = (self.latency_s + self.latency_per_hop_s * (tp - 1)
                + ring * tokens / (self.bus_gb_s * 1e9))
         if self.large_step_tokens is not None and tokens > self.large_step_tokens:
+            assert self.large_step_bus_gb_s is not None, "large_step_tokens comes with large_step_bus_gb_s"
             one += ring * (tokens - self.large_step_tokens) / (self.large_step_bus_gb_s * 1e9)
         return 2 * layers * one
 

@@ -186,7 +186,7 @@ def _read_columns(path: Path) -> dict[str, list]:
         head, *rows = list(csv.reader(f))
     if any(len(r) != len(head) for r in rows):
         raise ValueError(f"{path.name}: every row must have {len(head)} cells")
-    columns = {}
+    columns: dict[str, list] = {}
     for i, name in enumerate(head):
         cells = [r[i] for r in rows]
         try:

@@ -1,9 +1,12 @@
 """Engine rules: how vLLM V0, vLLM V1 and SGLang decide what one step holds.
 
 Exports: ENGINES (the registry keyed by the scenario's `engine:`), make_rules; base (EngineRules,
-the protocol each implements, and what they work with); settings (defaults).
+the protocol each implements, and what they work with); each engine's defaults are
+kvsim.config.engine_defaults' (re-exported here).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from kvsim.engines.base import EngineRules
 from kvsim.config.engine_defaults import DEFAULT_ENGINE, EngineSettings, resolve
@@ -11,7 +14,7 @@ from kvsim.engines.sglang import SGLang
 from kvsim.engines.vllm_v0 import VllmV0
 from kvsim.engines.vllm_v1 import VllmV1
 
-ENGINES = {
+ENGINES: dict[str, Callable[[], EngineRules]] = {
     "vllm-v0": VllmV0,
     "vllm-v1": VllmV1,
     "sglang": SGLang,

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 from kvsim.kvcache import KVAllocator, NextSeq, SeqShape
 
 if TYPE_CHECKING:
+    from collections import deque
+
     from kvsim.cost.model import StepBatch
     from kvsim.sim.waiting import WaitingQueue
     from kvsim.workload.requests import RequestSpec

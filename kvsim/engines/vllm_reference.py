@@ -79,7 +79,7 @@ def token_ids(shape: SeqShape, key: int, start: int, end: int) -> list[int]:
     """Ids of tokens [start, end) of a sequence: (content + 1, offset) packed in one int,
     content -1 as the sequence's own (its key's) negative code. Injective for offsets
     under 2**32, so equal ids mean equal tokens."""
-    out = []
+    out: list[int] = []
     for content, offset, length in shape.runs(start, end):
         code = UNIQUE - key if content == -1 else content + 1
         base = code << 32

@@ -23,6 +23,8 @@ in chunks.
 """
 from __future__ import annotations
 
+from typing import overload
+
 from kvsim.engines.base import EngineRules, Request, SchedulerOps, Step, with_limit
 from kvsim.kvcache import SeqShape
 
@@ -31,8 +33,8 @@ class VllmV0(EngineRules):
     name = "vllm-v0"
     split_samples = False
 
-    def __init__(self):
-        self._never_memo: tuple = (None, 0, False)   # (head, its target, NEVER): see _never
+    def __init__(self) -> None:
+        self._never_memo: tuple[Request | None, int, bool] = (None, 0, False)   # (head, its target, NEVER): see _never
 
     def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
         if s.preemption_mode is None:
@@ -45,9 +47,9 @@ class VllmV0(EngineRules):
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
         if s.chunked:
-            budget = s.running.advance(step, now, s.budget)
+            budget: float = s.running.advance(step, now, s.budget)
             if not step.preempted:
-                budget = self._swapped(s, step, now, budget)
+                budget = self._swapped(s, step, now, budget)    # a number in, a number out
             if s.swapped:
                 with_limit(step, "preemption")
             else:
@@ -105,11 +107,17 @@ class VllmV0(EngineRules):
         the pool minus the watermark. A head that memory keeps out is asked again every
         step, so the answer for the last head and target asked is kept (footprints
         depend on the shape alone)."""
-        if self._never_memo[0] is not head or self._never_memo[1] != head.target:
+        asked, target, never = self._never_memo
+        if asked is not head or target != head.target:
             prompt = SeqShape(head.target, 0, head.shape.segments, head.shape.tail_id)
-            self._never_memo = (head, head.target,
-                                s.allocator.footprint(prompt) + s.keep_free > s.allocator.capacity)
-        return self._never_memo[2]
+            never = s.allocator.footprint(prompt) + s.keep_free > s.allocator.capacity
+            self._never_memo = (head, head.target, never)
+        return never
+
+    @overload
+    def _swapped(self, s: SchedulerOps, step: Step, now: float, budget: float) -> float: ...
+    @overload
+    def _swapped(self, s: SchedulerOps, step: Step, now: float, budget: None) -> None: ...
 
     def _swapped(self, s: SchedulerOps, step: Step, now: float, budget: float | None) -> float | None:
         seqs = s.running_seqs()

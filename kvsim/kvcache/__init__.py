@@ -16,6 +16,8 @@ kvsim.kvcache.tiers; the allocator is then kvsim.kvcache.tiered's).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from kvsim.kvcache.base import (BulkBlockAllocator, Breakdown, CountedAllocator, InvariantError, KVAllocator,
                                 NextSeq, SeqShape)
 from kvsim.kvcache.contiguous import ContiguousAllocator
@@ -58,7 +60,8 @@ def _contiguous(pool_bytes: float, kv: KVSpec, max_model_len: int,
     return ContiguousAllocator(capacity, max_model_len, reserve, placement)
 
 
-ALLOCATORS = {
+# kind -> builder(pool_bytes, kv, max_model_len, **options): a new allocator registers here
+ALLOCATORS: dict[str, Callable[..., KVAllocator]] = {
     "contiguous": _contiguous,
     "paged": _paged,
     "radix": _radix,

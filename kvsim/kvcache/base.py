@@ -19,7 +19,7 @@ Slots a placement adds on top of what was asked (a buddy region's round-up) are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +106,18 @@ class KVAllocator(Protocol):
     `takes_blocks_in_bulk` (it is a BulkBlockAllocator).
     """
     capacity: int   # slots
-    block_size: int | None     # tokens per block handed out whole; None: not a pool of blocks
-    counted: ClassVar[bool]
-    takes_blocks_in_bulk: ClassVar[bool]
+
+    @property
+    def block_size(self) -> int | None:
+        """Tokens per block handed out whole; None: not a pool of blocks."""
+
+    @property
+    def counted(self) -> bool:
+        """Whether it is a CountedAllocator."""
+
+    @property
+    def takes_blocks_in_bulk(self) -> bool:
+        """Whether it is a BulkBlockAllocator."""
 
     def unfit_reason(self, shape: SeqShape) -> str | None:
         """Why this sequence could never run even in an empty pool, or None if it can."""
@@ -183,7 +192,10 @@ class BulkBlockAllocator(CountedAllocator, Protocol):
     """A counted pool of blocks whose sequences may also take whole blocks ahead, in bulk:
     the fast path takes the blocks a tick's boundary crossings need in one call and
     hands them to each sequence when it next looks at it."""
-    block_size: int
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
 
     def block_room(self, seq_id: int, tails_private: bool = False) -> int:
         """Tokens the sequence can gain where each only counts or, on a full last block,

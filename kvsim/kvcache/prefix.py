@@ -161,7 +161,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         pieces = [(content, length) for content, length in shape.segments if length]
         pieces.append((shape.tail_id, max(shape.final_tokens, total * bs)))   # the tail runs on
         chain: list[int] = []
-        block, room, key = [], bs, _ROOT
+        block: list[tuple[int, int, int]] = []
+        room, key = bs, _ROOT
         for content, length in pieces:
             offset = 0
             while offset < length and len(chain) < total:
@@ -181,10 +182,11 @@ class PrefixCachingPagedAllocator(PagedAllocator):
                 offset, room = offset + take, room - take
                 if not room:
                     ident = (key, tuple(block))
-                    key = self._keys.get(ident)
-                    if key is None:
-                        key = self._keys[ident] = self._next_key
+                    found = self._keys.get(ident)
+                    if found is None:
+                        found = self._keys[ident] = self._next_key
                         self._next_key += 1
+                    key = found
                     chain.append(key)
                     block, room = [], bs
         return chain, False
@@ -257,9 +259,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
                 del first[key]
             self._touched.update(keys)
             return taken
-        for block, key in zip(taken, owned):
-            if key is not None:
-                self._evict(block, key)
+        for block, owner in zip(taken, owned):
+            if owner is not None:
+                self._evict(block, owner)
         return taken
 
     def _evict(self, block: int, key: int) -> None:
@@ -267,6 +269,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         one lookups take."""
         later = self._more.get(key)
         if self._first[key] != block:
+            assert later is not None       # a copy that lookups do not take is a later one
             later.remove(block)
         elif later:
             self._first[key] = later.pop(0)
@@ -277,7 +280,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         if later is not None and not later:
             del self._more[key]
 
-    def _grown(self, seq: _CachedSeq) -> None:
+    def _grown(self, seq: _CachedSeq) -> None:  # type: ignore[override]  # its sequences are _CachedSeq
         self._cache_full_blocks(seq)
 
     def _forget_keys(self) -> None:
@@ -296,7 +299,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         it is next looked up)."""
         held = set(self._first)
         for seq in self._seqs.values():
-            held.update(seq.chain)
+            held.update(seq.chain)  # type: ignore[attr-defined]  # its sequences are _CachedSeq
         self._runs = {ident: run for ident, run in self._runs.items() if not held.isdisjoint(run)}
         self._keys = {ident: key for ident, key in self._keys.items() if key in held}
         held.add(_ROOT)
@@ -376,7 +379,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
     def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
         return self._new_blocks_needed(shape, num_tokens)[1]
 
-    def _check_table(self, seq_id: int, seq: _CachedSeq) -> None:
+    def _check_table(self, seq_id: int, seq: _CachedSeq) -> None:  # type: ignore[override]
         keys = list(map(self._key_of.__getitem__, seq.table))
         n = seq.keyed
         if keys[:n] != seq.chain[:n] or keys[n:].count(None) != len(keys[n:]):

@@ -26,7 +26,30 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import filterfalse, islice
-from typing import Iterator
+from typing import Callable, Iterator, Mapping, Protocol
+
+
+class TierPolicy(Protocol):
+    """What a tier asks of its replacement policy (LRUPolicy and ARCPolicy are two)."""
+    capacity: int
+
+    @property
+    def members(self) -> Mapping[int, None]:
+        """Every key held, for membership tests at C speed."""
+
+    def __contains__(self, key: int) -> bool: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[int]: ...
+    def insert(self, key: int) -> None: ...
+    def insert_all(self, keys: list[int]) -> None:
+        """Store new keys, in the order given (the last the most recent)."""
+    def use_all(self, keys: list[int]) -> None:
+        """Reuse held keys, in the order given."""
+    def touch(self, key: int) -> None: ...
+    def victims(self, n: int, protected: frozenset[int] | set[int] = frozenset()) -> list[int] | None:
+        """The next n keys to drop, none of `protected`; None where there are not n."""
+    def evict(self, key: int) -> None: ...
+    def evict_all(self, keys: list[int]) -> None: ...
 
 
 class LRUPolicy:
@@ -204,4 +227,4 @@ class ARCPolicy:
             deque(map(ghosts.pop, excess), maxlen=0)
 
 
-POLICIES = {"lru": LRUPolicy, "arc": ARCPolicy}
+POLICIES: dict[str, Callable[[int], TierPolicy]] = {"lru": LRUPolicy, "arc": ARCPolicy}

@@ -104,7 +104,7 @@ class TieredPrefixCachingAllocator(PrefixCachingPagedAllocator):
             seq.offered = upto
 
     def free(self, seq_id: int) -> None:
-        seq = self._seqs[seq_id]
+        seq: _CachedSeq = self._seqs[seq_id]  # type: ignore[assignment]  # all _CachedSeq
         self._offer(seq, min(seq.keyed * self.block_size, seq.tokens - 1))
         super().free(seq_id)
 

@@ -234,7 +234,7 @@ class TierStore:
         self.hit_chunks = [0] * len(self.tiers)    # chunks found in each tier by loads
         self.load_s = 0.0                          # seconds spent loading, in all
         self._version = 0                          # bumped by every change to what is held
-        self._last = (None, 0, -1, 0)              # the last count: (shape, start, version, count)
+        self._last: tuple[SeqShape | None, int, int, int] = (None, 0, -1, 0)   # the last count: (shape, start, version, count)
 
     def tier_names(self) -> list[str]:
         return [t.spec.name for t in self.tiers]

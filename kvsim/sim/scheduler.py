@@ -39,7 +39,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from kvsim.engines.base import LIMITS, MAX_WIDTH, EngineRules, Request, Step
+from kvsim.engines.base import MAX_WIDTH, EngineRules, Request, Step
 from kvsim.kvcache import InvariantError, KVAllocator, NextSeq, SeqShape
 from kvsim.sim.records import PoolParts
 from kvsim.sim.running import RunningSet

@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.workload import sharing as share
-from kvsim.kvcache import SeqShape
 from kvsim.config.errors import InputError
 from kvsim.config.scenario import (Burst, Constant, Conversation, Empirical, Fixed, Gamma, Lognormal, Poisson,
                                    Scenario, Staged, Uniform)
 from kvsim.workload.stages import plan_of, staged_arrivals
-from kvsim.workload.table import NO_TAIL, RequestSpec, RequestTable
+from kvsim.workload.table import RequestSpec, RequestTable  # noqa: F401 (RequestSpec: re-exported)
 from kvsim.workload.traces import trace_requests
 
 MAX_REDRAW_ROUNDS = 200
