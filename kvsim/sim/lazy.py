@@ -46,13 +46,13 @@ groups (samples or beams in vLLM V0 share partly filled blocks).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from kvsim.cost.model import Decodes, StepBatch
 from kvsim.engines.base import Request, Step
 from kvsim.kvcache import Breakdown, BulkBlockAllocator, InvariantError, NextSeq
 from kvsim.kvcache.base import split_used
-from kvsim.sim.pool_sums import PoolSums
+from kvsim.sim.pool_sums import PoolSums, Share
 from kvsim.sim.records import PoolParts
 from kvsim.sim.running import RunningSet
 
@@ -74,6 +74,13 @@ class LazyEntry:
     finishes: bool         # ... completing in the tick before, if it completes lazily
     last_crossing: int = 0  # the tick its last crossing takes a block ending past its final
                             # length (those slots are internal), 0 if none is lazy
+
+
+class Wanting(NamedTuple):
+    """A request that may take a slot in this step, at its place in the running order."""
+    order: int
+    req: Request
+    was_lazy: bool
 
 
 class LazyRunningSet(RunningSet):
@@ -188,7 +195,7 @@ class LazyRunningSet(RunningSet):
             self.allocator.grow(req.ids[0], held)      # a count only: within its room
         # the sums have followed it tick by tick; its own share is now where they put it
         _, reservation, internal = split_used(held, new_slots, final)
-        share[req] = (reservation, internal, pad, new_slots)
+        share[req] = Share(reservation, internal, pad, new_slots)
         self.lazy_held -= entry.held - entry.tick
         return entry
 
@@ -326,11 +333,11 @@ class LazyRunningSet(RunningSet):
         is skipped; one that cannot run ends the pass, as in the plain passes: every
         request after it has been preempted. The lazy requests that need no slot only
         count, as in the plain pass, so they decode lazily."""
-        wanting = [(self.order[req], req, False) for req in explicit]
+        wanting = [Wanting(self.order[req], req, False) for req in explicit]
         if self.bs:
             crossers = self.by_residue[(1 - (self.tick + 1)) % self.bs]
-            wanting += [(self.order[req], req, True) for req in crossers]
-            wanting.sort(key=lambda want: want[0])
+            wanting += [Wanting(self.order[req], req, True) for req in crossers]
+            wanting.sort(key=lambda want: want.order)
         free, bulk, ran = self.free_slots(), 0, 0
         for _, req, was_lazy in wanting:
             if was_lazy:
@@ -441,8 +448,9 @@ class LazyRunningSet(RunningSet):
             if done:
                 for req in done:
                     self._make_explicit(req)
+                order = self.order
                 step.work = sorted([*step.work, *((req, 1) for req in done)],
-                                   key=lambda work: self.order[work[0]])
+                                   key=lambda work: order[work[0]])    # (request, tokens)
         self.pending = False
         finished = super().complete(step, now)
         for req in finished:

@@ -30,7 +30,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -181,6 +181,21 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
 COMPLETE, ARRIVE = 0, 1
 
 
+class Event(NamedTuple):
+    """A step's end (COMPLETE, on its replica) or the next arrival (ARRIVE), in heap
+    order: by time, then phase, then the order events were made in."""
+    time: float
+    phase: int
+    order: int
+    replica: "_Replica | None"
+
+
+class Deadline(NamedTuple):
+    """When a sequence's client gives up (a replica's heap of them, earliest first)."""
+    time: float
+    index: int                    # the sequence's arrival index
+
+
 class _Stages:
     """Where load stages drain (kvsim.workload.stages): which arrival waits for the
     previous stage to end, when it has, and how far the next stage's nominal times move.
@@ -242,7 +257,7 @@ class _Replica:
     index: int | None = None      # in a fleet of several
     run: PolicyRun | None = None
     in_flight: object = None      # the Step planned and not yet completed
-    deadlines: list = field(default_factory=list)   # heap of (client deadline, arrival index)
+    deadlines: list[Deadline] = field(default_factory=list)   # a heap, earliest first
 
     def label(self, name: str) -> str:
         return f"{name}: " if self.index is None else f"{name}: replica {self.index}: "
@@ -275,7 +290,7 @@ class StepLoop:
         self.left = [per] * len(requests) if self.pick else None    # its sequences not ended yet
         self.on_step, self.checking, self.limit = on_step, check_invariants, time_limit_s
         self.ended = 0               # sequences ended so far (progress)
-        self.events: list[tuple] = []
+        self.events: list[Event] = []
         self.made = 0
         self.next_request = 0        # the next request to arrive ...
         self.arriving: list = []     # ... or, while one arrives, its sequences still to come
@@ -295,26 +310,26 @@ class StepLoop:
         events, limit, reps = self.events, self.limit, self.reps
         now = 0.0
         while True:
-            while events and events[0][0] == now:
-                _, phase, _, rep = heapq.heappop(events)
-                if phase == COMPLETE:
-                    self._complete(rep, now)
+            while events and events[0].time == now:
+                event = heapq.heappop(events)
+                if event.phase == COMPLETE:
+                    self._complete(event.replica, now)
                 else:
                     self._arrivals(now)
             if now < limit:
                 for rep in reps:
                     if rep.in_flight is None:
-                        if rep.deadlines and rep.deadlines[0][0] <= now:
+                        if rep.deadlines and rep.deadlines[0].time <= now:
                             self._expire(rep, now)
                         if rep.has_work():
                             self._plan(rep, now)
-            if not events or events[0][0] > limit:
+            if not events or events[0].time > limit:
                 return
-            now = events[0][0]
+            now = events[0].time
 
     def _push(self, time: float, phase: int, rep: _Replica | None = None) -> None:
         self.made += 1
-        heapq.heappush(self.events, (time, phase, self.made, rep))
+        heapq.heappush(self.events, Event(time, phase, self.made, rep))
 
     def _arrivals(self, now: float) -> None:
         """Receive the sequences due now; schedule the next arrival."""
@@ -353,7 +368,7 @@ class StepLoop:
                 self._settle(rep, self.index, seq, now)
             elif self.deadline is not None:
                 self.deadline[self.index] = now + self.timeout
-                heapq.heappush(rep.deadlines, (self.deadline[self.index], self.index))
+                heapq.heappush(rep.deadlines, Deadline(self.deadline[self.index], self.index))
             self.index += 1
 
     def _settle(self, rep: _Replica, index: int, seq, now: float) -> None:
@@ -393,7 +408,7 @@ class StepLoop:
 
     def _expire(self, rep: _Replica, now: float) -> None:
         """Abort, at a step's start, every request whose client has given up by now."""
-        while rep.deadlines and rep.deadlines[0][0] <= now:
+        while rep.deadlines and rep.deadlines[0].time <= now:
             end_s, index = heapq.heappop(rep.deadlines)
             if self.records.outcome[index] == 0:             # not settled yet
                 seq = rep.sched.abort(index, end_s)

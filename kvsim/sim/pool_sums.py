@@ -20,15 +20,28 @@ keeping the answer.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from kvsim.kvcache import Breakdown, NextSeq
 from kvsim.kvcache.base import split_used
 from kvsim.sim.records import PoolParts
 
 
+class Share(NamedTuple):
+    """One request's part of the sums, in slots."""
+    reservation: int
+    internal: int
+    padding: int
+    slots: int
+
+
+NO_SHARE = Share(0, 0, 0, 0)
+
+
 class PoolSums:
     def __init__(self, allocator):
         self.allocator = allocator
-        self.share: dict = {}      # request -> (reservation, internal, padding, slots)
+        self.share: dict = {}      # request -> its Share
         self.reservation = self.internal = self.padding = self.slots = 0
         self.version = 0
         self._version = self._free = None    # the free part at that version
@@ -37,14 +50,14 @@ class PoolSums:
         """A request's share as it stands now (at its `held` tokens), in the sums."""
         slots, pad = self.allocator.slots_of(seq.ids[0])
         _, res, internal = split_used(seq.held, slots, seq.shape.final_tokens)
-        self.replace(seq, (res, internal, pad, slots))
+        self.replace(seq, Share(res, internal, pad, slots))
 
-    def replace(self, seq, share: tuple[int, int, int, int]) -> None:
-        old = self.share.get(seq, (0, 0, 0, 0))
-        self.reservation += share[0] - old[0]
-        self.internal += share[1] - old[1]
-        self.padding += share[2] - old[2]
-        self.slots += share[3] - old[3]
+    def replace(self, seq, share: Share) -> None:
+        old = self.share.get(seq, NO_SHARE)
+        self.reservation += share.reservation - old.reservation
+        self.internal += share.internal - old.internal
+        self.padding += share.padding - old.padding
+        self.slots += share.slots - old.slots
         self.share[seq] = share
 
     def drop(self, seq) -> None:
