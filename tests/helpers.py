@@ -28,6 +28,8 @@ class OneSecondSteps:
     """A cost model whose every step takes one second, so every instant is predictable;
     it keeps the batches it priced."""
     label = "fixed"
+    block_size = None
+    api = None
 
     def __init__(self):
         self.batches: list[StepBatch] = []

@@ -61,7 +61,7 @@ def tabulate(plan: Plan, i: int, run: PolicyRun) -> PolicyTables:
     """Policy i's summary row (and a fleet's rows per replica) and tables."""
     policy, requests = plan.policies[i], plan.requests
     table = request_table(run)
-    api = getattr(policy.cost, "api", None)       # the HTTP server's delay on each response
+    api = policy.cost.api       # the HTTP server's delay on each response
     if api is not None:
         table = api.respond(table, plan.request_timeout_s)
     allocator = make_allocator(policy.kind, plan.pool.pool_bytes, policy.kv, plan.max_model_len, **policy.options)

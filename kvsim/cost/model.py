@@ -27,6 +27,7 @@ from kvsim.config.errors import InputError
 from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synthesize
 from kvsim.cost.fit import LINEAR_OPS, PER_STEP_OPS, kv_bytes_per_token
 from kvsim.cost.overhead import DEFAULT, NONE, VLLM_V1_H100, Comm, Overhead, inline, load_overhead
+from kvsim.cost.engine_terms import ApiServer
 from kvsim.cost.moe import expected_experts
 from kvsim.model.specs import GPUSpec, KVSpec, ModelSpec
 
@@ -99,7 +100,18 @@ class StepBatch:
 
 
 class CostModel(Protocol):
+    """What the step loop and the reports ask of a step-cost model."""
     label: str
+
+    @property
+    def block_size(self) -> int | None:
+        """The KV block size it prices attention's reads in (None: token by token); the
+        fast path sums decode contexts in these blocks for it."""
+
+    @property
+    def api(self) -> ApiServer | None:
+        """What the engine's HTTP server adds to each response (kvsim.cost.engine_terms),
+        or None."""
 
     def price(self, batch: StepBatch) -> tuple[float, tuple[str, ...]]:
         """Seconds for one step, and why it extrapolated beyond measured ranges (if it did)."""
@@ -135,6 +147,8 @@ class NoProfile(LookupError):
 
 class Roofline:
     label = "roofline"
+    block_size = None          # contexts priced token by token
+    api = None                 # no server in a roofline
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int):
         self.tp = tp
@@ -295,7 +309,7 @@ class Profiled:
         return {**parts, **self.overhead.host(seqs, pre_tokens), "overhead_launch": launch}, tuple(why)
 
     @property
-    def api(self):
+    def api(self) -> ApiServer | None:
         """What the overhead's API server adds to each request (kvsim.cost.engine_terms), or None."""
         return self.overhead.api
 

@@ -126,7 +126,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     """
     requests = RequestTable.of(requests)
     fleet = list(allocator) if isinstance(allocator, (list, tuple)) else [allocator]
-    cost_blocks = getattr(cost, "block_size", None)
+    cost_blocks = cost.block_size
     reps = []
     for i, alloc in enumerate(fleet):
         rules = make_rules(engine)
