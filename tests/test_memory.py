@@ -46,7 +46,7 @@ LLAMA_70B_CONFIG = dict(num_hidden_layers=80, num_attention_heads=64, num_key_va
                         torch_dtype="bfloat16", hidden_act="silu")
 
 
-# --- the seeds, through the library ------------------------------------------------
+# --- the worked examples, through the library --------------------------------------
 def test_llama_3_70b_8k_context_batch_32_is_85_9_gb():
     fp = kv_footprint(LLAMA_70B, context=8192, batch=32, kv_dtype="fp16")
     assert (fp.per_token_bytes, fp.per_request_bytes, fp.total_bytes) == (
@@ -127,7 +127,7 @@ def test_every_gpu_preset_has_positive_sizes(name):
     assert gpu.fp8_tflops is None or gpu.fp8_tflops > gpu.bf16_tflops
 
 
-# --- the seeds, through `kvsim memory` ---------------------------------------------
+# --- the worked examples, through `kvsim memory` -----------------------------------
 def test_cli_llama_3_70b_seed(capsys):
     got = memory_json(capsys, "--model", "llama-3-70b", "--context", "8192", "--batch", "32")
     assert got == {"model": "llama-3-70b", "attention": "GQA", "kv_dtype": "fp16", "context": 8192,

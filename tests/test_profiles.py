@@ -1,4 +1,4 @@
-"""Profiles, fitted forms and the profiled cost model (issue 4).
+"""Profiles, fitted forms and the profiled cost model.
 
 Tests that read the measured source data skip cleanly when ../shared/data is absent.
 """
