@@ -47,11 +47,11 @@ def test_an_idle_engine_plans_at_once():
 
 def test_async_scheduling_is_vllm_v1s_default_and_setting():
     from kvsim.config.engine_defaults import resolve
-    from kvsim.config.scenario import Scheduler
+    from kvsim.config.scenario import SchedulerSettings
     big = dict(max_model_len=4096, gpu_name="h100-80gb", gpu_memory_gib=80)
-    assert resolve("vllm-v1", Scheduler(), **big).async_scheduling is True
-    assert resolve("vllm-v1", Scheduler(async_scheduling=False), **big).async_scheduling is False
-    assert resolve("vllm-v0", Scheduler(), **big).async_scheduling is False
+    assert resolve("vllm-v1", SchedulerSettings(), **big).async_scheduling is True
+    assert resolve("vllm-v1", SchedulerSettings(async_scheduling=False), **big).async_scheduling is False
+    assert resolve("vllm-v0", SchedulerSettings(), **big).async_scheduling is False
 
 
 @pytest.mark.parametrize("exact_steps", [False, True])

@@ -40,7 +40,7 @@ REQUEST_COLUMNS = ("request_id", "arrival_s", "admitted_s", "first_token_s", "fi
                    "prompt_tokens", "output_tokens", "sequences", "preemptions", "outcome", "reason")
 
 
-def tidy(x: float) -> float:
+def ten_digits(x: float) -> float:
     """Ten significant digits: summaries stay byte-identical across platforms' last-bit noise."""
     return float(f"{x:.10g}") if math.isfinite(x) else x
 
@@ -235,7 +235,7 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
         "makespan_s": makespan,
         "steps": figures["steps"],
     }
-    return {k: tidy(v) if isinstance(v, float) else v for k, v in row.items()}
+    return {k: ten_digits(v) if isinstance(v, float) else v for k, v in row.items()}
 
 
 def tier_columns(run: PolicyRun) -> dict:
@@ -269,4 +269,4 @@ def tier_columns(run: PolicyRun) -> dict:
         row[f"tier_{name}_occupancy"] = held[name] / busy / cap if busy > 0 and cap else 0.0
     row["tier_load_s"] = t.get("load_s", 0.0)
     row["tier_load_share"] = row["tier_load_s"] / busy if busy > 0 else 0.0
-    return {k: tidy(v) for k, v in row.items()}
+    return {k: ten_digits(v) for k, v in row.items()}

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from kvsim.analysis.metrics import request_table, step_table, summarize, tidy, tier_columns
+from kvsim.analysis.metrics import request_table, step_table, summarize, ten_digits, tier_columns
 from kvsim.analysis.stages import stage_rows
 from kvsim.config.scenario import Scenario
 from kvsim.cost.model import describe
@@ -77,9 +77,9 @@ def tabulate(plan: Plan, i: int, run: PolicyRun) -> PolicyTables:
 
     def row(run: PolicyRun, table: pd.DataFrame, share: int) -> dict:
         """share: the replicas the row's pool and capacity columns add up."""
-        return {**fixed, "kv_pool_gib": tidy(plan.pool.pool_bytes * share / GIB),
+        return {**fixed, "kv_pool_gib": ten_digits(plan.pool.pool_bytes * share / GIB),
                 "kv_capacity_tokens": policy.capacity * share,
-                "memory_capacity_requests": tidy(policy.capacity * share / mean_footprint),
+                "memory_capacity_requests": ten_digits(policy.capacity * share / mean_footprint),
                 **summarize(run, table, kv.scale_bytes_per_token / kv.bytes_per_token),
                 **(tier_columns(run) if tiered else {}),
                 "cost_model": describe(policy.cost.label, run.extrapolated, len(run.steps),
@@ -105,7 +105,7 @@ def run_scenario(scn: Scenario, base_dir: Path, src: str = "scenario", *,
                   workers=workers)
     done = [tables[i] for i in range(len(plan.policies))]
     per_replica = [r for t in done for r in t.replica_rows]
-    stages = pd.DataFrame([r for t in done for r in t.stage_rows]).map(lambda v: tidy(v) if isinstance(v, float) else v)
+    stages = pd.DataFrame([r for t in done for r in t.stage_rows]).map(lambda v: ten_digits(v) if isinstance(v, float) else v)
     log = {p.name: lines for p in plan.policies
            if (lines := engine_log(plan.pool, p.kv, p.kind, p.options, plan.max_model_len))}
     return Results(pd.DataFrame([t.row for t in done]), pd.concat([t.steps for t in done], ignore_index=True),

@@ -116,15 +116,15 @@ def run(scenario, out, seed, num_requests, policies, quiet, wide, check_invarian
     if not force:
         _refuse_foreign(out, scn.name)
     from kvsim.sim.parallel import cores
-    how = dict(exact_steps=exact_steps, bucket_s=bucket_s, workers=jobs or cores())
+    run_options = dict(exact_steps=exact_steps, bucket_s=bucket_s, workers=jobs or cores())
     if rate_list is not None:
         from kvsim.cli.report import run_rates
         run_rates(scn, base_dir, str(scenario), rate_list, out, quiet=quiet, wide=wide,
-                  check_invariants=check_invariants, started=started, **how)
+                  check_invariants=check_invariants, started=started, **run_options)
         return
-    results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **how)
+    results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **run_options)
     _refuse_empty(results, scn, str(scenario))
-    _write_results(results, scn, out, run_meta(scn, str(scenario), results, started), how["workers"])
+    _write_results(results, scn, out, run_meta(scn, str(scenario), results, started), run_options["workers"])
     if not quiet:
         print_run(results.summary, scn, wide=wide)
         click.echo(f"wrote {out}/")

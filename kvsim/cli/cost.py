@@ -46,7 +46,7 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
          roofline, overhead, engine, max_num_seqs, max_num_batched_tokens, as_json):
     """Predicted time of one engine step and its parts."""
     from kvsim.cost.model import Roofline, StepBatch, describe, make_cost_model
-    from kvsim.config.scenario import ProfileCost, Scheduler
+    from kvsim.config.scenario import ProfileCost, SchedulerSettings
     from kvsim.config.engine_defaults import resolve
 
     if (prefill_tokens is None) == (decode_batch is None):
@@ -68,7 +68,7 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
         from kvsim.cost.overhead import load_overhead
         load_overhead(overhead)          # a bad name or file fails here, naming --overhead
     choice = "roofline" if roofline else ProfileCost(profile=profile, overhead=overhead)
-    settings = resolve(engine, Scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+    settings = resolve(engine, SchedulerSettings(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
                        max_model_len=model.max_position_embeddings or 4096, gpu_name=gpu.name, gpu_memory_gib=gpu.memory_gib)
     model_cost = make_cost_model(choice, model, gpu, kv, tp, block_size=block_size,
                                  base_dir=Path("."), src="command line", engine=engine,

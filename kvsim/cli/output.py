@@ -18,13 +18,13 @@ from kvsim import __version__
 
 
 def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariants: bool, label: str = "",
-                           **how):
-    """run_scenario with a progress bar; `how` is its exact_steps, bucket_s and workers."""
+                           **run_options):
+    """run_scenario with a progress bar; `run_options` are its exact_steps, bucket_s and workers."""
     from kvsim.analysis.results import run_scenario
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
     try:
         results = run_scenario(scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants,
-                               **how)
+                               **run_options)
     except BaseException:
         bar.close(finished=False)
         raise

@@ -4,7 +4,7 @@ from __future__ import annotations
 from kvsim.config.engine_defaults import resolve
 from kvsim.config.errors import InputError
 from kvsim.model.engine_log import engine_log
-from kvsim.config.scenario import Scheduler
+from kvsim.config.scenario import SchedulerSettings
 from kvsim.model.specs import GIB, KVSpec, resolve_kv_dtype
 
 RELEASES = {"vllm-v1": "vLLM 0.33.0", "vllm-v0": "vLLM V0", "sglang": "SGLang 0.5.10.post1"}
@@ -24,7 +24,7 @@ def pool_reports(model, gpu, engines, *, tp: int, max_model_len: int | None, kv_
     kv = KVSpec(model, resolve_kv_dtype(kv_dtype, model))
     out = []
     for engine in engines:
-        s = resolve(engine, Scheduler(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        s = resolve(engine, SchedulerSettings(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
                     max_model_len=max_model_len, gpu_name=gpu.name, gpu_memory_gib=gpu.memory_gib)
         if engine == "sglang":
             pool = sglang_pool.size_pool(model, gpu, tp=tp, mem_fraction_static=mem_fraction_static,

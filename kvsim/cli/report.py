@@ -75,7 +75,7 @@ def reproduce(quick, out, only, scenarios, traces, force):
 
 
 def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: bool,
-              check_invariants: bool, started: float, wide: bool = False, **how) -> None:
+              check_invariants: bool, started: float, wide: bool = False, **run_options) -> None:
     """`kvsim run --rates`: one run folder per rate under `out`, then the sweep's curves."""
     from kvsim.plots.colours import settings_frame
     from kvsim.plots.curves import rate_sweep
@@ -87,7 +87,7 @@ def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: 
     for i, rate in enumerate(rates):
         at = with_rate(scn, rate, src)
         results = simulate_with_progress(at, base_dir, src, quiet, check_invariants,
-                                         label=f"{rate:g} req/s ({i + 1}/{len(rates)}) ", **how)
+                                         label=f"{rate:g} req/s ({i + 1}/{len(rates)}) ", **run_options)
         runs.append((rate, at, results, run_meta(at, src, results, started)))
     table = sweep_table([(rate, r.summary, r.requests) for rate, _, r, _ in runs])
 
@@ -96,7 +96,7 @@ def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: 
         for rate, at, results, meta in runs:
             folder = tmp / f"rate-{rate:g}"
             folder.mkdir()
-            write_run(results, at, folder, meta, how.get("workers", 1))
+            write_run(results, at, folder, meta, run_options.get("workers", 1))
         (tmp / "scenario.yaml").write_text(_scenario_yaml(scn))
         table.to_csv(tmp / "rates.csv", index=False)
         context = context_line(scn.model_dump(mode="json", exclude_none=True), runs[-1][2].summary, swept=True)

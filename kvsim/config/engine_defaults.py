@@ -42,7 +42,7 @@ class EngineSettings:
 
 def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib: float,
             pool_tokens: int | None = None) -> EngineSettings:
-    """Effective settings of scheduler block `s` (kvsim.config.scenario.Scheduler) under `engine`.
+    """Effective settings of scheduler block `s` (kvsim.config.scenario.SchedulerSettings) under `engine`.
     pool_tokens (the KV pool in token slots) sizes SGLang's max_running_requests."""
     big = gpu_memory_gib >= 70 and "a100" not in gpu_name.lower()
     if engine == "vllm-v0":

@@ -237,7 +237,7 @@ class Workload(Strict):
 Engine = Literal["vllm-v0", "vllm-v1", "sglang"]
 
 
-class Scheduler(Strict):
+class SchedulerSettings(Strict):
     """Engine settings under vLLM's names; what is left unset takes the engine's default
     (kvsim.config.engine_defaults)."""
     engine: Engine | None = None                # or top-level `engine:`
@@ -471,7 +471,7 @@ class Scenario(Strict):
                                 Annotated[ProfileCost, Tag("profile-ref")]],
                           Discriminator(lambda v: "preset" if isinstance(v, str) else "profile-ref")] = "roofline"
     workload: Workload
-    scheduler: Scheduler = Scheduler()
+    scheduler: SchedulerSettings = SchedulerSettings()
     slo: SLO | None = None
     policies: list[Policy] = Field(min_length=1)
 
@@ -722,7 +722,7 @@ def _unknown_model(name: str) -> str:
 
 
 # Keys users of vLLM put at the top level, and where kvsim wants them.
-MISPLACED = {**{k: "scheduler" for k in Scheduler.model_fields},
+MISPLACED = {**{k: "scheduler" for k in SchedulerSettings.model_fields},
              "swap_space": "scheduler", "max_num_batched_tokens": "scheduler",
              **{k: "policy" for k in ("block_size", "kv_cache_dtype", "enable_prefix_caching",
                                        "prefix_cache", "kv_scale", "kv_scale_group_size", "allocator")}}

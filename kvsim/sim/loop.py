@@ -159,7 +159,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     for rep in reps:
         sched = rep.sched
         for seq in [*sched.running, *sched.waiting, *sched.swapped]:    # unfinished
-            records.settle(seq.index, seq)
+            records.record_outcome(seq.index, seq)
         rep.run.preemptions, rep.run.swaps = sched.preemptions, sched.swaps
         rep.run.prompt_tokens, rep.run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
         rep.run.width = sched.width
@@ -365,14 +365,14 @@ class StepLoop:
             self.stages.arrived(self.index, now)
             rep.sched.arrive(seq, now, self.index)
             if seq.outcome:          # rejected on arrival
-                self._settle(rep, self.index, seq, now)
+                self._record_outcome(rep, self.index, seq, now)
             elif self.deadline is not None:
                 self.deadline[self.index] = now + self.timeout
                 heapq.heappush(rep.deadlines, Deadline(self.deadline[self.index], self.index))
             self.index += 1
 
-    def _settle(self, rep: _Replica, index: int, seq, now: float) -> None:
-        self.records.settle(index, seq)
+    def _record_outcome(self, rep: _Replica, index: int, seq, now: float) -> None:
+        self.records.record_outcome(index, seq)
         self.ended += 1
         if self.stages.ended(index, seq.finish_s) and self.blocked:    # its stage drained
             self.blocked = False
@@ -387,7 +387,7 @@ class StepLoop:
         sched, run = rep.sched, rep.run
         step = sched.schedule(now)
         for seq in step.rejected:
-            self._settle(rep, seq.index, seq, now)
+            self._record_outcome(rep, seq.index, seq, now)
         if not step.work and not step.lazy:
             if rep.has_work():
                 raise RuntimeError(f"{self.name}: no progress possible at t={now:.6f}s with "
@@ -413,7 +413,7 @@ class StepLoop:
             if self.records.outcome[index] == 0:             # not settled yet
                 seq = rep.sched.abort(index, end_s)
                 if seq is not None:
-                    self._settle(rep, index, seq, now)
+                    self._record_outcome(rep, index, seq, now)
 
     def _complete(self, rep: _Replica, now: float) -> None:
         sched, step = rep.sched, rep.in_flight
@@ -422,7 +422,7 @@ class StepLoop:
             index = seq.index
             if self.deadline is not None and now > self.deadline[index]:   # its client left first
                 seq.outcome, seq.finish_s = "timed out", float(self.deadline[index])
-            self._settle(rep, index, seq, now)
+            self._record_outcome(rep, index, seq, now)
         if self.checking:
             _check(sched, f"{rep.label(self.name)}step {len(rep.run.steps) - 1} completed at t={now:.6f}s")
         if self.on_step:

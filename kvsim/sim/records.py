@@ -195,7 +195,7 @@ class SeqLog:
     def __len__(self) -> int:
         return len(self.outcome)
 
-    def settle(self, index: int, seq) -> None:
+    def record_outcome(self, index: int, seq) -> None:
         """Record where a sequence stands (kvsim.sim.scheduler.Seq); it may be dropped after."""
         self.admitted_s[index] = seq.admitted_s
         self.first_token_s[index] = seq.first_token_s

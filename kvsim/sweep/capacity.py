@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kvsim.config.errors import InputError
-from kvsim.analysis.metrics import tidy
+from kvsim.analysis.metrics import ten_digits
 from kvsim.analysis.slo import misses
 from kvsim.config.scenario import Constant, Gamma, Poisson, Scenario
 from kvsim.sweep.backends import Outcome, Task
@@ -101,8 +101,8 @@ class Search:
             note = f"met the targets at every rate tried, up to {lo:.4g}/s"
         elif any(p.met and p.rate_per_s > hi for p in self.probes):
             note = "not monotone: a higher rate met the targets than one that missed"
-        return {"policy": self.policy, "max_rate_per_s": tidy(lo) if lo is not None else 0.0,
-                "lowest_missed_rate_per_s": tidy(hi) if hi is not None else math.nan,
+        return {"policy": self.policy, "max_rate_per_s": ten_digits(lo) if lo is not None else 0.0,
+                "lowest_missed_rate_per_s": ten_digits(hi) if hi is not None else math.nan,
                 "probes": len(self.probes), "note": note}
 
 
@@ -211,7 +211,7 @@ def fewest_gpus(scn: Scenario, base_dir, src: str, targets: dict, backend, rate:
 
 
 def probe_table(probes: list[Probe], targets: dict) -> pd.DataFrame:
-    rows = [{"policy": p.policy, "rate_per_s": tidy(p.rate_per_s), "gpus": p.tensor_parallel_size * p.replicas,
+    rows = [{"policy": p.policy, "rate_per_s": ten_digits(p.rate_per_s), "gpus": p.tensor_parallel_size * p.replicas,
              "tensor_parallel_size": p.tensor_parallel_size, "replicas": p.replicas,
              "met": p.met, **{k: p.values.get(k, math.nan) for k in targets}, "why": p.why} for p in probes]
     return pd.DataFrame(rows).sort_values(["policy", "gpus", "tensor_parallel_size", "rate_per_s"],

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from kvsim.analysis.metrics import tidy
+from kvsim.analysis.metrics import ten_digits
 from kvsim.sweep.backends import Outcome, Task
 from kvsim.sweep.grid import Point, Sweep
 
@@ -139,10 +139,10 @@ def summarize(rows: pd.DataFrame, params: list[str]) -> pd.DataFrame:
                 continue
             x = values.to_numpy(dtype=float)
             x = x[~np.isnan(x)]
-            row[col] = tidy(float(x.mean())) if len(x) else math.nan
+            row[col] = ten_digits(float(x.mean())) if len(x) else math.nan
             if several:
                 half = t95(len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)) if len(x) > 1 else math.nan
-                row[f"{col}_ci95"] = tidy(float(half))
+                row[f"{col}_ci95"] = ten_digits(float(half))
         out.append(row)
     return pd.DataFrame(out)
 
