@@ -19,7 +19,10 @@ Slots a placement adds on top of what was asked (a buddy region's round-up) are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kvsim.kvcache.tiers import TierStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,14 @@ class KVAllocator(Protocol):
     @property
     def takes_blocks_in_bulk(self) -> bool:
         """Whether it is a BulkBlockAllocator."""
+
+    @property
+    def store(self) -> TierStore | None:
+        """The KV tiers behind its cache (kvsim.kvcache.tiered), or None."""
+
+    def take_load_s(self) -> float:
+        """Seconds of loads from KV tiers since the last call, which the step admitting
+        them waits for (0.0 without tiers)."""
 
     def unfit_reason(self, shape: SeqShape) -> str | None:
         """Why this sequence could never run even in an empty pool, or None if it can."""

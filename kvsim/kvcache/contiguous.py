@@ -197,6 +197,7 @@ class ContiguousAllocator:
     """One fixed region per sequence, sized by a reserve rule, placed by a strategy."""
     counted = True               # a CountedAllocator
     takes_blocks_in_bulk = False
+    store = None                 # no KV tiers behind it
     block_size = None            # regions, not blocks
 
     def __init__(self, capacity: int, max_model_len: int, reserve: str, placement: str):
@@ -221,6 +222,9 @@ class ContiguousAllocator:
     def holes(self) -> list[tuple[int, int]]:
         """Free (start, size) runs sorted by start; for buddy, the free blocks."""
         return self._placement.holes()
+
+    def take_load_s(self) -> float:
+        return 0.0               # no KV tiers: nothing to load
 
     def tokens_of(self, seq_id: int) -> int | None:
         r = self._regions.get(seq_id)

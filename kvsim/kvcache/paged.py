@@ -38,9 +38,13 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import compress
 from operator import not_
+from typing import TYPE_CHECKING
 
 from kvsim.kvcache.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
 from kvsim.kvcache.free_queue import FreeQueue
+
+if TYPE_CHECKING:
+    from kvsim.kvcache.tiers import TierStore
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -93,6 +97,7 @@ class PagedAllocator:
     """Fixed-size blocks handed out from the head of a free queue."""
     counted = True               # a CountedAllocator ...
     takes_blocks_in_bulk = True  # ... that also takes blocks for later growth (block_room)
+    store: TierStore | None = None   # no KV tiers behind it (kvsim.kvcache.tiered has)
 
     def __init__(self, num_blocks: int, block_size: int, window: int | None = None,
                  free_order: str = "v1"):
@@ -126,6 +131,9 @@ class PagedAllocator:
 
     def ref_count(self, block: int) -> int:
         return self._ref[block]
+
+    def take_load_s(self) -> float:
+        return 0.0               # no KV tiers: nothing to load
 
     def tokens_of(self, seq_id: int) -> int | None:
         seq = self._seqs.get(seq_id)

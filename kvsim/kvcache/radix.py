@@ -66,6 +66,7 @@ class RadixCacheAllocator:
     """Token slots in pages, shared through a radix tree of cached prefixes."""
     counted = False              # every token takes a free slot: no room to count in
     takes_blocks_in_bulk = False
+    store = None                 # no KV tiers behind it
     block_size = None            # pages are taken one by one as tokens need them
 
     def __init__(self, capacity: int, page_size: int = 1):
@@ -88,6 +89,9 @@ class RadixCacheAllocator:
     def free_slots(self) -> int:
         """Slots held by nothing (evictable tree slots not included)."""
         return self._free
+
+    def take_load_s(self) -> float:
+        return 0.0               # no KV tiers: nothing to load
 
     def tokens_of(self, seq_id: int) -> int | None:
         seq = self._seqs.get(seq_id)

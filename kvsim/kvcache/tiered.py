@@ -32,6 +32,7 @@ from kvsim.kvcache.tiers import TierStore
 
 class TieredPrefixCachingAllocator(PrefixCachingPagedAllocator):
     """Paged blocks, vLLM's prefix cache, and KV tiers behind them."""
+    store: TierStore
 
     def __init__(self, num_blocks: int, block_size: int, store: TierStore, block_bytes: float):
         super().__init__(num_blocks, block_size)

@@ -141,12 +141,12 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
     records = SeqLog(len(requests) * per)
     for rep in reps:
         rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records,
-                            step_log(bucket_s, tiers=hasattr(rep.sched.allocator, "store")))
+                            step_log(bucket_s, tiers=rep.sched.allocator.store is not None))
         # a request deep in a long waiting queue is kept as its index and rebuilt near the head
         rep.sched.waiting.rebuild = partial(_rebuild, rep.sched, requests, per)
-    stores = {id(a.store): a.store for a in fleet if hasattr(a, "store")}
+    stores = {id(a.store): a.store for a in fleet if a.store is not None}
     shared = None
-    if len(fleet) > 1 and len(stores) == 1 and all(hasattr(a, "store") for a in fleet):
+    if len(fleet) > 1 and len(stores) == 1 and all(a.store is not None for a in fleet):
         store = next(iter(stores.values()))      # one KV store behind every replica
         shared = lambda spec: len(store.find(spec.shape, 0)) * store.chunk_tokens  # noqa: E731
     pick = make_router(router, len(reps), shared).pick if len(reps) > 1 else None
@@ -164,7 +164,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
         rep.run.prompt_tokens, rep.run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
         rep.run.width = sched.width
         rep.run.arrived_s = loop.stages.arrived_s
-        if hasattr(sched.allocator, "store"):
+        if sched.allocator.store is not None:
             rep.run.tiers = tally([sched.allocator])
     if len(reps) == 1:
         return reps[0].run

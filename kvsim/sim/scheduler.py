@@ -170,8 +170,7 @@ class Scheduler:
                     self.allocator.free(sid)
                 return False
         self.waiting.remove(req)
-        if hasattr(self.allocator, "take_load_s"):    # KV tiers: the request waits for its prefix
-            step.load_s += self.allocator.take_load_s()
+        step.load_s += self.allocator.take_load_s()    # KV tiers: the step waits for its prefix
         req.prefilled = cached
         self.prompt_tokens += req.target
         self.cached_tokens += cached
