@@ -341,13 +341,14 @@ def test_the_linked_queue_keeps_a_linked_lists_order(seed):
     assert rebuilds > 3 and len(queue._ids) < 3 * n
 
 
-def test_reference_counts_follow_takes_forks_and_frees():
-    """A block outside the queue counts its holders (blocks taken for later growth
-    included), a queued one none; a fork shares, copy on write and frees drop."""
+def test_reference_counts_are_kept_from_the_first_shared_block():
+    """Until a block is shared, the queue says every count (1 outside it, 0 in it), so
+    none is kept; the first fork makes them, blocks taken for later growth included."""
     alloc = PagedAllocator(8, 4)
     assert admit(alloc, 1, 6, 6) and admit(alloc, 2, 4)
     alloc.free(2)
     taken = alloc.take_free(1)
+    assert alloc._ref is None
     assert [alloc.ref_count(b) for b in range(8)] == [1, 1, 1, 0, 0, 0, 0, 0] and taken == [2]
     alloc.extend(1, 9, taken)
     assert alloc.fork(1, 3) and alloc._ref == [2, 2, 2, 0, 0, 0, 0, 0]

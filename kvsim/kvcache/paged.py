@@ -28,6 +28,10 @@ Not modelled: vLLM V1 keeps block 0 out of the pool as its "null block" (the
 placeholder for skipped sliding-window blocks; block_pool.py BlockPool.__init__), so
 its pool has one usable block fewer than kvsim's.
 
+Reference counts are kept from the first shared block on (a fork, a prefix-cache hit):
+until then every block outside the queue has one holder, which the queue says, so
+taking and releasing a run of blocks is a slice of the queue alone.
+
 Invariants: each block id is either in the free queue (count 0) or in as many block
 tables as its reference count says; a table (with its released leading blocks) covers
 its tokens and holds no block beyond the last one it needs.
@@ -115,7 +119,8 @@ class PagedAllocator:
         # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables; the
         # head is the next block handed out (kvsim.kvcache.free_queue).
         self._free = self._make_queue()
-        self._ref = [0] * num_blocks    # tables holding each block (0: it is queued)
+        # Reference counts, None until a block is first shared (the queue says them till then)
+        self._ref: list[int] | None = None
         self._shared = 0              # blocks with count > 1: the breakdown's slow path
         self._seqs: dict[int, _Seq] = {}
 
@@ -130,7 +135,16 @@ class PagedAllocator:
         return list(self._seqs[seq_id].table)
 
     def ref_count(self, block: int) -> int:
-        return self._ref[block]
+        return self._counts()[block]
+
+    def _counts(self) -> list[int]:
+        """The reference counts, made from the queue where none are kept yet."""
+        if self._ref is not None:
+            return self._ref
+        counts = [1] * self.num_blocks
+        for b in self._free:
+            counts[b] = 0
+        return counts
 
     def take_load_s(self) -> float:
         return 0.0               # no KV tiers: nothing to load
@@ -149,13 +163,16 @@ class PagedAllocator:
         """Hand out `count` blocks from the queue head."""
         blocks = self._free.take(count)
         ref = self._ref
-        for b in blocks:
-            ref[b] = 1
+        if ref is not None:
+            for b in blocks:
+                ref[b] = 1
         return blocks
 
     def _share(self, blocks: list[int]) -> None:
         """One reference more on each block (distinct blocks: a table holds none twice);
         queued ones (prefix-cache hits) leave the queue. In bulk: a request shares hundreds."""
+        if self._ref is None:
+            self._ref = self._counts()
         ref = self._ref
         before = [ref[b] for b in blocks]
         for b in compress(blocks, map(not_, before)):
@@ -168,7 +185,15 @@ class PagedAllocator:
         """One reference fewer on each block (distinct), in the order given; blocks nobody
         holds rejoin the queue at the end FREE_ORDERS says, one after the other."""
         ref = self._ref
+        if ref is None:                # never shared: each had one holder, its last
+            self._free.put(blocks)
+            return
         blocks = list(blocks)
+        if not self._shared:
+            for b in blocks:
+                ref[b] = 0
+            self._free.put(blocks)
+            return
         left = [ref[b] - 1 for b in blocks]
         for b, n in zip(blocks, left):
             ref[b] = n
@@ -243,8 +268,9 @@ class PagedAllocator:
 
     def _shares_partial_last(self, seq: _Seq) -> bool:
         """Whether the sequence's last block is partly filled and others hold it too (its
-        next token copies it). No block is shared while `_shared` is 0."""
-        return bool(seq.tokens % self.block_size and self._shared and self._ref[seq.table[-1]] > 1)
+        next token copies it). No block is shared while `_shared` is 0, counts kept or not."""
+        return bool(seq.tokens % self.block_size and self._shared and self._ref is not None
+                    and self._ref[seq.table[-1]] > 1)
 
     def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
         """Nothing to do: vLLM caches a full block when it allocates it (prefix.py)."""
@@ -358,7 +384,7 @@ class PagedAllocator:
                 raise InvariantError(f"seq {seq_id}'s table {seq.table} holds a block twice")
             holders.update(seq.table)
         queued = set(self._free)
-        ref = self._ref
+        ref = self._counts()
         fast_ok = (len(holders) + len(self._free) == self.num_blocks and len(queued) == len(self._free)
                    and holders.keys().isdisjoint(queued)
                    and all(ref[b] == n for b, n in holders.items())

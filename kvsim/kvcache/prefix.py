@@ -88,9 +88,11 @@ class _CachedSeq(_Seq):
 
 class PrefixCachingPagedAllocator(PagedAllocator):
     """Paged blocks shared between sequences through a chained-key block cache."""
+    _ref: list[int]                  # kept from the start: hits share blocks
 
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)   # cached blocks stay whole: no window
+        self._ref = [0] * num_blocks               # hits share blocks: counts kept throughout
         # The free queue doubles as the LRU of cached blocks: a hit takes its block
         # back out of the middle (PagedAllocator._share), a new block comes off the head.
         self._key_of: list[int | None] = [None] * num_blocks   # cached block -> key
