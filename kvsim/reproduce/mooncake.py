@@ -121,15 +121,15 @@ def fig10(ctx: Context) -> list[Claim]:
     name = {(p.tiers.cpu_gib, p.tiers.shared): p.name for p in scn.policies if p.tiers is not None}
     local = [float(hit[name[size, False]]) for size in sizes]
     shared = [float(hit[name[size, True]]) for size in sizes]
-    ratios = [s / l if l else math.inf for s, l in zip(shared, local)]
+    ratios = [s / loc if loc else math.inf for s, loc in zip(shared, local)]
     top = max(ratios)
     replicas = scn.fleet[0]
     holds = abs(top / GLOBAL_GAIN - 1) <= RATIO_TOL
     table = pd.DataFrame({"cpu_gib_per_replica": sizes, "local": local, "shared": shared, "shared_over_local": ratios})
     ctx.tables.append(("claim 12: local against shared host-memory tiers on the Mooncake synthetic trace", table))
     ctx.save("12", _fig10_figure(sizes, local, shared, float(hit["gpu-only"]), replicas), "claim12_shared_tiers.png")
-    measured = "; ".join(f"{replicas} x {size:g} GiB: local {l:.1%}, shared {s:.1%} ({r:.2f}x)"
-                         for size, l, s, r in zip(sizes, local, shared, ratios))
+    measured = "; ".join(f"{replicas} x {size:g} GiB: local {loc:.1%}, shared {s:.1%} ({r:.2f}x)"
+                         for size, loc, s, r in zip(sizes, local, shared, ratios))
     requests = f"the first {n:,} requests" if n else "the whole trace"
     small, large = ratios[0], ratios[-1]
     return [Claim("12", claim, f"{SOURCE}, Fig. 10",
@@ -143,9 +143,9 @@ def fig10(ctx: Context) -> list[Claim]:
                       f", so pooling pays most where each replica's tier is small ({small:.2f}x at {sizes[0]:g} GiB) "
                       f"and less as a local tier grows to hold more of the trace's reuse by itself ({large:.2f}x at "
                       f"{sizes[-1]:g} GiB)" if small > large else "") + ". Mooncake's "
-                  f"figure comes from its own cluster and cache sizes, which the released trace does not carry, "
-                  f"so 'up to' is compared with kvsim's largest ratio over a grid fixed in advance, not matched "
-                  f"size for size; no setting was chosen to match it.")]
+                  "figure comes from its own cluster and cache sizes, which the released trace does not carry, "
+                  "so 'up to' is compared with kvsim's largest ratio over a grid fixed in advance, not matched "
+                  "size for size; no setting was chosen to match it.")]
 
 
 def _fig10_scenario(ctx: Context, path: Path):
