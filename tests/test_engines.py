@@ -2,8 +2,9 @@
 
 Every step takes one second (OneSecondSteps), so each instant below is derived by hand
 from the engines' documented rules (kvsim/engines/*.py cite the code they follow). KV is
-counted kvsim's way: a request holds prompt + 1 slots right after its prefill (the
-sampled token's slot one step early) and one more per decode step.
+counted as each engine allocates: under vLLM V0 a request holds prompt + 1 slots right
+after its prefill (kvsim gives the sampled token its slot one step early), under V1 and
+SGLang its prompt; then one more per decode step.
 """
 import math
 
@@ -57,9 +58,10 @@ def test_a_60_token_prompt_beside_10_decoding_requests_with_a_budget_of_64(engin
     # Ten 4-token prompts fill step [0, 1] (40 tokens). The 60-token prompt arriving at 0.5:
     # V0 runs a prefill step at t=1 whose budget decodes do not touch (60 <= 64), as does
     # SGLang (60 <= its chunk size of 64); V1 shares the budget with the 10 decodes, so
-    # it prefills 54 tokens at t=1 and the last 6 at t=2.
+    # it prefills 54 tokens at t=1 and the last 6 at t=2. (Pages of one token: SGLang
+    # charges its chunk whole pages, below.)
     reqs = make_requests(*[(0.0, 4, 20)] * 10, (0.5, 60, 2))
-    result = run(engine, reqs, PagedAllocator(1000, 16))
+    result = run(engine, reqs, PagedAllocator(16000, 1))
     late = result.seqs[10]
     assert (late.admitted_s, late.first_token_s) == (1.0, first_token)
 
@@ -82,8 +84,8 @@ def test_v1_without_chunked_prefill_waits_with_a_prompt_over_the_budget_left():
     # (the first sampled token fed back); r0's 13th token wants a 4th block at t=5, so r1
     # goes then, and comes back at t=8 with 8 + 5 tokens to recompute.
     ("vllm-v1", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 0.0, 1.0, 11.0, 1, "completed")], 11),
-    # SGLang admits r0 (8 + 8 < 24) but not r1 (8 + 8 >= 24 - 16 left): it waits for r0
-    # and nothing is ever preempted.
+    # SGLang admits r0 (8 + 8 + a page of 4 < 24) but not r1 (20 >= 24 - 20 reserved): it
+    # waits for r0 and nothing is ever preempted.
     ("sglang", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 8.0, 9.0, 16.0, 0, "completed")], 16),
 ])
 def test_memory_pressure_preempts_in_vllm_and_is_avoided_by_sglangs_reservation(engine, expected, steps):
@@ -137,28 +139,45 @@ def test_v1_and_sglang_run_samples_as_requests_that_share_the_prompt_through_the
     assert row["throughput_tok_s"] == pytest.approx(3 * 3 / 3.0)   # 9 tokens, makespan 3 s
 
 
-def test_sglang_retracts_fewest_outputs_first_and_resets_its_ratio():
-    # A (prompt 2 + 3 generated), B (3 + 1) and C (2 + 1) and 288 slots held outside the
-    # scheduler fill a pool of 300. The next decode needs 3 slots: retract B (1 output, the
-    # longer prompt), then C (4 slots free < 20 x 2), until 20 decode steps of what is left
-    # fit or one request is left. The ratio becomes (3 decoded + 20 x 1) / 100 of A.
-    alloc = PagedAllocator(300, 1)
-    assert alloc.allocate(999, SeqShape(288, 0), 288)
+def _sglang_running(alloc, rows):
+    """A scheduler under SGLang's rules with running requests (prompt, generated) of 100
+    output tokens each, holding prompt + generated slots."""
     rules = SGLang()
     s = Scheduler(alloc, rules, max_model_len=200, max_num_seqs=8, max_num_batched_tokens=64,
                   chunked_prefill=True)
-    seqs = []
-    for i, (prompt, generated) in enumerate([(2, 3), (3, 1), (2, 1)]):
+    for i, (prompt, generated) in enumerate(rows):
         seq = Request(RequestSpec(i, 0.0, prompt, 100), SeqShape(prompt, 100))
         s.arrive(seq, 0.0, i)
         assert s.admit(seq, 0, prompt, prompt + generated, Step(), 0.0)
         seq.prefilled, seq.generated, seq.held = prompt, generated, prompt + generated
-        seqs.append(seq)
+    return s, rules
+
+
+def test_sglang_retracts_fewest_outputs_first_until_the_next_decode_fits():
+    # A (prompt 2 + 3 generated), B (3 + 1) and C (2 + 1) and 288 slots held outside the
+    # scheduler fill a pool of 300. The next decode needs 3 slots: retract B (1 output, the
+    # longer prompt); then 4 slots are free and A and C need 2, so C stays. The ratio
+    # becomes (3 + 1 decoded + 20 x 2) / (100 + 100 + 1).
+    alloc = PagedAllocator(300, 1)
+    assert alloc.allocate(999, SeqShape(288, 0), 288)
+    s, rules = _sglang_running(alloc, [(2, 3), (3, 1), (2, 1)])
     step = s.schedule(1.0)
-    assert [q.spec.id for q in s.waiting] == [1, 2]
-    assert [(q.spec.id, n) for q, n in step.work] == [(0, 1)]
-    assert rules.ratio == pytest.approx(0.23)
+    assert [q.spec.id for q in s.waiting] == [1]
+    assert [(q.spec.id, n) for q, n in step.work] == [(0, 1), (2, 1)]
+    assert rules.ratio == pytest.approx(44 / 201)
     assert step.limit == "preemption"
+
+
+def test_sglang_retracts_at_least_one_and_keeps_at_least_one():
+    # 296 slots held outside: A (2 + 3) alone would fit the next decode (4 free after B
+    # goes), but one request is retracted even so; with only A and B, B goes and A stays.
+    alloc = PagedAllocator(300, 1)
+    assert alloc.allocate(999, SeqShape(291, 0), 291)
+    s, rules = _sglang_running(alloc, [(2, 3), (3, 1)])          # 291 + 5 + 4 = 300
+    step = s.schedule(1.0)
+    assert [q.spec.id for q in s.waiting] == [1]
+    assert [(q.spec.id, n) for q, n in step.work] == [(0, 1)]
+    assert rules.ratio == pytest.approx((3 + 20) / 101)
 
 
 def test_sglang_ratio_decays_per_decode_step_to_its_floor():
@@ -265,11 +284,11 @@ def test_contiguous_runs_under_every_engine_and_never_preempts():
 
 @pytest.mark.parametrize("policy, admitted", [("fcfs", [0.0, 1.0, 5.0]), ("lpm", [0.0, 5.0, 1.0])])
 def test_sglang_lpm_admits_the_longest_cached_prefix_first(policy, admitted):
-    # r0 leaves its 20 prompt tokens (16 of them shared content 100) and its token in a
-    # 30-slot radix tree at t=1. Then r1 (a prompt of its own) and r2 (the same 16 shared
-    # tokens first) wait. fcfs takes r1: 20 + 4 < 30, and its allocation evicts r0's
-    # leaf, so r2 (24 >= 30 - 24 reserved) waits for r1 to finish at t=5. lpm takes r2 (16
-    # tokens cached: 4 + 4 < 30); r1 (24) no longer fits beside it and waits until t=5.
+    # r0 leaves its 20 prompt tokens (16 of them shared content 100) in a 30-slot radix
+    # tree at t=1. Then r1 (a prompt of its own) and r2 (the same 16 shared tokens first)
+    # wait. fcfs takes r1: 20 + 4 + 1 page < 30, and its allocation evicts r0's leaf, so r2
+    # (4 + 4 + 1 >= 30 - 25 reserved) waits for r1 to finish at t=5. lpm takes r2 (16
+    # tokens cached and locked: 9 < 30 - 16); r1 (25 >= 14 - 9) waits until t=5.
     from kvsim.kvcache import RadixCacheAllocator
     shared = ((100, 16),)
     reqs = [RequestSpec(0, 0.0, 20, 1, shared), RequestSpec(1, 0.5, 20, 4), RequestSpec(2, 0.5, 20, 4, shared)]

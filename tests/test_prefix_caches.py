@@ -361,7 +361,7 @@ def two_leaves(lookup: bool) -> RadixCacheAllocator:
 
 @pytest.mark.parametrize("lookup, left", [(False, 3), (True, 2)])
 def test_radix_lookup_refreshes_the_path_it_matches(lookup, left):
-    """SGLang 0.4.10 _match_prefix_helper stamps every node it visits: looking X up
+    """SGLang 0.5.23 RadixCache._match_prefix_helper stamps every node it visits: looking X up
     makes leaf (2) newer than leaf (3), so the least recently used leaf is (3)."""
     alloc = two_leaves(lookup)
     assert alloc.allocate(3, shaped(3, segments=()), 3)   # 3 > 2 free: evict 3 slots
@@ -370,13 +370,13 @@ def test_radix_lookup_refreshes_the_path_it_matches(lookup, left):
     alloc.check_invariants()
 
 
-def test_radix_evicts_the_whole_allocation_when_short():
-    """SGLang 0.4.10 _evict_tree_cache_if_needed: with 2 slots free, a 6-token
-    allocation evicts 6 slots' worth (two 4-token leaves), not only the 4 missing."""
+def test_radix_evicts_the_shortfall_when_short():
+    """SGLang 0.5.23 evict_to_free_tokens (mem_cache/allocator/base.py): with 2 slots
+    free, a 6-token allocation evicts the 4 missing, the least recently used leaf (2)."""
     alloc = two_leaves(lookup=False)
     assert alloc.allocate(3, shaped(6, segments=()), 6)
-    assert alloc.nodes() == [(0, ((1, 0, 4),), 0)]
-    assert alloc.free_slots == 2 + 8 - 6
+    assert alloc.nodes() == [(0, ((1, 0, 4),), 0), (4, ((3, 0, 4),), 0)]
+    assert alloc.free_slots == 2 + 4 - 6
     assert alloc.breakdown(None) == Breakdown(6, 0, 0, 0, 0, 8)
     assert alloc.allocate(4, shaped(5, segments=()), 5)  # 4 free, 4 evictable: all go
     assert alloc.nodes() == [] and alloc.free_slots == 3
@@ -384,7 +384,7 @@ def test_radix_evicts_the_whole_allocation_when_short():
 
 
 def test_radix_shares_a_prompt_once_its_prefill_ran():
-    """SGLang 0.4.10 inserts a prompt after its prefill (cache_unfinished_req), so a
+    """SGLang 0.5.23 inserts a prompt after its prefill (checkpoint_kv_cache), so a
     request admitted after that step shares it; one admitted in the same step does not.
     kvsim's scheduler allocates before the step that computes the tokens."""
     alloc = RadixCacheAllocator(64)
@@ -456,7 +456,7 @@ def paged_radix(page: int) -> RadixCacheAllocator:
 
 
 def test_radix_pages_match_and_insert_whole_pages():
-    """SGLang 0.4.10 RadixCache with page_size 4: inserts cut to whole pages, children
+    """SGLang 0.5.23 RadixCache with page_size 4: inserts cut to whole pages, children
     keyed by their first page, matches compared page by page."""
     alloc = RadixCacheAllocator(32, page_size=4)
     a = SeqShape(11, 2, ((1, 6),), tail_id=5)

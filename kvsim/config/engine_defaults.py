@@ -3,10 +3,10 @@
 A scenario's `scheduler:` block and its policies use vLLM's names; whatever they leave
 unset takes the chosen engine's default, read from that engine's source:
 
-| setting | vllm-v0 (0.6.3.post1) | vllm-v1 (0.33.0) | sglang (0.4.10) |
+| setting | vllm-v0 (0.6.3.post1) | vllm-v1 (0.33.0) | sglang (0.5.23) |
 | --- | --- | --- | --- |
 | max_num_seqs | 256 | 1024 on a GPU of 70 GiB or more other than A100, else 256 | min(pool tokens / 2, clamp(pool tokens / max_model_len x 512, 2048, 4096)) |
-| max_num_batched_tokens | max(max_model_len, 2048); 512 with chunking | 16384 on a GPU of 160 GiB or more, 8192 on such a GPU, else 2048 | chunked_prefill_size: 2048 under 35 GiB, 8192 under 160 GiB, else 16384 |
+| max_num_batched_tokens | max(max_model_len, 2048); 512 with chunking | 16384 on a GPU of 160 GiB or more, 8192 on such a GPU, else 2048 | chunked_prefill_size: 2048 under 20 GiB, 4096 under 60 GiB, 8192 under 160 GiB, else 16384 |
 | enable_chunked_prefill | false | true | true |
 | preemption_mode | recompute for one sequence, swap for a group | recompute | recompute (retraction) |
 | watermark | 0.01 | none | none (it reserves for running requests' outputs instead) |
@@ -15,9 +15,10 @@ unset takes the chosen engine's default, read from that engine's source:
 
 Sources: vllm/config.py SchedulerConfig (V0 max_num_batched_tokens), vllm/core/block_manager.py
 (watermark), vllm/core/scheduler.py `_preempt` (V0); vllm/engine/arg_utils.py
-(0.33.0 `EngineArgs.get_batch_defaults`: V1's per-GPU defaults for the OpenAI server); sglang/srt/server_args.py
-(chunked_prefill_size by GPU memory, max_prefill_tokens 16384, schedule_policy fcfs),
-sglang/srt/managers/tp_worker.py and model_executor/model_runner.py (max_running_requests).
+(0.33.0 `EngineArgs.get_batch_defaults`: V1's per-GPU defaults for the OpenAI server); sglang/srt/arg_groups/memory_hook.py
+(0.5.23 `_handle_gpu_memory_settings`: chunked_prefill_size by GPU memory), sglang/srt/server_args.py
+(max_prefill_tokens 16384, schedule_policy fcfs), sglang/srt/model_executor/pool_configurator.py
+(`_resolve_max_running_requests_per_worker`, as ModelRunner resolves max_running_requests).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib
                               True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
                               s.preemption_mode or "recompute", s.watermark or 0.0,
                               async_scheduling=True if s.async_scheduling is None else s.async_scheduling)
-    chunk = 2048 if gpu_memory_gib < 35 else 8192 if gpu_memory_gib < 160 else 16384
+    chunk = 2048 if gpu_memory_gib < 20 else 4096 if gpu_memory_gib < 60 else 8192 if gpu_memory_gib < 160 else 16384
     seqs = s.max_num_seqs
     if seqs is None:
         if pool_tokens is None:      # before the pool is sized (activation estimate)

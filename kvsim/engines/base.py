@@ -161,9 +161,9 @@ class SchedulerOps(Protocol):
 
 
 class EngineRules(Protocol):
-    """An engine: what a step holds, and what a preemption does. The two settings with a
-    default (`sampled_slot_ahead`, `cached_tokens`) are inherited by rules that subclass
-    this protocol; an engine that counts otherwise overrides them."""
+    """An engine: what a step holds, and what a preemption does. The settings with a
+    default (`sampled_slot_ahead`, `cached_tokens`, `on_idle`) are inherited by rules that
+    subclass this protocol; an engine that counts otherwise overrides them."""
     name: str
     split_samples: bool        # parallel samples run as requests of their own
     # Where a sampled token's KV slot is taken: True in the step that samples it (a
@@ -176,13 +176,19 @@ class EngineRules(Protocol):
         token, which is always computed to produce output."""
         return min(s.allocator.match_prefix(req.shape, req.target + 1), req.target - 1)
 
+    def on_idle(self) -> None:
+        """The replica has nothing running or waiting (an engine that resets some state
+        when idle, as SGLang its new-token ratio, does it here)."""
+        return None
+
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         """Plan the next step: admissions and the running requests' tokens, with
         `limit` saying what kept the waiting queue's head out (LIMITS)."""
         ...
 
     def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
-        """"swap" (KV to CPU memory while swap space lasts) or "recompute"."""
+        """"swap" (KV to CPU memory while swap space lasts), "recompute", or "retract"
+        (recompute, releasing its KV without caching what it generated: SGLang)."""
         ...
 
     def requeue(self, s: SchedulerOps, req: Request) -> None:

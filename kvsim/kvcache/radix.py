@@ -1,43 +1,44 @@
-"""Prefix cache on a radix tree, as in SGLang's RadixAttention (SGLang 0.4.10).
+"""Prefix cache on a radix tree, as in SGLang's RadixAttention (SGLang 0.5.23).
 
 RadixAttention (Zheng et al., "SGLang", NeurIPS 2024): a radix tree of token sequences, reference counts on the
 nodes in use, LRU eviction of leaves. The pool is `capacity` token slots in pages of
-`page_size` slots (SGLang's --page-size, default 1: server_args.py); a sequence holds
-whole pages, so with pages > 1 its last page may be partly empty. The tree itself
-(radix_tree.py) holds whole pages only.
+`page_size` slots (SGLang's --page-size, default 1); a sequence holds whole pages, so
+with pages > 1 its last page may be partly empty. The tree itself (radix_tree.py) holds
+whole pages only.
 
 A sequence is admitted with the longest cached prefix of its tokens (at most
-num_tokens - 1, in whole pages: Req.adjust_max_prefix_ids and match_prefix in
-managers/schedule_batch.py and mem_cache/radix_cache.py); it locks that path and holds
-its other tokens in its private part. Its tokens enter the tree, so that others can
-match them, at two moments, as in radix_cache.py:
-- after its prefill (cache_unfinished_req, called after each prefill chunk and after
-  the last one: managers/scheduler.py get_next_batch_to_run and
-  scheduler_output_processor_mixin.py process_batch_result_prefill): the tokens
-  computed so far. An engine says so with `cache_prefilled` once the step has run.
-  Without that call, `grow` does it for the prompt tokens the sequence held before:
-  allocate and grow come before the step that computes the tokens, so what a sequence
-  held at its previous call has been computed by its next. Either way a request
-  admitted in the step that prefills the same prompt does not share it.
-- when it is freed (cache_finished_req): every token it holds (kvsim holds a slot for
-  the last sampled token, whose KV SGLang never computes and leaves out).
+num_tokens - 1, in whole pages: Req.init_next_round_input in managers/schedule_batch.py,
+RadixCache.match_prefix in mem_cache/radix_cache.py); it locks that path and holds its
+other tokens in its private part. Its tokens enter the tree, so that others can match
+them, at two moments:
+- after each prefill chunk (checkpoint_kv_cache in mem_cache/common.py, called from
+  scheduler_components/batch_result_processor.py and Scheduler.stash_chunked_request;
+  RadixCache.checkpoint): the tokens computed so far. An engine says so with
+  `cache_prefilled` once the step has run. Without that call, `grow` does it for the
+  prompt tokens the sequence held before: allocate and grow come before the step that
+  computes the tokens, so what a sequence held at its previous call has been computed by
+  its next. Either way a request admitted in the step that prefills the same prompt does
+  not share it.
+- when it finishes (release_kv_cache with checkpoint=True, mem_cache/common.py): every
+  token it holds (under SGLang's rules, all but the last sampled, which is never fed in;
+  an engine that gives that token a slot has it inserted too).
 Inserting moves the sequence's tokens the tree lacks into it, frees its private copies
 of the tokens the tree already had (another request computed them first) and moves its
-lock to the end of what it inserted.
+lock to the end of what it inserted. A retracted request is released without inserting
+(`drop`: release_kv_cache with checkpoint=False): what it put in the tree after its
+prefill stays there, unlocked, and its generated tokens are freed.
 
-Eviction (ScheduleBatch._evict_tree_cache_if_needed in schedule_batch.py): when the free
-slots cannot hold an allocation, SGLang evicts that whole allocation's worth of
-unlocked leaves, not only the shortfall (evict(num_tokens)), least recently used first.
+Eviction (evict_to_free_tokens in mem_cache/allocator/base.py, called by
+alloc_token_slots in mem_cache/allocation.py): when the free slots cannot hold an
+allocation, the tree evicts the shortfall, unlocked leaves least recently used first.
 A lookup refreshes the recency of the path it matches (match_prefix), an insert that of
 the path it walks; `match_prefix` here is that lookup, so it may split an edge.
 
-What differs from SGLang: kvsim allocates and evicts per sequence (SGLang per batch:
-the sum of a prefill batch's new tokens, or one token per running request in decode;
-its paged prefill also asks for one page per request more). A recomputed request
-inserts its prompt after re-prefill, where SGLang also inserts the output tokens it
-recomputed, and a preempted request is freed like a finished one (SGLang's retract
-releases its lock without inserting). Forking inserts the parent's tokens at once, so
-samples share them. The eviction priority is LRU (SGLang also offers LFU).
+What differs from SGLang: kvsim allocates per sequence (SGLang per batch: the sum of a
+prefill batch's new tokens, or one token per running request in decode; its paged
+prefill also asks for one page per request more), so a shortfall is evicted per
+sequence. Forking inserts the parent's tokens at once, so samples share them. The
+eviction priority is LRU (SGLang also offers LFU and others).
 
 Invariants: tree + private + free slots == capacity; a node's lock count equals the
 number of running sequences whose path passes through it; only unlocked leaves are
@@ -104,13 +105,22 @@ class RadixCacheAllocator:
         return -(-tokens // self.page_size) * self.page_size
 
     def _reserve(self, need: int) -> None:
-        """Move `need` slots to private parts; when too few are free, first evict the
-        whole `need` (SGLang's _evict_tree_cache_if_needed). The caller has checked
-        that free + evictable slots suffice."""
-        if need > self._free:
-            self._free += self._tree.evict(need)
+        """Move `need` slots to private parts, first evicting the shortfall when too few
+        are free. The caller has checked that free + evictable slots suffice."""
+        self.evict_to_free(need)
         self._free -= need
         self._private += need
+
+    def evict_to_free(self, slots: int) -> None:
+        """Evict least recently used leaves until `slots` are free, or nothing is
+        evictable (evict_to_free_tokens: the shortfall only)."""
+        if slots > self._free:
+            self._free += self._tree.evict(slots - self._free)
+
+    def lockable(self, shape: SeqShape, num_tokens: int) -> int:
+        """Evictable slots that admitting the sequence with `num_tokens` would lock: its
+        cached prefix's unlocked part (SGLang locks it while it tests the admission)."""
+        return self._tree.walk(cacheable_runs(shape, max(num_tokens - 1, 0))).locked
 
     def _cache(self, seq: _Seq, runs: Runs) -> None:
         """Insert the sequence's first tokens `runs` (whole pages) and lock it there
@@ -223,6 +233,15 @@ class RadixCacheAllocator:
         held = self._pages(seq.tokens) - seq.matched
         self._private -= held
         self._free += held - (runs_length(runs) - known)
+        self._tree.lock(seq.node, -1)
+
+    def drop(self, seq_id: int) -> None:
+        """Release without caching (a retraction: release_kv_cache with checkpoint=False):
+        what it put into the tree stays there, unlocked; its other pages are freed."""
+        seq = self._seqs.pop(seq_id)
+        held = self._pages(seq.tokens) - seq.matched
+        self._private -= held
+        self._free += held
         self._tree.lock(seq.node, -1)
 
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:

@@ -1,4 +1,4 @@
-"""The radix tree of SGLang's RadixAttention, as in SGLang 0.4.10
+"""The radix tree of SGLang's RadixAttention, as in SGLang 0.5.23
 (sglang/srt/mem_cache/radix_cache.py, class RadixCache): the structure the radix
 prefix cache (radix.py) keeps its cached tokens in. It counts slots; the pool is the
 allocator's.
@@ -21,9 +21,10 @@ Rules, each from radix_cache.py:
   dec_lock_ref); a node locked by nobody is evictable.
 - `evict(n)` frees unlocked leaves, least recently used first, until at least n slots
   are freed or none is left; a parent left childless joins the candidates (evict).
-Recency is a logical clock: each stamp is the next tick, in the order SGLang reads
-`time.monotonic()` (visited nodes root first, a split's upper node when made, a new
-leaf when made), so no two nodes share a stamp and no wall clock enters the model.
+Recency is a logical clock: each stamp is the next tick, visited nodes root first, a
+split's upper node when made, a new leaf when made, so no wall clock enters the model.
+SGLang stamps the nodes of one lookup or insert with one `time.monotonic()` reading;
+that orders the leaves alike, since two leaves are never stamped by the same call.
 """
 from __future__ import annotations
 

@@ -323,6 +323,8 @@ class StepLoop:
                             self._expire(rep, now)
                         if rep.has_work():
                             self._plan(rep, now)
+                        else:            # nothing runs or waits once this instant's events are done
+                            rep.sched.rules.on_idle()
             if not events or events[0].time > limit:
                 return
             now = events[0].time

@@ -10,10 +10,11 @@ apply a finished step.
 
 A sequence holds KV for every token that exists: its prompt (or the part prefilled so
 far) and each token generated so far. Where a sampled token's slot is taken is the
-rules' `sampled_slot_ahead`: vLLM V0 and SGLang as kvsim counts them, in the step that
-samples the token (a request's peak is prompt + output); vLLM V1 as it allocates, in
-the step that feeds the token back in (KVCacheManager.allocate_slots covers the tokens
-computed, so its peak is prompt + output - 1: the last token sampled is never fed). A
+rules' `sampled_slot_ahead`: vLLM V0 as kvsim counts it, in the step that samples the
+token (a request's peak is prompt + output); vLLM V1 and SGLang as they allocate, in
+the step that feeds the token back in (vLLM's KVCacheManager.allocate_slots covers the
+tokens computed, SGLang's prepare_for_decode one slot per request, so the peak is
+prompt + output - 1: the last token sampled is never fed). A
 request whose prompt +
 output exceeds max_model_len, or which could not fit even in an empty pool, is rejected
 with that reason: it would otherwise wait or thrash forever.
@@ -242,9 +243,11 @@ class Scheduler:
         space lasts) or drop it to be recomputed later, by prompt + generated tokens in
         one prefill (a group by its prompt: its samples or beams are not kept)."""
         self.running.remove(req)
-        for sid in req.ids:
-            self.allocator.free(sid)
         mode = mode or self.rules.preemption_mode(self, req)
+        # SGLang's retraction frees what the request computed without caching it
+        release = getattr(self.allocator, "drop", None) if mode == "retract" else None
+        for sid in req.ids:
+            (release or self.allocator.free)(sid)
         nbytes = self._swap_bytes(req) if self.swap else math.inf
         if mode == "swap" and not req.prefilling and nbytes <= self.swap.capacity_bytes - self.swap_used:
             self.swap_used += nbytes
