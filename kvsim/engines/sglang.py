@@ -91,7 +91,7 @@ class SGLang(EngineRules):
         return step
 
     def _page(self, s: SchedulerOps) -> int:
-        return getattr(s.allocator, "page_size", None) or getattr(s.allocator, "block_size", 1)
+        return getattr(s.allocator, "page_size", None) or getattr(s.allocator, "block_size", None) or 1
 
     def _pages(self, s: SchedulerOps, tokens: int) -> int:
         page = self._page(s)
