@@ -52,13 +52,14 @@ def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib
                               s.max_num_batched_tokens or (512 if chunked else max(max_model_len, 2048)),
                               chunked, s.preemption_mode,
                               0.01 if s.watermark is None else s.watermark)
-    if engine == "vllm-v1":
+    if engine in ("vllm-v1", "vllm-reference"):     # vllm-reference: vLLM's own, stepped synchronously
         huge = gpu_memory_gib >= 160          # vLLM 0.33.0: B200-class GPUs get 16384 tokens
         return EngineSettings(engine, s.max_num_seqs or (1024 if big or huge else 256),
                               s.max_num_batched_tokens or (16384 if huge else 8192 if big else 2048),
                               True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
                               s.preemption_mode or "recompute", s.watermark or 0.0,
-                              async_scheduling=True if s.async_scheduling is None else s.async_scheduling)
+                              async_scheduling=engine == "vllm-v1" if s.async_scheduling is None
+                              else s.async_scheduling)
     chunk = 2048 if gpu_memory_gib < 20 else 4096 if gpu_memory_gib < 60 else 8192 if gpu_memory_gib < 160 else 16384
     seqs = s.max_num_seqs
     if seqs is None:
@@ -74,4 +75,5 @@ def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib
 
 def prefix_defaults(engine: str) -> tuple[bool, str]:
     """(enable_prefix_caching, prefix_cache) for a paged policy that leaves them unset."""
-    return {"vllm-v0": (False, "hash"), "vllm-v1": (True, "hash"), "sglang": (True, "radix")}[engine]
+    return {"vllm-v0": (False, "hash"), "vllm-v1": (True, "hash"), "vllm-reference": (True, "hash"),
+            "sglang": (True, "radix")}[engine]

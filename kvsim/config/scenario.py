@@ -234,7 +234,7 @@ class Workload(Strict):
 
 
 # --- engine ----------------------------------------------------------------------
-Engine = Literal["vllm-v0", "vllm-v1", "sglang"]
+Engine = Literal["vllm-v0", "vllm-v1", "sglang", "vllm-reference"]
 
 
 class SchedulerSettings(Strict):
@@ -463,7 +463,7 @@ class Scenario(Strict):
     vllm_args: str | None = None     # `vllm serve` flags setting the fields above (kvsim.config.engine_flags)
     sglang_args: str | None = None   # SGLang's launch flags, likewise (engine: sglang)
     max_model_len: int | None = Field(None, ge=1)   # default: the model's context length (filled at load)
-    engine: Engine | None = None     # vllm-v0, vllm-v1 (default) or sglang; or under scheduler:
+    engine: Engine | None = None     # vllm-v0, vllm-v1 (default), sglang or vllm-reference; or under scheduler:
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
     replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS)   # engines behind a router (default 1)
     router: Literal["round-robin", "least-loaded", "prefix-aware"] | None = None   # default round-robin
@@ -638,6 +638,8 @@ def _check_engine(scn: Scenario, src: str) -> None:
     if name == "sglang" and scn.enforce_eager:
         raise InputError(src, "enforce_eager", "is vLLM's; SGLang's pool does not count CUDA graphs "
                          "(its mem_fraction_static reserves room for them)")
+    if name == "vllm-reference":
+        _check_reference(scn, src)
     if name != "vllm-v1" and scn.scheduler.async_scheduling:
         raise InputError(src, "scheduler.async_scheduling", "vllm-v1's setting; kvsim models no "
                          f"asynchronous scheduling for {name}")
@@ -659,6 +661,26 @@ def _check_engine(scn: Scenario, src: str) -> None:
                          f"{s.max_num_batched_tokens} is smaller than max_model_len ({scn.max_model_len}), "
                          "so a long prompt could never be prefilled; raise it or set "
                          "enable_chunked_prefill: true")
+def _check_reference(scn: Scenario, src: str) -> None:
+    """vllm-reference runs vLLM's own scheduler: it must be installed (the pinned release),
+    and each policy a paged pool with vLLM's prefix cache or none, as vLLM's block pool is."""
+    from importlib import metadata
+    from kvsim.engines.vllm_reference import INSTALL, VLLM_VERSION
+    try:
+        found = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        found = None
+    if found != VLLM_VERSION:
+        raise InputError(src, "engine", f"vllm-reference runs vLLM {VLLM_VERSION}'s own scheduler, "
+                         f"{'not installed' if found is None else f'found vLLM {found}'}; install it with: {INSTALL}")
+    for i, policy in enumerate(scn.policies):
+        if policy.allocator_kind("vllm-reference")[0] != "paged":
+            raise InputError(src, f"policies[{i}]", "vllm-reference runs on vLLM's block pool: "
+                             "allocator: paged, with prefix_cache: hash or no prefix caching")
+        if policy.tiers is not None:
+            raise InputError(src, f"policies[{i}].kv_offload", "vllm-reference has no KV tiers")
+
+
 def _with_engine_args(raw: dict, base: Path, src: str, given: dict[str, str]) -> dict:
     """The scenario with what its vllm_args or sglang_args set, then what the command line's
     do (kvsim.config.engine_flags); the command line's flags win over the file's fields."""

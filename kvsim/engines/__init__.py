@@ -1,4 +1,5 @@
-"""Engine rules: how vLLM V0, vLLM V1 and SGLang decide what one step holds.
+"""Engine rules: how vLLM V0, vLLM V1 and SGLang decide what one step holds, and vLLM's own
+V1 scheduler deciding it (vllm-reference).
 
 Exports: ENGINES (the registry keyed by the scenario's `engine:`), make_rules; base (EngineRules,
 the protocol each implements, and what they work with); each engine's defaults are
@@ -12,12 +13,14 @@ from kvsim.engines.base import EngineRules
 from kvsim.config.engine_defaults import DEFAULT_ENGINE, EngineSettings, resolve
 from kvsim.engines.sglang import SGLang
 from kvsim.engines.vllm_v0 import VllmV0
+from kvsim.engines.vllm_reference_rules import VllmReferenceRules
 from kvsim.engines.vllm_v1 import VllmV1
 
 ENGINES: dict[str, Callable[[], EngineRules]] = {
     "vllm-v0": VllmV0,
     "vllm-v1": VllmV1,
     "sglang": SGLang,
+    "vllm-reference": VllmReferenceRules,    # vLLM 0.33.0's own scheduler (kvsim[vllm])
 }
 
 

@@ -143,7 +143,7 @@ def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSi
         return vllm_pool.size_pool(
             model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
             max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
-            cuda_graphs=scn.engine_name == "vllm-v1" and not scn.enforce_eager,
+            cuda_graphs=scn.engine_name in ("vllm-v1", "vllm-reference") and not scn.enforce_eager,
             activation_bytes=None if scn.activation_memory_gib is None else scn.activation_memory_gib * GIB,
             kv_cache_memory_bytes=fixed, engine=scn.engine_name)
     if scn.engine_name == "sglang":
