@@ -18,8 +18,11 @@ either prefills or decodes:
   request goes to the front of the waiting queue, a swapped one to the back of the
   swapped queue. Where vLLM aborts because CPU swap space is full, kvsim recomputes.
 With chunked prefill (`_schedule_chunked_prefill`) one token budget is shared: running
-requests first (decodes, then their next chunk), then swapped ones, then waiting prompts
-in chunks.
+requests first (decodes, then their next chunk), then swapped ones (unless a running one
+was preempted), then waiting prompts in chunks, whether or not groups are still
+swapped out (only the default scheduler waits for them). Chunked prefill is on by
+default where max_model_len exceeds 32K (`EngineArgs.create_engine_config`,
+vllm/engine/arg_utils.py), with a budget of 512 tokens (SchedulerConfig, vllm/config.py).
 """
 from __future__ import annotations
 
@@ -46,14 +49,13 @@ class VllmV0(EngineRules):
 
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
-        if s.chunked:
+        if s.chunked:        # waiting prompts are prefilled even while groups are swapped out
             budget: float = s.running.advance(step, now, s.budget)
             if not step.preempted:
                 budget = self._swapped(s, step, now, budget)    # a number in, a number out
-            if s.swapped:
+            self._prefills(s, step, now, budget)
+            if s.swapped:    # groups still out, kept there by memory their preemption lacked
                 with_limit(step, "preemption")
-            else:
-                self._prefills(s, step, now, budget)
             return step
         if s.swapped:        # swapped-out groups come back before any prompt is prefilled
             with_limit(step, "preemption")
