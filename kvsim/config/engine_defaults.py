@@ -28,6 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_ENGINE = "vllm-v1"
+# engine vllm-reference runs this vLLM release's own scheduler, installed so:
+VLLM_VERSION = "0.33.0"
+VLLM_INSTALL = f"pip install 'kvsim[vllm]' && pip install --no-deps vllm=={VLLM_VERSION}"
 GIB = 2 ** 30
 
 

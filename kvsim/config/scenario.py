@@ -665,7 +665,7 @@ def _check_reference(scn: Scenario, src: str) -> None:
     """vllm-reference runs vLLM's own scheduler: it must be installed (the pinned release),
     and each policy a paged pool with vLLM's prefix cache or none, as vLLM's block pool is."""
     from importlib import metadata
-    from kvsim.engines.vllm_reference import INSTALL, VLLM_VERSION
+    from kvsim.config.engine_defaults import VLLM_INSTALL as INSTALL, VLLM_VERSION
     try:
         found = metadata.version("vllm")
     except metadata.PackageNotFoundError:

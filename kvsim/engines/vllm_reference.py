@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from types import SimpleNamespace
 
+from kvsim.config.engine_defaults import VLLM_INSTALL as INSTALL, VLLM_VERSION
 from kvsim.kvcache import SeqShape
 
-VLLM_VERSION = "0.33.0"
 UNIQUE = -(1 << 40)    # content -1: codes below every content id's
-INSTALL = f"pip install 'kvsim[vllm]' && pip install --no-deps vllm=={VLLM_VERSION}"
 
 
 class VllmMissing(ImportError):
