@@ -142,6 +142,7 @@ class SchedulerOps(Protocol):
     chunked: bool              # enable_chunked_prefill
     max_num_seqs: int
     keep_free: int             # the watermark, in slots
+    max_model_len: int
     width: int                 # sequences per request (1 where samples run as requests)
     preemption_mode: str | None
     schedule_policy: str

@@ -63,7 +63,7 @@ class SGLang(EngineRules):
     # the prompt, prepare_for_decode one slot per request): the last one sampled has none.
     sampled_slot_ahead = False
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.ratio = INIT_RATIO
         self.min_ratio = INIT_RATIO * MIN_RATIO_FACTOR
         self.decay = (INIT_RATIO - self.min_ratio) / DECAY_STEPS
@@ -104,7 +104,7 @@ class SGLang(EngineRules):
                          s.budget if s.chunked else None)
         for req in s.running.prefilling():       # the request prefilled in chunks goes on
             left = req.target - req.prefilled
-            n = left if budget.chunk is None else min(left, budget.chunk_for_continuation())
+            n = left if budget.chunk is None else min(left, budget.chunk_for_continuation(budget.chunk))
             if s.running.run(req, n, step, now):
                 budget.reserve(self._pages(s, n), page, 0 if n < left else min(req.shape.output_tokens,
                                                                                  CLIP_MAX_NEW_TOKENS))
@@ -213,11 +213,11 @@ class _Budget:
     def total_left(self) -> float:
         return self.available - self.total_offset
 
-    def chunk_for_continuation(self) -> int:
+    def chunk_for_continuation(self, chunk: int) -> int:
         """The chunked request's next chunk: the chunk left, cut to the memory left
         where that is positive (available_chunk_tokens)."""
-        left = min(self.chunk, int(self.total_left()))
-        return left if left > 0 else self.chunk
+        left = min(chunk, int(self.total_left()))
+        return left if left > 0 else chunk
 
     def reserve(self, tokens: int, page: int, max_new: int) -> None:
         self.total_offset += tokens + page + max_new

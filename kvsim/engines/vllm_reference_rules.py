@@ -27,7 +27,12 @@ steps it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvsim.engines.base import EngineRules, Request, SchedulerOps, Step, with_limit
+
+if TYPE_CHECKING:
+    from kvsim.engines.vllm_reference import VllmReference
 
 
 class VllmReferenceRules(EngineRules):
@@ -35,11 +40,11 @@ class VllmReferenceRules(EngineRules):
     split_samples = True
     sampled_slot_ahead = False      # vLLM allocates a sampled token's slot when it is fed back
 
-    def __init__(self):
-        self.ref = None                        # kvsim.engines.vllm_reference.VllmReference
+    def __init__(self) -> None:
+        self.ref: VllmReference | None = None    # made at the first step, from the scheduler's settings
         self._requests: dict[int, Request] = {}    # requests vLLM holds, by key (first id)
 
-    def _start(self, s: SchedulerOps) -> None:
+    def _start(self, s: SchedulerOps) -> VllmReference:
         from kvsim.engines.vllm_reference import VllmReference
         from kvsim.kvcache import PagedAllocator, PrefixCachingPagedAllocator
         alloc = s.allocator
@@ -50,6 +55,7 @@ class VllmReferenceRules(EngineRules):
                                  max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.budget,
                                  enable_chunked_prefill=s.chunked, max_model_len=s.max_model_len,
                                  enable_prefix_caching=isinstance(alloc, PrefixCachingPagedAllocator))
+        return self.ref
 
     def cached_tokens(self, s: SchedulerOps, req: Request) -> int:
         """As vllm-v1 counts them (whole blocks of at most target - 1 tokens)."""
@@ -61,29 +67,28 @@ class VllmReferenceRules(EngineRules):
     def requeue(self, s: SchedulerOps, req: Request) -> None:
         s.waiting.appendleft(req)       # vLLM prepends a preempted request to its waiting queue
 
-    def _sync_queue(self, s: SchedulerOps) -> None:
+    def _sync_queue(self, s: SchedulerOps, ref: VllmReference) -> None:
         """Abort in vLLM what kvsim aborted; give vLLM kvsim's next waiting requests."""
         live = {r.ids[0] for r in s.running}
         gone = [k for k, r in self._requests.items() if k not in live and r.outcome]
         if gone:
             from vllm.v1.request import RequestStatus
-            self.ref.scheduler.finish_requests([str(k) for k in gone if str(k) in self.ref.scheduler.requests],
+            ref.scheduler.finish_requests([str(k) for k in gone if str(k) in ref.scheduler.requests],
                                                RequestStatus.FINISHED_ABORTED)
             for k in gone:
                 del self._requests[k]
         want = min(len(s.waiting), s.max_num_seqs + 1)
-        i = len(self.ref.scheduler.waiting)
+        i = len(ref.scheduler.waiting)
         while i < want:
             req = s.waiting[i]
-            self.ref.add(req.ids[0], req.shape)
+            ref.add(req.ids[0], req.shape)
             self._requests[req.ids[0]] = req
             i += 1
 
     def schedule(self, s: SchedulerOps, now: float) -> Step:
-        if self.ref is None:
-            self._start(s)
-        self._sync_queue(s)
-        trace = self.ref.step()
+        ref = self.ref or self._start(s)
+        self._sync_queue(s, ref)
+        trace = ref.step()
         step = Step()
         preempted = set(trace.preempted)
         for req in list(s.running):
