@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import click
 
@@ -74,6 +75,14 @@ def reproduce(quick, out, only, scenarios, traces, force):
     click.echo(f"({time.monotonic() - started:.0f} s) wrote {out}/claims.csv, claims.md, report.html")
 
 
+class RateRun(NamedTuple):
+    """One rate of `kvsim run --rates`: the scenario at that rate, its results and run.json."""
+    rate: float
+    scenario: Any
+    results: Any
+    meta: dict
+
+
 def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: bool,
               check_invariants: bool, started: float, wide: bool = False, **run_options) -> None:
     """`kvsim run --rates`: one run folder per rate under `out`, then the sweep's curves."""
@@ -88,25 +97,25 @@ def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: 
         at = with_rate(scn, rate, src)
         results = simulate_with_progress(at, base_dir, src, quiet, check_invariants,
                                          label=f"{rate:g} req/s ({i + 1}/{len(rates)}) ", **run_options)
-        runs.append((rate, at, results, run_meta(at, src, results, started)))
-    table = sweep_table([(rate, r.summary, r.requests) for rate, _, r, _ in runs])
+        runs.append(RateRun(rate, at, results, run_meta(at, src, results, started)))
+    table = sweep_table([(run.rate, run.results.summary, run.results.requests) for run in runs])
 
     def write(tmp: Path) -> None:
         from kvsim.cli.output import _scenario_yaml
-        for rate, at, results, meta in runs:
-            folder = tmp / f"rate-{rate:g}"
+        for run in runs:
+            folder = tmp / f"rate-{run.rate:g}"
             folder.mkdir()
-            write_run(results, at, folder, meta, run_options.get("workers", 1))
+            write_run(run.results, run.scenario, folder, run.meta, run_options.get("workers", 1))
         (tmp / "scenario.yaml").write_text(_scenario_yaml(scn))
         table.to_csv(tmp / "rates.csv", index=False)
-        context = context_line(scn.model_dump(mode="json", exclude_none=True), runs[-1][2].summary, swept=True)
+        context = context_line(scn.model_dump(mode="json", exclude_none=True), runs[-1].results.summary, swept=True)
         save(rate_sweep(table, context, settings=settings_frame(scn)), tmp / "rate_sweep.png")
 
     swap_in(out, write)
     if not quiet:
-        for rate, at, results, _ in runs:
-            click.echo(f"--- {rate:g} req/s")
-            print_run(results.summary, at, wide=wide)
+        for run in runs:
+            click.echo(f"--- {run.rate:g} req/s")
+            print_run(run.results.summary, run.scenario, wide=wide)
         click.echo("--- the sweep")
         for line in summary_lines(table):
             echo_wrapped(line)

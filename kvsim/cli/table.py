@@ -151,16 +151,16 @@ def step_cost_note(summary) -> str:
     if "cost_model" not in summary:
         return ""
     parts = [undescribe(v) for v in summary["cost_model"].astype(str)]
-    labels = list(dict.fromkeys(p[0] for p in parts))
-    steps, extra = sum(p[2] for p in parts), sum(p[1] for p in parts)
+    labels = list(dict.fromkeys(p.label for p in parts))
+    steps, extra = sum(p.steps for p in parts), sum(p.extrapolated for p in parts)
     if len(labels) == 1:
         text = f"step costs: {labels[0]}"
     else:
         names = summary["policy"].astype(str).tolist()
         text = "step costs: " + "; ".join(
-            f"{label} ({', '.join(n for n, p in zip(names, parts) if p[0] == label)})" for label in labels)
+            f"{label} ({', '.join(n for n, p in zip(names, parts) if p.label == label)})" for label in labels)
     if extra:
-        reasons = list(dict.fromkeys(r for p in parts for r in p[3].split("; ") if r))
+        reasons = list(dict.fromkeys(r for p in parts for r in p.why.split("; ") if r))
         text += (f"; {extra / steps:.0%} of steps priced beyond measured data ("
                  + "; ".join(reasons) + ")")
     return text

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kvsim.config.errors import InputError
 from kvsim.cost.generalize import check_profile, find_shipped, model_shape, synthesize
@@ -132,13 +132,21 @@ def describe(label: str, extrapolated: int, steps: int, reasons) -> str:
 _DESCRIBED = re.compile(r"^(?P<label>.*?) \[extrapolated in (?P<n>\d+)/(?P<steps>\d+) steps: (?P<why>.*)\]$")
 
 
-def undescribe(text: str) -> tuple[str, int, int, str]:
-    """describe() read back: (label, steps extrapolated, steps, why); (text, 0, 0, "")
-    for a label without extrapolations."""
+class Described(NamedTuple):
+    """describe() read back: the model's label, how many of a run's steps it priced
+    beyond measured ranges, of how many, and why."""
+    label: str
+    extrapolated: int
+    steps: int
+    why: str
+
+
+def undescribe(text: str) -> Described:
+    """describe() read back; a label without extrapolations has 0 of 0 steps and no why."""
     m = _DESCRIBED.match(str(text))
     if not m:
-        return str(text), 0, 0, ""
-    return m["label"], int(m["n"]), int(m["steps"]), m["why"]
+        return Described(str(text), 0, 0, "")
+    return Described(m["label"], int(m["n"]), int(m["steps"]), m["why"])
 
 
 class NoProfile(LookupError):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Protocol
 
 from kvsim.kvcache import KVAllocator, NextSeq, SeqShape
 
@@ -78,10 +78,16 @@ class Request:
         return done + ahead if done == self.target else done
 
 
+class Work(NamedTuple):
+    """One request's part of a step: the new tokens it computes (a prefill chunk, or 1)."""
+    req: Request
+    tokens: int
+
+
 @dataclass
 class Step:
-    """What one step computes: (request, new tokens) pairs, and what it waits for."""
-    work: list[tuple[Request, int]] = field(default_factory=list)
+    """What one step computes (each request's Work, in running order) and what it waits for."""
+    work: list[Work] = field(default_factory=list)
     lazy: int = 0                        # decoding requests advanced in sum (kvsim.sim.lazy)
     cost: StepBatch | None = None
     swap_bytes: float = 0.0              # KV copied over PCIe (swap in and out)

@@ -33,11 +33,18 @@ import os
 from dataclasses import dataclass, field
 from importlib import resources
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from kvsim.config.engine_defaults import VLLM_INSTALL as INSTALL, VLLM_VERSION
 from kvsim.kvcache import SeqShape
 
 UNIQUE = -(1 << 40)    # content -1: codes below every content id's
+
+
+class Fed(NamedTuple):
+    """A request kvsim gave vLLM's scheduler (which names it by the string of its key)."""
+    key: int
+    shape: SeqShape
 
 
 class VllmMissing(ImportError):
@@ -126,7 +133,7 @@ class VllmReference:
         v.init_none_hash(hash_fn)
         self._hasher = v.get_request_block_hasher(block_size, hash_fn)
         self.pool = self.scheduler.kv_cache_manager.block_pool
-        self._shapes: dict[str, tuple[int, SeqShape]] = {}
+        self._fed: dict[str, Fed] = {}   # vLLM's request id -> kvsim's request
         self._shareable: dict[int, bool] = {}    # hashed block -> no unique token up to its end
 
     def add(self, key: int, shape: SeqShape) -> None:
@@ -134,7 +141,7 @@ class VllmReference:
         params = self.v.SamplingParams(max_tokens=shape.output_tokens, ignore_eos=True)
         request = self.v.Request(request_id=str(key), prompt_token_ids=token_ids(shape, key, 0, shape.prompt_tokens),
                                  sampling_params=params, pooling_params=None, block_hasher=self._hasher)
-        self._shapes[str(key)] = (key, shape)
+        self._fed[str(key)] = Fed(key, shape)
         self.scheduler.add_request(request)
 
     def step(self, trace_cache: bool = False) -> StepTrace:
@@ -149,22 +156,22 @@ class VllmReference:
         ids, sampled = list(out.num_scheduled_tokens), []
         for rid in ids:
             request = requests[rid]
-            key, shape = self._shapes[rid]
+            key, shape = self._fed[rid]
             n = out.num_scheduled_tokens[rid]
             trace.scheduled[key] = n
             done = request.num_computed_tokens >= request.num_tokens   # computed after this step
             sampled.append(token_ids(shape, key, request.num_tokens, request.num_tokens + 1) if done else [])
         for new in out.scheduled_new_reqs:
-            trace.admitted.append((self._shapes[new.req_id][0], new.num_computed_tokens))
+            trace.admitted.append((self._fed[new.req_id].key, new.num_computed_tokens))
         cached = out.scheduled_cached_reqs
         for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
             if rid in cached.resumed_req_ids:     # back from preemption: its hits now
-                trace.admitted.append((self._shapes[rid][0], computed))
-        trace.preempted = [self._shapes[rid][0] for rid in out.preempted_req_ids]
+                trace.admitted.append((self._fed[rid].key, computed))
+        trace.preempted = [self._fed[rid].key for rid in out.preempted_req_ids]
         before = set(requests)
         sched.update_from_output(out, self.v.ModelRunnerOutput(
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=sampled))
-        trace.finished = [self._shapes[rid][0] for rid in ids if rid in before and rid not in requests]
+        trace.finished = [self._fed[rid].key for rid in ids if rid in before and rid not in requests]
         trace.free_blocks = self.pool.get_num_free_blocks()
         if trace_cache:
             trace.cached_blocks = frozenset(b.block_id for b in self.pool.blocks
@@ -176,7 +183,7 @@ class VllmReference:
         (a hash chain through a unique token can never be hit)."""
         bs = self.pool.hash_block_size
         for rid in self.scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks:
-            key, shape = self._shapes[rid]
+            key, shape = self._fed[rid]
             shared = sum(length for content, _, length in shape.runs(0, shape.final_tokens)
                          if content != -1) if shape.tail_id != -1 else sum(n for _, n in shape.segments)
             for i, block in enumerate(self.table(key)):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvsim.kvcache.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
 
@@ -52,15 +53,22 @@ RESERVES = {"max": reserve_max, "pow2": reserve_pow2, "oracle": reserve_oracle}
 
 # -- placement strategies: where a region of a given size goes ----------------------
 
+class Span(NamedTuple):
+    """Slots [start, start + size): a free hole, a buddy arena, a sequence's region.
+    Ordered by start first, as the sorted hole list needs."""
+    start: int
+    size: int
+
+
 class FirstFit:
     """The lowest-address hole that fits; the region is carved from the hole's start.
 
-    Holes are a list of (start, size) sorted by start, kept coalesced: a freed region
+    Holes are a list of Spans sorted by start, kept coalesced: a freed region
     merges with the holes that touch it, so no two holes are adjacent.
     """
 
     def __init__(self, capacity: int):
-        self._holes: list[tuple[int, int]] = [(0, capacity)] if capacity else []
+        self._holes: list[Span] = [Span(0, capacity)] if capacity else []
         self.largest = capacity   # biggest region an empty pool can hold
 
     def placed_size(self, size: int) -> int:
@@ -72,23 +80,23 @@ class FirstFit:
                 if hole == size:
                     del self._holes[i]
                 else:
-                    self._holes[i] = (start + size, hole - size)
+                    self._holes[i] = Span(start + size, hole - size)
                 return start
         return None
 
     def release(self, start: int, size: int) -> None:
         i = bisect_left(self._holes, (start,))   # the first hole after the region
         end = start + size
-        if i < len(self._holes) and self._holes[i][0] == end:
-            end += self._holes.pop(i)[1]
+        if i < len(self._holes) and self._holes[i].start == end:
+            end += self._holes.pop(i).size
         if i > 0:
             prev_start, prev_size = self._holes[i - 1]
             if prev_start + prev_size == start:
                 i, start = i - 1, prev_start
                 del self._holes[i]
-        self._holes.insert(i, (start, end - start))
+        self._holes.insert(i, Span(start, end - start))
 
-    def holes(self) -> list[tuple[int, int]]:
+    def holes(self) -> list[Span]:
         return list(self._holes)
 
     def hole_sizes(self) -> list[int]:
@@ -113,22 +121,22 @@ class Buddy:
     """
 
     def __init__(self, capacity: int):
-        self._arenas: list[tuple[int, int]] = []
+        self._arenas: list[Span] = []
         self._free: dict[int, list[int]] = {}
         start = 0
         for order in reversed(range(capacity.bit_length())):
             if capacity >> order & 1:
-                self._arenas.append((start, 1 << order))
+                self._arenas.append(Span(start, 1 << order))
                 self._free[order] = [start]
                 start += 1 << order
-        self._arena_starts = [a for a, _ in self._arenas]
-        self.largest = self._arenas[0][1] if self._arenas else 0
+        self._arena_starts = [a.start for a in self._arenas]
+        self.largest = self._arenas[0].size if self._arenas else 0
 
     def placed_size(self, size: int) -> int:
         return next_power_of_two(size)
 
     def _arena_size(self, addr: int) -> int:
-        return self._arenas[bisect_right(self._arena_starts, addr) - 1][1]
+        return self._arenas[bisect_right(self._arena_starts, addr) - 1].size
 
     def place(self, size: int) -> int | None:
         want = self.placed_size(size).bit_length() - 1
@@ -154,8 +162,8 @@ class Buddy:
             addr, order = min(addr, buddy), order + 1
         insort(self._free.setdefault(order, []), addr)
 
-    def holes(self) -> list[tuple[int, int]]:
-        return sorted((a, 1 << o) for o, addrs in self._free.items() for a in addrs)
+    def holes(self) -> list[Span]:
+        return sorted(Span(a, 1 << o) for o, addrs in self._free.items() for a in addrs)
 
     def hole_sizes(self) -> list[int]:
         """The free blocks' sizes, in no order (what `holes` sorts)."""
@@ -214,13 +222,13 @@ class ContiguousAllocator:
 
     # -- views for tests and reports ------------------------------------------------
 
-    def region(self, seq_id: int) -> tuple[int, int]:
-        """(start, placed size) of a sequence's region."""
+    def region(self, seq_id: int) -> Span:
+        """Where a sequence's region lies: its start and placed size."""
         r = self._regions[seq_id]
-        return r.start, r.placed
+        return Span(r.start, r.placed)
 
-    def holes(self) -> list[tuple[int, int]]:
-        """Free (start, size) runs sorted by start; for buddy, the free blocks."""
+    def holes(self) -> list[Span]:
+        """Free runs sorted by start; for buddy, the free blocks."""
         return self._placement.holes()
 
     def take_load_s(self) -> float:

@@ -392,7 +392,8 @@ class PagedAllocator:
                    and self._shared == sum(n > 1 for n in holders.values()))
         if not fast_ok:   # find and name the culprit
             self._diagnose(holders, ref)
-        last: dict[int, list[int]] = {}   # partly filled last block -> [tokens in it, tables]
+        filled_in: dict[int, int] = {}   # partly filled last block -> the tokens in it
+        ending: Counter[int] = Counter()  # partly filled last block -> the tables it ends
         for seq_id, seq in self._seqs.items():
             table = seq.table
             if seq.logical_blocks() != blocks_for(seq.tokens, bs):
@@ -401,12 +402,12 @@ class PagedAllocator:
             self._check_table(seq_id, seq)
             filled = seq.tokens - (seq.logical_blocks() - 1) * bs
             if table and filled < bs:
-                entry = last.setdefault(table[-1], [filled, 0])
-                if entry[0] != filled:
+                seen = filled_in.setdefault(table[-1], filled)
+                if seen != filled:
                     raise InvariantError(f"block {table[-1]} holds {filled} tokens for seq "
-                                         f"{seq_id} but {entry[0]} for another")
-                entry[1] += 1
-        for block, (_, tables) in last.items():
+                                         f"{seq_id} but {seen} for another")
+                ending[table[-1]] += 1
+        for block, tables in ending.items():
             if tables != holders[block]:   # a fork's partial block, full for another table
                 raise InvariantError(f"partly filled block {block} is not the last block "
                                      f"of every table holding it")

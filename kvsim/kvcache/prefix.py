@@ -68,6 +68,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import not_
+from typing import NamedTuple
 
 from kvsim.kvcache.base import InvariantError, SeqShape
 from kvsim.kvcache.free_queue import LinkedFreeQueue
@@ -75,6 +76,13 @@ from kvsim.kvcache.paged import PagedAllocator, _Seq, blocks_for
 
 _ROOT = -1   # the "parent key" of a table's first block
 CHAINS_KEPT = 256   # shapes whose key chains are kept for lookups
+
+
+class Chain(NamedTuple):
+    """The keys of a shape's first full blocks, and whether a block holding unique
+    content (-1) ended them (no later block is cacheable, however long the shape grows)."""
+    keys: list[int]
+    ended: bool
 KEYS_SLACK = 4      # keys made between two prunings: at least this many per block of the pool
 
 
@@ -110,7 +118,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         self._runs: dict[tuple[int, int, int], list[int]] = {}
         self._next_key = 0
         self._forget_after = self._next_key + KEYS_SLACK * num_blocks    # free() forgets past it
-        self._chains: dict[SeqShape, tuple[list[int], bool]] = {}   # shape -> _make_chain's answer, by recency
+        self._chains: dict[SeqShape, Chain] = {}   # shape -> _make_chain's answer, by recency
         # The last lookup's answer, good while no key it read has changed its first copy:
         # admitting a request looks its prefix up three times (its need, whether it fits,
         # allocate), and a request that waits for memory is looked up at every step.
@@ -140,14 +148,14 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         drops the kept chains), so the chains of the shapes looked up lately are kept: a
         waiting request is looked up every step."""
         kept = self._chains.pop(shape, None)
-        if kept is None or (len(kept[0]) < blocks and not kept[1]):
+        if kept is None or (len(kept.keys) < blocks and not kept.ended):
             kept = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
         self._chains[shape] = kept          # most recent last
         if len(self._chains) > CHAINS_KEPT:
             del self._chains[next(iter(self._chains))]
-        return kept[0]
+        return kept.keys
 
-    def _make_chain(self, shape: SeqShape, total: int) -> tuple[list[int], bool]:
+    def _make_chain(self, shape: SeqShape, total: int) -> Chain:
         """The keys of the shape's first `total` full blocks, in one walk over its content
         pieces (its segments, then the tail from offset 0), and whether a block holding
         content -1 ended them first (no later block is cacheable).
@@ -169,7 +177,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             offset = 0
             while offset < length and len(chain) < total:
                 if content == -1:
-                    return chain, True      # this block and every later one stay uncached
+                    return Chain(chain, True)      # this block and every later one stay uncached
                 if not block and length - offset >= bs:    # whole blocks of one piece
                     n = min((length - offset) // bs, total - len(chain))
                     run = self._runs.setdefault((key, content, offset), [])
@@ -191,7 +199,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
                     key = found
                     chain.append(key)
                     block, room = [], bs
-        return chain, False
+        return Chain(chain, False)
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens. The

@@ -82,7 +82,8 @@ class TieredPrefixCachingAllocator(PrefixCachingPagedAllocator):
             self.pending_load_s += seconds
             self.tier_load_s += seconds
             for block in range(gpu, gpu + blocks):
-                self.tier_hit_tokens[hits[block // self.per_chunk - first][1]] += self.block_size
+                _, tier = hits[block // self.per_chunk - first]     # (chunk name, tier index)
+                self.tier_hit_tokens[tier] += self.block_size
         if not super().allocate(seq_id, shape, num_tokens, keep_free):
             if blocks:
                 raise InvariantError(f"sequence {seq_id}: an allocation found to fit did not")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -51,9 +52,17 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
 
 
-def variant(row: dict) -> tuple[str, int, tuple] | None:
-    """(family, preferred shade, settings key) of a policy's settings, or None where they
-    are not known (no allocator column)."""
+class Variant(NamedTuple):
+    """Where a policy's settings put it: its family (the hue), the shade it asks for, and
+    the settings that make two policies the same variant."""
+    family: str
+    shade: int
+    key: tuple
+
+
+def variant(row: dict) -> Variant | None:
+    """The family, preferred shade and settings key of a policy's settings, or None where
+    they are not known (no allocator column)."""
     allocator = row.get("allocator")
     if not isinstance(allocator, str) or allocator not in ("contiguous", "paged"):
         return None
@@ -63,13 +72,13 @@ def variant(row: dict) -> tuple[str, int, tuple] | None:
     if allocator == "contiguous":
         shape = (_text(row, "reserve", "max"), _text(row, "placement", "first-fit"))
         shade = RESERVATIONS.index(shape) if shape in RESERVATIONS else len(RESERVATIONS)
-        return "contiguous" + suffix, shade, ("contiguous", *shape, dtype)
+        return Variant("contiguous" + suffix, shade, ("contiguous", *shape, dtype))
     cache = _text(row, "prefix_cache", "")
     kind = "radix" if cache == "radix" else "prefix" if cache == "hash" or _on(row) else "paged"
     block = _int(row.get("block_size"))
     order = BLOCK_SIZES[kind]
     shade = order.index(block) if block in order else len(order)
-    return kind + suffix, shade, (kind, block, dtype)
+    return Variant(kind + suffix, shade, (kind, block, dtype))
 
 
 def policy_colours(*frames: pd.DataFrame) -> dict[str, str]:
@@ -81,7 +90,7 @@ def policy_colours(*frames: pd.DataFrame) -> dict[str, str]:
     taken: dict[str, dict[int, tuple]] = {}       # family -> shade -> settings key
     known = {n: variant(settings[n]) for n in names if n in settings}
     known = {n: v for n, v in known.items() if v is not None}
-    for name in sorted(known, key=lambda n: (known[n][1], repr(known[n][2]), n)):
+    for name in sorted(known, key=lambda n: (known[n].shade, repr(known[n].key), n)):
         family, shade, key = known[name]
         shades = taken.setdefault(family, {})
         for step in range(len(FAMILIES[family])):

@@ -124,7 +124,7 @@ def context_line(scenario: dict | None, summary: pd.DataFrame | None = None, swe
     engines = _distinct(summary, "engine") or ([scenario["engine"]] if scenario.get("engine") else [])
     if engines:
         parts.append("engine " + "/".join(engines))
-    costs = list(dict.fromkeys(undescribe(c)[0] for c in _distinct(summary, "cost_model")))
+    costs = list(dict.fromkeys(undescribe(c).label for c in _distinct(summary, "cost_model")))
     if len(costs) == 1:
         parts.append(f"step costs {costs[0]}")
     elif costs:

@@ -10,6 +10,7 @@ row's `expected`; verdicts are computed from the measured numbers, never the rev
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -171,10 +172,10 @@ def fill_curve(ctx: Context) -> list[Claim]:
     for shape, share in SHAPES.items():
         xs, ys = [], []
         for f in fills:
-            means = (share * f * m, (1 - share) * f * m)
+            prompt_mean, output_mean = share * f * m, (1 - share) * f * m
             spread = min(0.2, (1 - f) / f)      # the longest requests still fit max_model_len
             prompt, output = (Uniform(dist="uniform", min=max(1, round((1 - spread) * x)),
-                                      max=max(1, round((1 + spread) * x))) for x in means)
+                                      max=max(1, round((1 + spread) * x))) for x in (prompt_mean, output_mean))
             workload = scn.workload.model_copy(update={"prompt_tokens": prompt, "output_tokens": output})
             # three times what the pool holds at this length, so requests always wait
             count = min(max(40, 3 * _pool_slots(scn, base) // round(f * m)), 600)
@@ -185,7 +186,7 @@ def fill_curve(ctx: Context) -> list[Claim]:
             xs.append(fill)
             ys.append(contiguous)
             paged_min = min(paged_min, paged)
-            rows.append({"shape": shape, "fill": fill, "prompt_mean": means[0], "output_mean": means[1],
+            rows.append({"shape": shape, "fill": fill, "prompt_mean": prompt_mean, "output_mean": output_mean,
                          "requests": count, "contiguous_max_util": contiguous, "paged_16_util": paged})
         series[f"contiguous-max, {shape}"] = (xs, ys)
     table = pd.DataFrame(rows)
@@ -298,8 +299,9 @@ def rate_sweep(ctx: Context) -> list[Claim]:
     table = sweep_table(points)
     best = sustained(table)
     ctx.tables.append(("claim 5: the rate sweep", table))
+    highest = res.summary        # the last rate's: the context line names its settings
     ctx.save("5", sweep_figure(table, context_line(scn.model_dump(mode="json", exclude_none=True),
-                                                   points[-1][1], swept=True)), "claim5_rate_sweep.png")
+                                                   highest, swept=True)), "claim5_rate_sweep.png")
     top = max(rates)
     capped = best.get("paged-16") == top
     ratio = {p: best["paged-16"] / best[p] if best.get(p) else math.nan for p in ("orca-max", "orca-oracle")}
@@ -341,6 +343,16 @@ def fp8(ctx: Context) -> list[Claim]:
 
 
 # --- 7. prefix caching and TTFT --------------------------------------------------------
+class TTFTCut(NamedTuple):
+    """One workload of claim 7: TTFT p50 with and without prefix caching."""
+    workload: str
+    shared_share_of_prompt: float    # NaN where the sharing is not one fixed prefix (RAG)
+    ttft_p50_cut: float              # 1 - with / without
+    prefix_hit_rate: float
+    ttft_p50_s_without: float
+    ttft_p50_s_with: float
+
+
 def prefix_ttft(ctx: Context) -> list[Claim]:
     n = 120 if ctx.quick else None
     rows = []
@@ -355,24 +367,23 @@ def prefix_ttft(ctx: Context) -> list[Claim]:
     cut = []
     for label, share, s in rows:
         plain, cached = _row(s, "paged-16"), _row(s, "paged-16-prefix")
-        cut.append((label, share, 1 - cached["ttft_p50_s"] / plain["ttft_p50_s"], cached["prefix_hit_rate"],
-                    plain["ttft_p50_s"], cached["ttft_p50_s"]))
-    table = pd.DataFrame(cut, columns=["workload", "shared_share_of_prompt", "ttft_p50_cut", "prefix_hit_rate",
-                                       "ttft_p50_s_without", "ttft_p50_s_with"])
+        cut.append(TTFTCut(label, share, 1 - cached["ttft_p50_s"] / plain["ttft_p50_s"], cached["prefix_hit_rate"],
+                           plain["ttft_p50_s"], cached["ttft_p50_s"]))
+    table = pd.DataFrame(cut, columns=list(TTFTCut._fields))
     ctx.tables.append(("claim 7: TTFT p50 with and without prefix caching", table))
-    ok = [c for c in cut if c[2] >= 0.7]
-    bad = [c for c in cut if c[2] < 0.7]
+    ok = [c for c in cut if c.ttft_p50_cut >= 0.7]
+    bad = [c for c in cut if c.ttft_p50_cut < 0.7]
     if not bad:
         verdict = "holds"
     elif ok:
-        verdict = ("holds only when the cached share is large: " + ", ".join(c[0] for c in ok)
-                   + f" (not {', '.join(c[0] for c in bad)})")
+        verdict = ("holds only when the cached share is large: " + ", ".join(c.workload for c in ok)
+                   + f" (not {', '.join(c.workload for c in bad)})")
     else:
         verdict = "does not hold"
     return [Claim("7", "Prefix caching for shared system prompts and RAG documents cuts time-to-first-token by ~80%",
                   f"{ARTICLE}; providers' prompt-caching documentation ('up to 80%')",
                   "claims/prefix_ttft.yaml (4,000/1,000/250 shared tokens + ~300 own), claims/rag_ttft.yaml; 1 req/s",
-                  "; ".join(f"{c[0]}: -{c[2]:.0%} (hit rate {c[3]:.0%})" for c in cut),
+                  "; ".join(f"{c.workload}: -{c.ttft_p50_cut:.0%} (hit rate {c.prefix_hit_rate:.0%})" for c in cut),
                   "about -80% (holds at -70% or more)", verdict,
                   "At a light load TTFT is the prefill of the tokens the cache does not hold (plus the step it "
                   "waits for), so the cut follows the cached share of the prompt. A RAG request shares its "

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
 from kvsim.cost.model import Decodes, StepBatch
-from kvsim.engines.base import Request, Step
+from kvsim.engines.base import Request, Step, Work
 from kvsim.kvcache import Breakdown, BulkBlockAllocator, InvariantError, NextSeq
 from kvsim.kvcache.base import split_used
 from kvsim.sim.pool_sums import PoolSums, Share
@@ -282,7 +282,7 @@ class LazyRunningSet(RunningSet):
             n = req.next_tokens()
             demand += n
             needs.append(sum(self.allocator.slots_to_grow(sid, req.held_after(n, self.ahead)) for sid in req.ids))
-            work.append((req, n))
+            work.append(Work(req, n))
         if demand > budget:
             self.make_all_explicit()
             return super().advance(step, now, budget)
@@ -298,10 +298,10 @@ class LazyRunningSet(RunningSet):
                 self.make_all_explicit()
                 return super().decode_all(step, now)
             needs.append(sum(self.allocator.slots_to_grow(sid, req.held + 1) for sid in req.ids))
-            work.append((req, 1))
+            work.append(Work(req, 1))
         self._lazy_pass(step, now, work, needs, 0)
 
-    def _lazy_pass(self, step: Step, now: float, work: list, needs: list[int], left: int) -> int:
+    def _lazy_pass(self, step: Step, now: float, work: list[Work], needs: list[int], left: int) -> int:
         """Every lazy request decodes and the explicit ones (`work`, in running order,
         needing `needs` free slots) run whole, where the free slots cover them all and the
         tick's crossings; else the short pass. Returns `left`, the budget it leaves."""
@@ -449,8 +449,7 @@ class LazyRunningSet(RunningSet):
                 for req in done:
                     self._make_explicit(req)
                 order = self.order
-                step.work = sorted([*step.work, *((req, 1) for req in done)],
-                                   key=lambda work: order[work[0]])    # (request, tokens)
+                step.work = sorted([*step.work, *(Work(req, 1) for req in done)], key=lambda w: order[w.req])
         self.pending = False
         finished = super().complete(step, now)
         for req in finished:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from kvsim.cost.model import StepBatch
-from kvsim.engines.base import Request, Step
+from kvsim.engines.base import Request, Step, Work
 from kvsim.kvcache import Breakdown, InvariantError, NextSeq
 from kvsim.sim.records import PoolParts
 
@@ -83,7 +83,8 @@ class RunningSet:
 
     def fits(self, next_seq: NextSeq) -> bool:
         """Whether that sequence could be admitted now (nothing changes)."""
-        return not self.pool_free(next_seq)[2]
+        _, _, starved = self.pool_free(next_seq)
+        return not starved
 
     def recorded_parts(self, next_seq: NextSeq | None) -> PoolParts:
         b = self.breakdown(next_seq)
@@ -95,7 +96,7 @@ class RunningSet:
         self.requests.append(req)
         if math.isnan(req.admitted_s):
             req.admitted_s = now
-        step.work.append((req, n))
+        step.work.append(Work(req, n))
 
     def remove(self, req: Request) -> None:
         """`req` leaves the running requests (preempted or rejected; its KV is the caller's)."""
@@ -114,7 +115,7 @@ class RunningSet:
                 self.sched.preempt(victim, step)
                 if victim is req:
                     return False
-        step.work.append((req, n))
+        step.work.append(Work(req, n))
         return True
 
     def advance(self, step: Step, now: float, budget: int) -> int:
@@ -123,7 +124,7 @@ class RunningSet:
         while i < len(requests):
             req = requests[i]
             if req.prefilling:
-                n = cost = min(req.target - req.prefilled, budget)
+                n = cost = min(req.next_tokens(), budget)
                 if n <= 0:
                     break
             else:

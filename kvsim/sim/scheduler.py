@@ -305,7 +305,8 @@ class Scheduler:
                                f"at t={now:.6f}s; this is a kvsim bug")
         if step.head_need is None and self.waiting:
             head = self.waiting[0]
-            step.head_need = (head.shape, self.prefill_need(head, self.budget)[2], self.keep_free)
+            _, _, held = self.prefill_need(head, self.budget)
+            step.head_need = (head.shape, held, self.keep_free)
         self.running.close_step(step)
         return step
 

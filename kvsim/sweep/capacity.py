@@ -182,12 +182,12 @@ def fewest_gpus(scn: Scenario, base_dir, src: str, targets: dict, backend, rate:
     meet, the one with the smallest tp is reported and the others named in the note.
     The fleet routes with the scenario's router (default round-robin)."""
     arrival_rate(scn, src)
-    layouts = sorted((tp * r, tp, r) for tp in TP_SIZES for r in REPLICAS)
+    layouts = sorted((tp * r, tp, r) for tp in TP_SIZES for r in REPLICAS)   # (gpus, tp, replicas)
     open_policies, probes, rows = list(scn.policies), [], {}
     for gpus in dict.fromkeys(g for g, _, _ in layouts):
         jobs = {}
         for policy in open_policies:
-            for _, tp, r in (x for x in layouts if x[0] == gpus):
+            for tp, r in ((tp, r) for g, tp, r in layouts if g == gpus):
                 job = (policy, rate, tp, r)
                 jobs[scenario_id(probe_scenario(scn, *job))] = job
         found = _run(backend, jobs, scn, base_dir, src, targets, on_probe, fatal_input=False)
@@ -201,7 +201,7 @@ def fewest_gpus(scn: Scenario, base_dir, src: str, targets: dict, backend, rate:
                 open_policies.remove(policy)
         if not open_policies:
             break
-    most = f"not met with up to {layouts[-1][0]} GPUs (tp {TP_SIZES[-1]} x {REPLICAS[-1]} replicas)"
+    most = f"not met with up to {max(TP_SIZES) * max(REPLICAS)} GPUs (tp {TP_SIZES[-1]} x {REPLICAS[-1]} replicas)"
     table = pd.DataFrame([{"policy": p.name, "rate_per_s": rate,
                            **dict(zip(("gpus", "tensor_parallel_size", "replicas", "note"),
                                       rows.get(p.name, (None, None, None, most))))}
