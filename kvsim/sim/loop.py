@@ -29,7 +29,6 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -61,7 +60,7 @@ def step_log(bucket_s: float | None = None, tiers: bool = False) -> StepLog:
     if bucket_s is None:
         return StepLog(fields, ints)
     return BucketLog(fields, ints, bucket_s, totals=("prefill_tokens", "decode_tokens"),
-                     weighted=("running", "waiting", *STEP_FIELDS[6:13], *fields[len(STEP_FIELDS):]),
+                     weighted=("running", "waiting", *PoolParts._fields, *fields[len(STEP_FIELDS):]),
                      limits=len(LIMITS), memory=LIMITS.index("memory"))
 
 
@@ -132,18 +131,16 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
         rules = make_rules(engine)
         if not exact_steps and lazy.applies(alloc, rules, scheduler_options, cost_blocks):
             tails_private = alloc.takes_blocks_in_bulk and requests.private_tails()
-            sched = Scheduler(alloc, rules, running_set=lazy.LazyRunningSet, **scheduler_options,
+            sched = Scheduler(alloc, rules, running_set=lazy.LazyRunningSet, **scheduler_options, arrivals=requests,
                               running_options={"cost_block_size": cost_blocks, "tails_private": tails_private})
         else:
-            sched = Scheduler(alloc, rules, **scheduler_options)
+            sched = Scheduler(alloc, rules, **scheduler_options, arrivals=requests)
         reps.append(_Replica(sched, index=i if len(fleet) > 1 else None))
     per = scheduler_options.get("width", 1) if reps[0].sched.rules.split_samples else 1
     records = SeqLog(len(requests) * per)
     for rep in reps:
         rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records,
                             step_log(bucket_s, tiers=rep.sched.allocator.store is not None))
-        # a request deep in a long waiting queue is kept as its index and rebuilt near the head
-        rep.sched.waiting.rebuild = partial(_rebuild, rep.sched, requests, per)
     stores = {id(a.store): a.store for a in fleet if a.store is not None}
     shared = None
     if len(fleet) > 1 and len(stores) == 1 and all(a.store is not None for a in fleet):
@@ -448,11 +445,6 @@ def fleet_run(name: str, parts: list[PolicyRun], served: np.ndarray) -> PolicyRu
     return run
 
 
-def _rebuild(sched: Scheduler, requests: RequestTable, per: int, index: int):
-    """The sequence that arrived as the index-th, as it arrived (kvsim.sim.waiting)."""
-    return sched.arrived(sched.expand([requests[index // per]], per)[index % per], index)
-
-
 def _check(sched: Scheduler, where: str) -> None:
     try:
         sched.check()
@@ -462,7 +454,7 @@ def _check(sched: Scheduler, where: str) -> None:
 
 def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:
     prefill = sum(n for n, _ in step.cost.prefills)
-    row = (now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,
+    row = (now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,   # STEP_FIELDS
            step.cost.decodes, *sched.recorded_parts(step.head_need), LIMITS.index(step.limit))
     if len(run.steps.fields) > len(STEP_FIELDS):
         row += sched.allocator.tier_occupancy()

@@ -45,7 +45,7 @@ from kvsim.kvcache import InvariantError, KVAllocator, NextSeq, SeqShape
 from kvsim.sim.records import PoolParts
 from kvsim.sim.running import RunningSet
 from kvsim.sim.waiting import WaitingQueue
-from kvsim.workload.requests import RequestSpec
+from kvsim.workload.requests import RequestSpec, RequestTable
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,17 @@ class SwapSpace:
 class Scheduler:
     """One replica's queues and the moves every engine shares (kvsim.engines.base.SchedulerOps).
     running_set: the class that holds the running requests (RunningSet, or the lazy one
-    of kvsim.sim.lazy), built with running_options."""
+    of kvsim.sim.lazy), built with running_options. arrivals: the run's requests, from
+    which a request deep in a long waiting queue, kept as its index, is rebuilt near the
+    head (kvsim.sim.waiting); without them every waiting request is an object."""
 
     def __init__(self, allocator: KVAllocator, rules: EngineRules, *, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, chunked_prefill: bool, watermark: float = 0.0,
                  preemption_mode: str | None = "recompute", swap: SwapSpace | None = None,
                  sliding_window: int | None = None, width: int = 1, beam: bool = False, seed: int = 0,
                  schedule_policy: str = "fcfs", async_scheduling: bool = False,
-                 running_set: type[RunningSet] = RunningSet, running_options: dict | None = None):
+                 running_set: type[RunningSet] = RunningSet, running_options: dict | None = None,
+                 arrivals: RequestTable | None = None):
         if width > 1 and chunked_prefill and not rules.split_samples:
             raise ValueError("sequence groups need whole-prompt prefill")
         self.allocator, self.rules = allocator, rules
@@ -84,7 +87,8 @@ class Scheduler:
         self.window = sliding_window
         self.width = 1 if rules.split_samples else width
         self.beam, self.seed = beam, seed
-        self.waiting = WaitingQueue()      # deep requests as indices where rebuild is set
+        self._arrivals, self._per = arrivals, width if rules.split_samples else 1   # requests per arrival
+        self.waiting = WaitingQueue(self._rebuild if arrivals is not None else None)
         self.swapped: deque[Request] = deque()  # vLLM V0 keeps swapped-out groups apart
         self.preemptions = 0
         self.swaps = 0
@@ -118,6 +122,11 @@ class Scheduler:
             req.outcome, req.reason, req.finish_s = "rejected", reason, now
         else:
             self.waiting.arrived(req, index)
+
+    def _rebuild(self, index: int) -> Request:
+        """The sequence that arrived as the index-th, as it arrived (kvsim.sim.waiting)."""
+        per = self._per
+        return self.arrived(self.expand([self._arrivals[index // per]], per)[index % per], index)
 
     def arrived(self, req: Request, index: int) -> Request:
         """`req` as it arrives, the index-th of the run: its prompt to prefill, its ids.
