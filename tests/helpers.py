@@ -41,6 +41,9 @@ class OneSecondSteps:
     def step_time(self, batch: StepBatch) -> float:
         return self.price(batch)[0]
 
+    def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
+        return {"fixed": self.price(batch)[0]}, ()
+
 
 def kvsim(*args) -> tuple[int, str, str]:
     """In-process `kvsim ARGS`: (exit status, stdout, stderr)."""

@@ -75,8 +75,7 @@ def cost(model_name, gpu_name, tp, prefill_tokens, decode_batch, context, kv_dty
                                  limits=(settings.max_num_seqs, settings.max_num_batched_tokens))
     batch = (StepBatch.build([(prefill_tokens, context or 0)], []) if prefill_tokens
              else StepBatch.build([], [context] * decode_batch))
-    parts, why = (model_cost.parts(batch) if hasattr(model_cost, "parts")
-                  else ({"roofline": model_cost.step_time(batch)}, ()))
+    parts, why = model_cost.parts(batch)
     label = describe(model_cost.label, 1 if why else 0, 1, why)
     total = sum(parts.values())
     bound = Roofline(model, gpu, kv, tp).step_time(batch)

@@ -119,6 +119,10 @@ class CostModel(Protocol):
     def step_time(self, batch: StepBatch) -> float:
         """Seconds for one step."""
 
+    def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
+        """Seconds of each part of one step (they sum to its price), and why it
+        extrapolated; `kvsim cost` prints them."""
+
 
 def describe(label: str, extrapolated: int, steps: int, reasons) -> str:
     """A run's cost_model column: the model's label and the steps it extrapolated in."""
@@ -176,6 +180,9 @@ class Roofline:
 
     def price(self, batch: StepBatch) -> tuple[float, tuple[str, ...]]:
         return self.step_time(batch), ()
+
+    def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
+        return {"roofline": self.step_time(batch)}, ()     # a bound, in one piece
 
     def step_time(self, batch: StepBatch) -> float:
         flops = batch.new_tokens * self.flops_per_token + batch.attended_pairs * self.flops_per_pair
