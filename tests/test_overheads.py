@@ -1,4 +1,4 @@
-"""Engine overheads and tensor-parallel communication (issue 11): the model, its fit, the
+"""Engine overheads and tensor-parallel communication: the model, its fit, the
 shipped file, the transfer to other GPUs, BLOOM-176B and the A100-40GB.
 
 Expected values are worked out by hand from the formulas in kvsim/cost/overhead.py.
