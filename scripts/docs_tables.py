@@ -70,7 +70,11 @@ def scenario_table(name: str) -> str:
     from kvsim.config.scenario import load_scenario
     path = ROOT / "scenarios" / f"{name}.yaml"
     scn, base = load_scenario(path)
-    summary = run_scenario(scn, base, str(path), workers=1).summary
+    return summary_table(name, run_scenario(scn, base, str(path), workers=1).summary)
+
+
+def summary_table(name: str, summary: pd.DataFrame) -> str:
+    """The table of one shipped scenario's summary (as run, or read from summary.csv)."""
     heads = ["policy", "limited by", "KV util", "internal", "external", "achievable batch",
              "capacity (requests)", "mean batch", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "preemptions"]
     caching = (summary.get("prefix_hit_rate", pd.Series([0])) > 0).any()

@@ -22,11 +22,10 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 @pytest.fixture(scope="module")
-def flagship(tmp_path_factory):
-    """`kvsim run scenarios/rag_8k.yaml` as a user runs it (once: the whole run is the
-    suite's longest): the scenario, its summary and what the command printed."""
-    out = tmp_path_factory.mktemp("flagship") / "r"
-    code, printed, err = kvsim("run", SCENARIOS / "rag_8k.yaml", "--out", out)
+def flagship(flagship_run):
+    """`kvsim run scenarios/rag_8k.yaml` as a user runs it (the session's one run of it):
+    the scenario, its summary and what the command printed."""
+    code, printed, err, out = flagship_run
     assert code == 0, err
     scn, _ = load_scenario(SCENARIOS / "rag_8k.yaml")
     return scn, pd.read_csv(out / "summary.csv"), printed
