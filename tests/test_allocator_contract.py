@@ -18,7 +18,6 @@ MAX_MODEL_LEN = 64
 
 CONFIGS = (
     [("paged", {"block_size": b}) for b in (1, 16, 32)]
-    + [("paged", {"block_size": 16, "free_order": "v0"})]
     + [("paged", {"block_size": b, "prefix_caching": True}) for b in (1, 16)]
     + [("radix", {}), ("radix", {"page_size": 16})]
     + [("contiguous", {"reserve": r, "placement": p}) for r in RESERVES for p in PLACEMENTS]

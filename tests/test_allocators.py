@@ -80,26 +80,6 @@ def test_paged_free_all_returns_every_block(paged):
     assert paged.breakdown(None) == Breakdown(0, 0, 0, 0, 0, 32)
 
 
-def test_paged_v0_free_order_reuses_released_blocks_first():
-    """vLLM V0 (0.6.3.post1, NaiveBlockAllocator): a table is released in order, each
-    block to the head of the free deque, so the deepest block is handed out next."""
-    alloc = PagedAllocator(num_blocks=8, block_size=4, free_order="v0")
-    assert admit(alloc, 1, 5, 3) and admit(alloc, 2, 3, 10)
-    assert alloc.grow(2, 5)
-    assert (alloc.block_table(1), alloc.block_table(2)) == ([0, 1], [2, 3])
-    assert alloc.free_blocks == [4, 5, 6, 7]
-    alloc.free(1)                                 # 0 to the head, then 1 before it
-    assert alloc.free_blocks == [1, 0, 4, 5, 6, 7]
-    assert admit(alloc, 3, 9)
-    assert alloc.block_table(3) == [1, 0, 4]
-    alloc.free(3)
-    alloc.free(2)
-    assert alloc.free_blocks == [3, 2, 4, 0, 1, 5, 6, 7]
-    alloc.check_invariants()
-    with pytest.raises(ValueError, match="unknown free_order 'v2'; valid: v1, v0"):
-        PagedAllocator(8, 4, free_order="v2")
-
-
 def test_paged_unfit_reason():
     alloc = PagedAllocator(num_blocks=8, block_size=4)
     assert alloc.unfit_reason(shape(30, 2)) is None
@@ -275,14 +255,6 @@ def test_make_allocator_sizes_pools_from_bytes():
     assert flat.holes() == [(0, 64), (64, 32), (96, 4)]
 
 
-def test_make_allocator_free_order():
-    pool = 100.5 * KV.bytes_per_token
-    assert make_allocator("paged", pool, KV, 64).free_order == "v1"
-    assert make_allocator("paged", pool, KV, 64, free_order="v0").free_order == "v0"
-    with pytest.raises(ValueError, match="free_order v0 is modelled without prefix caching"):
-        make_allocator("paged", pool, KV, 64, prefix_caching=True, free_order="v0")
-
-
 def test_make_allocator_unknown_kind_lists_valid_names():
     assert list(ALLOCATORS) == ["contiguous", "paged", "radix"]
     with pytest.raises(ValueError, match="contiguous, paged, radix"):
@@ -291,12 +263,12 @@ def test_make_allocator_unknown_kind_lists_valid_names():
 
 def test_free_queues_keep_their_order_in_bulk():
     from kvsim.kvcache.free_queue import FreeQueue, LinkedFreeQueue
-    tail = FreeQueue(3000)                       # V1: released blocks join the tail
+    tail = FreeQueue(3000)                       # released blocks join the tail
     assert tail.take(2000) == list(range(2000))  # the head has passed half: the list is cut
     tail.put([5, 7])
     assert list(tail) == [*range(2000, 3000), 5, 7] and len(tail) == 1002
     assert tail.take(1001) == [*range(2000, 3000), 5] and list(tail) == [7]
-    head = FreeQueue(4, to_head=True)            # V0: each released block goes to the head
+    head = FreeQueue(4, to_head=True)            # each released block goes to the head
     assert list(head) == [0, 1, 2, 3] and head.take(2) == [0, 1]
     head.put([9, 8])
     assert list(head) == [8, 9, 2, 3] and head.take(3) == [8, 9, 2] and len(head) == 1

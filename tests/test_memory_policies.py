@@ -154,19 +154,6 @@ def test_sliding_window_releases_blocks_that_left_the_window():
     assert alloc.free_blocks == [3, 2, 1, 0, 4, 5, 6, 7, 8, 9]
 
 
-def test_sliding_window_v0_order_puts_released_blocks_at_the_head():
-    # vLLM 0.6.3.post1 BlockTable.append_token_ids frees blocks 0, 1 in order, each to
-    # the head of the free deque.
-    alloc = PagedAllocator(10, 2, window=4, free_order="v0")
-    assert alloc.allocate(0, SeqShape(5, 10), 5)
-    assert alloc.grow(0, 8)
-    assert alloc.block_table(0) == [2, 3]
-    assert alloc.free_blocks == [1, 0, 4, 5, 6, 7, 8, 9]
-    alloc.free(0)
-    assert alloc.free_blocks == [3, 2, 1, 0, 4, 5, 6, 7, 8, 9]
-    alloc.check_invariants()
-
-
 def test_sliding_window_model_holds_fewer_blocks_in_a_run():
     reqs = make_requests(*[(0.0, 30, 40)] * 4)
     full = run(reqs, PagedAllocator(100, 4), max_model_len=128)

@@ -1,9 +1,11 @@
 """kvsim's `vllm-v1` rules step by step against vLLM 0.33.0's own scheduler
-(kvsim.sim.differential): random streams and every shipped scenario's stream must
-agree in every step. Needs the `kvsim[vllm]` extra and vLLM itself (see
-kvsim.engines.vllm_reference); skipped without them."""
+(kvsim.sim.differential): random streams (full attention, and a sliding window on every
+layer) and every shipped scenario's stream must agree in every step. Needs the
+`kvsim[vllm]` extra and vLLM itself (see kvsim.engines.vllm_reference); skipped without
+them."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ except VllmMissing as e:
 pytestmark = pytest.mark.slow
 SCENARIOS = sorted(p for p in (Path(__file__).parent.parent / "scenarios").rglob("*.yaml")
                    if "sweeps" not in p.parts)
+RANDOM_SEEDS, WINDOWED_SEEDS = range(300), range(1000, 1100)     # scripts/vllm_differential.py counts them
 
 
 def random_setup(rng: np.random.Generator) -> Setup:
@@ -33,15 +36,32 @@ def random_setup(rng: np.random.Generator) -> Setup:
                  max_model_len=1024 if chunked else budget)
 
 
-@pytest.mark.parametrize("batch", range(10))
-def test_random_streams_agree_step_by_step(batch):
-    for seed in range(batch * 30, batch * 30 + 30):      # 300 streams in all
+def windowed_setup(rng: np.random.Generator) -> Setup:
+    """As random_setup, with a sliding window on every layer: one block, a few blocks and
+    a bit, or longer than most prompts (vLLM's SlidingWindowManager)."""
+    setup = random_setup(rng)
+    bs = setup.block_size
+    return dataclasses.replace(setup, sliding_window=int(rng.choice([bs, 2 * bs + 3, 40, 100])))
+
+
+def agree(seeds, make_setup) -> None:
+    for seed in seeds:
         rng = np.random.default_rng(seed)
-        setup = random_setup(rng)
+        setup = make_setup(rng)
         stream = random_stream(rng, setup, 20)
         native, reference = run_native(stream, setup), run_reference(stream, setup)
         assert compare(native, reference) == [], f"seed {seed}, {setup}"
         assert sum(len(r.finished) for r in native) == len(stream)
+
+
+@pytest.mark.parametrize("batch", range(10))
+def test_random_streams_agree_step_by_step(batch):
+    agree(RANDOM_SEEDS[batch::10], random_setup)
+
+
+@pytest.mark.parametrize("batch", range(4))
+def test_sliding_window_streams_agree_step_by_step(batch):
+    agree(WINDOWED_SEEDS[batch::4], windowed_setup)
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)

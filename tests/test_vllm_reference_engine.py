@@ -11,8 +11,7 @@ import yaml
 
 from kvsim.config.errors import InputError
 from kvsim.config.scenario import validate_scenario
-from kvsim.kvcache import PrefixCachingPagedAllocator, PagedAllocator
-from kvsim.sim.differential import Setup, random_stream
+from kvsim.sim.differential import Setup, native_allocator, random_stream
 from kvsim.sim.loop import simulate
 from kvsim.workload.requests import RequestSpec
 
@@ -33,25 +32,25 @@ def run(engine, reqs, alloc, setup):
     return simulate("p", reqs, alloc, OneSecondSteps(), engine=engine, max_model_len=setup.max_model_len,
                     max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
                     chunked_prefill=setup.enable_chunked_prefill, check_invariants=True,
-                    async_scheduling=False)
+                    async_scheduling=False, sliding_window=setup.sliding_window)
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(10))
 def test_vllm_reference_runs_as_the_native_rules_request_by_request(seed):
+    """Seeds 8 and 9: a sliding window on every layer (vLLM's SlidingWindowManager)."""
     vllm_or_skip()
     rng = np.random.default_rng(seed)
     chunked = bool(seed % 4)         # without chunking every prompt fits the budget
     budget = int(rng.choice([32, 64, 256])) if chunked else 256
-    setup = Setup(num_blocks=int(rng.integers(16, 48)), block_size=int(rng.choice([4, 16])),
+    bs = int(rng.choice([4, 16]))
+    setup = Setup(num_blocks=int(rng.integers(16, 48)), block_size=bs,
                   max_num_seqs=int(rng.integers(2, 8)), max_num_batched_tokens=budget,
                   enable_chunked_prefill=chunked, enable_prefix_caching=seed % 3 != 2,
-                  max_model_len=4096 if chunked else budget)
+                  max_model_len=4096 if chunked else budget, sliding_window=2 * bs + 3 if seed >= 8 else None)
     stream = random_stream(rng, setup, 24)
     reqs = [RequestSpec(i, float(a.step), a.shape.prompt_tokens, a.shape.output_tokens, a.shape.segments,
                         a.shape.tail_id) for i, a in enumerate(stream)]
-    make = PrefixCachingPagedAllocator if setup.enable_prefix_caching else PagedAllocator
-    native, ref = (run(e, reqs, make(setup.num_blocks - 1, setup.block_size), setup)
-                   for e in ("vllm-v1", "vllm-reference"))
+    native, ref = (run(e, reqs, native_allocator(setup), setup) for e in ("vllm-v1", "vllm-reference"))
     timeline = lambda r: [(s.admitted_s, s.first_token_s, s.finish_s, s.preemptions, s.outcome) for s in r.seqs]  # noqa: E731
     assert timeline(ref) == timeline(native)
     assert np.array_equal(ref.steps.array(), native.steps.array())      # every step's record

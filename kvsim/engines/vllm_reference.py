@@ -2,7 +2,8 @@
 
 Where kvsim's `vllm-v1` rules are kvsim's reading of vLLM's source, this is vLLM's code
 itself: `vllm.v1.core.sched.scheduler.Scheduler` with its `KVCacheManager` and
-`BlockPool` over one full-attention KV cache group of `num_blocks` blocks. It needs no
+`BlockPool` over one KV cache group of `num_blocks` blocks, full attention or a
+sliding window on every layer. It needs no
 GPU: the scheduler is plain Python over block ids, and the model is never run. kvsim
 plays the rest of the engine, as vLLM's own tests do (tests/v1/core/test_scheduler.py):
 it adds the requests, calls `schedule()`, and answers each step with a
@@ -61,7 +62,8 @@ def load_vllm():
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                                SlidingWindowSpec)
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request
         from vllm.v1.structured_output import StructuredOutputManager
@@ -76,6 +78,7 @@ def load_vllm():
         SchedulerConfig=SchedulerConfig, VllmConfig=VllmConfig, SamplingParams=SamplingParams,
         get_hash_fn_by_name=get_hash_fn_by_name, get_request_block_hasher=get_request_block_hasher,
         init_none_hash=init_none_hash, Scheduler=Scheduler, FullAttentionSpec=FullAttentionSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
         KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput, Request=Request,
         StructuredOutputManager=StructuredOutputManager)
@@ -109,25 +112,28 @@ class VllmReference:
 
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, enable_chunked_prefill: bool, max_model_len: int,
-                 enable_prefix_caching: bool = True, watermark: float = 0.0):
+                 enable_prefix_caching: bool = True, watermark: float = 0.0,
+                 sliding_window: int | None = None):
         v = self.v = load_vllm()
         model = str(resources.files("kvsim") / "data" / "vllm_reference")
         scheduler = v.SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
-            is_encoder_decoder=False, watermark=watermark)
+            is_encoder_decoder=False, watermark=watermark, async_scheduling=False)   # stepped in turn
         cache = v.CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
         config = v.VllmConfig(
             scheduler_config=scheduler, cache_config=cache, device_config=v.DeviceConfig(device="cpu"),
             model_config=v.ModelConfig(model=model, skip_tokenizer_init=True, dtype="float16",
                                        max_model_len=max_model_len))
-        group = v.KVCacheGroupSpec(["layer"], v.FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=1, dtype=_float32()))
+        shape = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=_float32())
+        group = v.KVCacheGroupSpec(["layer"], v.FullAttentionSpec(**shape) if sliding_window is None
+                                   else v.SlidingWindowSpec(**shape, sliding_window=sliding_window))
         cache.num_gpu_blocks = num_blocks
         self.scheduler = v.Scheduler(
             vllm_config=config, structured_output_manager=v.StructuredOutputManager(config),
-            kv_cache_config=v.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                                            kv_cache_groups=[group]),
+            kv_cache_config=v.KVCacheConfig(   # the retention interval as vLLM's planner sets it
+                num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[group],
+                prefix_cache_retention_interval=cache.prefix_cache_retention_interval),
             block_size=block_size, log_stats=False)
         hash_fn = v.get_hash_fn_by_name(cache.prefix_caching_hash_algo)
         v.init_none_hash(hash_fn)

@@ -46,15 +46,18 @@ class VllmReferenceRules(EngineRules):
 
     def _start(self, s: SchedulerOps) -> VllmReference:
         from kvsim.engines.vllm_reference import VllmReference
-        from kvsim.kvcache import PagedAllocator, PrefixCachingPagedAllocator
-        alloc = s.allocator
-        if not isinstance(alloc, PagedAllocator) or getattr(s, "window", None):
-            raise ValueError("vllm-reference runs vLLM's block pool with one full-attention KV group: "
-                             "a paged allocator, no sliding window")
+        from kvsim.kvcache import (PagedAllocator, PrefixCachingPagedAllocator, SlidingWindowPagedAllocator,
+                                   SlidingWindowPrefixCache)
+        alloc, window = s.allocator, getattr(s, "window", None)
+        if not isinstance(alloc, PagedAllocator) or (
+                window is not None and not isinstance(alloc, (SlidingWindowPagedAllocator, SlidingWindowPrefixCache))):
+            raise ValueError("vllm-reference runs vLLM's block pool with one KV group: a paged allocator, "
+                             "with vLLM V1's sliding-window rules where the model has a window")
         self.ref = VllmReference(num_blocks=alloc.num_blocks + 1, block_size=alloc.block_size,
                                  max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.budget,
                                  enable_chunked_prefill=s.chunked, max_model_len=s.max_model_len,
-                                 enable_prefix_caching=isinstance(alloc, PrefixCachingPagedAllocator))
+                                 enable_prefix_caching=isinstance(alloc, PrefixCachingPagedAllocator),
+                                 sliding_window=window)
         return self.ref
 
     def cached_tokens(self, s: SchedulerOps, req: Request) -> int:

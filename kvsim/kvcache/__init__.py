@@ -4,8 +4,9 @@ A scenario names an allocator by its YAML key and gives a byte budget; the build
 here turn bytes into slots with the frozen KVSpec, so allocators only count slots.
 
   paged       vLLM-style fixed blocks (options: block_size, prefix_caching = false |
-              true: vLLM's automatic prefix caching of full blocks, free_order = v1 |
-              v0: which vLLM's free-queue order, plain blocks only)
+              true: vLLM's automatic prefix caching of full blocks, vllm_in_flight_tokens:
+              given, a model's sliding window follows vLLM V1's rules with that many
+              tokens in flight, kvsim.kvcache.sliding)
   radix       prefix cache on a radix tree (SGLang's RadixAttention; option: page_size,
               SGLang's default 1)
   contiguous  one region per sequence (options: reserve = max | pow2 | oracle,
@@ -24,27 +25,29 @@ from kvsim.kvcache.contiguous import ContiguousAllocator
 from kvsim.kvcache.paged import PagedAllocator
 from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
 from kvsim.kvcache.radix import RadixCacheAllocator
+from kvsim.kvcache.sliding import SlidingWindowPagedAllocator, SlidingWindowPrefixCache, admission_cap
 from kvsim.kvcache.tiered import TieredPrefixCachingAllocator
 from kvsim.kvcache.tiers import TierStore
 from kvsim.model.specs import KVSpec
 
 
 def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 16,
-           prefix_caching: bool = False, free_order: str = "v1", tiers: TierStore | None = None,
-           ) -> PagedAllocator | PrefixCachingPagedAllocator:
+           prefix_caching: bool = False, tiers: TierStore | None = None,
+           vllm_in_flight_tokens: int | None = None) -> PagedAllocator | PrefixCachingPagedAllocator:
     # Whole blocks only: the remainder of the pool is never handed out.
     num_blocks = int(pool_bytes // (block_size * kv.bytes_per_token))
-    if tiers is not None:
+    window = kv.model.sliding_window
+    if tiers is not None:     # cached blocks stay whole: no sliding-window release here
         if not prefix_caching:
             raise ValueError("KV tiers hold what a prefix cache shares: enable prefix caching")
         return TieredPrefixCachingAllocator(num_blocks, block_size, tiers, block_size * kv.bytes_per_token)
-    if prefix_caching:    # cached blocks stay whole: no sliding-window release here
-        if free_order != "v1":
-            raise ValueError("free_order v0 is modelled without prefix caching only: vLLM V0's "
-                             "prefix cache keeps freed cached blocks in a separate LRU evictor")
+    if window is not None and vllm_in_flight_tokens is not None:
+        cap = admission_cap(window, block_size, vllm_in_flight_tokens, max_model_len)
+        return (SlidingWindowPrefixCache if prefix_caching else SlidingWindowPagedAllocator)(
+            num_blocks, block_size, window, cap)
+    if prefix_caching:        # cached blocks stay whole: no sliding-window release here
         return PrefixCachingPagedAllocator(num_blocks, block_size)
-    return PagedAllocator(num_blocks, block_size, window=kv.model.sliding_window,
-                          free_order=free_order)
+    return PagedAllocator(num_blocks, block_size, window=window)
 
 
 def _radix(pool_bytes: float, kv: KVSpec, max_model_len: int,
@@ -80,5 +83,6 @@ __all__ = [
     "ALLOCATORS", "Breakdown", "BulkBlockAllocator", "ContiguousAllocator", "CountedAllocator",
     "InvariantError", "KVAllocator",
     "NextSeq", "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
+    "SlidingWindowPagedAllocator", "SlidingWindowPrefixCache",
     "TieredPrefixCachingAllocator", "TierStore", "make_allocator",
 ]

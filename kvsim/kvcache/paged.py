@@ -7,10 +7,14 @@ sequence is partly empty (internal fragmentation under one block), and any free 
 serves any sequence: there are no holes, and free slots are unusable only when the
 next waiting request needs more blocks than are free.
 
-Free blocks wait in a queue that starts as 0..N-1; allocation takes from its head.
-Where released blocks go is the engine's `free_order` (FREE_ORDERS below). Both vLLM V1
-(0.33.0, the default) and vLLM V0 put them back at the head, so the blocks just
-released are reused first, a finished sequence's deepest block first.
+Free blocks wait in a queue that starts as 0..N-1; allocation takes from its head, and
+released blocks go back to the head, so the blocks just released are reused first, a
+finished sequence's deepest block first: vLLM V1 (0.33.0, vllm/v1/core/: without prefix
+caching SingleTypeKVCacheManager.free passes a request's blocks deepest first and
+BlockPool.free_blocks prepends them as one run, "LIFO reuse of non-cached blocks"; vLLM
+0.10.1.1 appended them to the tail) and vLLM V0 (0.6.3.post1, vllm/core/block/:
+BlockTable.free releases them in table order, NaiveBlockAllocator._free_block_id puts
+each at the head) give the same order.
 
 Sequences of one request (parallel samples, beams) share blocks through `fork`: the
 child's table is a copy of the parent's and every block's reference count goes up. A
@@ -22,7 +26,9 @@ its count drops to zero.
 With sliding-window attention (`window`, e.g. Mistral-7B's 4096) a token attends only
 to the last `window` tokens, so a block whose tokens all lie before them is released as
 the sequence grows (in the same order as `free`): a sequence then holds at most about
-window / block_size blocks.
+window / block_size blocks. Here a block leaves right after the growth that pushes it
+out (kvsim's rule for vLLM V0, not checked against its code); vLLM V1's own rules,
+which release before allocating, are kvsim.kvcache.sliding's.
 
 Not modelled: vLLM V1 keeps block 0 out of the pool as its "null block" (the
 placeholder for skipped sliding-window blocks; block_pool.py BlockPool.__init__), so
@@ -56,32 +62,6 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-@dataclass(frozen=True)
-class FreeOrder:
-    """How an engine releases a sequence's blocks: in which order (deepest first, or in
-    table order), and to which end of the free queue (allocation takes the head)."""
-    deepest_first: bool
-    to_head: bool
-
-
-FREE_ORDERS = {
-    # vLLM 0.33.0 (vllm/v1/core/): SingleTypeKVCacheManager.free passes a request's
-    # blocks reversed and _remove_blocks_in_range (the sliding window) from the deepest
-    # skipped block down (single_type_kv_cache_manager.py); without prefix caching
-    # BlockPool.free_blocks prepends those whose ref_cnt reaches 0 to the head as one
-    # run (block_pool.py, "LIFO reuse of non-cached blocks"; kv_cache_utils.py
-    # prepend_n), the deepest first: the same order as pushing each to the head in
-    # table order. (vLLM 0.10.1.1 appended them all to the tail. With prefix caching
-    # the cached ones still go to the tail: prefix.py.)
-    "v1": FreeOrder(deepest_first=False, to_head=True),
-    # vLLM 0.6.3.post1 (vllm/core/block/): BlockTable.free, and the sliding window in
-    # BlockTable.append_token_ids, release blocks in table order; NaiveBlockAllocator.
-    # _free_block_id puts each at the head (deque.appendleft, naive_block.py), so the
-    # deepest released block is the next one handed out.
-    "v0": FreeOrder(deepest_first=False, to_head=True),
-}
-
-
 @dataclass
 class _Seq:
     shape: SeqShape
@@ -103,18 +83,13 @@ class PagedAllocator:
     takes_blocks_in_bulk = True  # ... that also takes blocks for later growth (block_room)
     store: TierStore | None = None   # no KV tiers behind it (kvsim.kvcache.tiered has)
 
-    def __init__(self, num_blocks: int, block_size: int, window: int | None = None,
-                 free_order: str = "v1"):
+    def __init__(self, num_blocks: int, block_size: int, window: int | None = None):
         if num_blocks < 0 or block_size < 1:
             raise ValueError(f"need num_blocks >= 0 and block_size >= 1, "
                              f"got {num_blocks} and {block_size}")
-        if free_order not in FREE_ORDERS:
-            raise ValueError(f"unknown free_order {free_order!r}; valid: {', '.join(FREE_ORDERS)}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.window = window
-        self.free_order = free_order
-        self._order = FREE_ORDERS[free_order]
         self.capacity = num_blocks * block_size
         # Owned here only: a block is in this queue (count 0) or in `ref[b]` tables; the
         # head is the next block handed out (kvsim.kvcache.free_queue).
@@ -133,6 +108,10 @@ class PagedAllocator:
 
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._seqs[seq_id].table)
+
+    def released_blocks(self, seq_id: int) -> int:
+        """Leading blocks of the sequence's table released as they left the window."""
+        return self._seqs[seq_id].dropped
 
     def ref_count(self, block: int) -> int:
         return self._counts()[block]
@@ -157,7 +136,7 @@ class PagedAllocator:
 
     def _make_queue(self):
         """The free queue: no block ever leaves it from the middle here (a prefix cache's do)."""
-        return FreeQueue(self.num_blocks, self._order.to_head)
+        return FreeQueue(self.num_blocks, to_head=True)
 
     def _take(self, count: int) -> list[int]:
         """Hand out `count` blocks from the queue head."""
@@ -183,7 +162,7 @@ class PagedAllocator:
 
     def _drop(self, blocks) -> None:
         """One reference fewer on each block (distinct), in the order given; blocks nobody
-        holds rejoin the queue at the end FREE_ORDERS says, one after the other."""
+        holds rejoin the queue's head, one after the other."""
         ref = self._ref
         if ref is None:                # never shared: each had one holder, its last
             self._free.put(blocks)
@@ -201,8 +180,8 @@ class PagedAllocator:
         self._free.put(compress(blocks, map(not_, left)))
 
     def _release(self, blocks: list[int]) -> None:
-        """Drop a run of a table's blocks in the engine's order."""
-        self._drop(reversed(blocks) if self._order.deepest_first else blocks)
+        """Drop a run of a table's blocks in table order: the deepest ends at the head."""
+        self._drop(blocks)
 
     def _grown(self, seq: _Seq) -> None:
         """After a sequence gained tokens: release blocks that left the window."""

@@ -44,11 +44,11 @@ request whose tokens are its own (kvsim's workloads give every request and sampl
 content ids of its own) is keyed like any other, so a request recomputed after a
 preemption finds its own blocks, as in vLLM. Not modelled: vLLM's fine-grained hits
 inside a block (a hash block size smaller than the block, off by default) and hybrid
-KV cache groups (sliding-window layers beside full attention). Only the V1 free order:
-vLLM V0 (0.6.3.post1, vllm/core/block/prefix_caching_block.py) keeps freed cached
-blocks in a separate LRU evictor ordered by the scheduler's access times, hands out
-uncached free blocks first and de-duplicates a block when it fills; that is a
-different structure, not a free order.
+KV cache groups (sliding-window layers beside full attention); a model whose every layer
+has a sliding window is kvsim.kvcache.sliding's. vLLM V0's prefix cache (0.6.3.post1,
+vllm/core/block/prefix_caching_block.py) is not modelled: it keeps freed cached blocks
+in a separate LRU evictor ordered by the scheduler's access times, hands out uncached
+free blocks first and de-duplicates a block when it fills.
 
 kvsim.sim.differential checks these rules against vLLM's own BlockPool and
 KVCacheManager, block id by block id.
@@ -246,12 +246,16 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             return
         for block, key in zip(blocks, keys):
             if key_of[block] is None:     # a hit keeps the key it has: this one
-                if key in first:
-                    self._more.setdefault(key, []).append(block)
-                else:
-                    first[key] = block
-                    self._touched.add(key)
-                key_of[block] = key
+                self._cache_block(block, key)
+
+    def _cache_block(self, block: int, key: int) -> None:
+        """Key a block: its key's first copy, or a later one (vLLM does not de-duplicate)."""
+        if key in self._first:
+            self._more.setdefault(key, []).append(block)
+        else:
+            self._first[key] = block
+            self._touched.add(key)
+        self._key_of[block] = key
 
     def _take(self, count: int) -> list[int]:
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
@@ -293,6 +297,13 @@ class PrefixCachingPagedAllocator(PagedAllocator):
     def _grown(self, seq: _CachedSeq) -> None:  # type: ignore[override]  # its sequences are _CachedSeq
         self._cache_full_blocks(seq)
 
+    def _held_keys(self) -> set[int]:
+        """The keys a cached block or a live sequence's chain holds."""
+        held = set(self._first)
+        for seq in self._seqs.values():
+            held.update(seq.chain)  # type: ignore[attr-defined]  # its sequences are _CachedSeq
+        return held
+
     def _forget_keys(self) -> None:
         """Drop the key entries that nothing holds, so that they take memory in proportion
         to the pool and the live sequences, not to every prefix ever seen (a million
@@ -307,9 +318,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         one to tell the difference. The chains kept for lookups and the last lookup's
         answer go too (a waiting request's chain is made again, from what is kept, when
         it is next looked up)."""
-        held = set(self._first)
-        for seq in self._seqs.values():
-            held.update(seq.chain)  # type: ignore[attr-defined]  # its sequences are _CachedSeq
+        held = self._held_keys()
         self._runs = {ident: run for ident, run in self._runs.items() if not held.isdisjoint(run)}
         self._keys = {ident: key for ident, key in self._keys.items() if key in held}
         held.add(_ROOT)

@@ -7,7 +7,8 @@ see each arrival before the same step. After every step the two are compared: to
 scheduled per request, admissions with the tokens each found cached, preemptions,
 finished requests, free blocks, the blocks holding a prefix-cache key, and every
 running request's block table. kvsim's block b is vLLM's block b + 1 (vLLM keeps block
-0 as its null block), and kvsim's pool has the one block fewer.
+0 as its null block, which also stands for the blocks a sliding window released), and
+kvsim's pool has the one block fewer.
 
 `random_stream` draws streams that exercise the rules: shared prefixes (a few
 documents, block-aligned or not), parallel samples of one prompt, lengths that press
@@ -24,7 +25,9 @@ import numpy as np
 
 from kvsim.engines.base import Request
 from kvsim.engines.vllm_v1 import VllmV1
-from kvsim.kvcache import PagedAllocator, PrefixCachingPagedAllocator, SeqShape
+from kvsim.kvcache import (PagedAllocator, PrefixCachingPagedAllocator, SeqShape, SlidingWindowPagedAllocator,
+                           SlidingWindowPrefixCache)
+from kvsim.kvcache.sliding import admission_cap
 from kvsim.sim.scheduler import Scheduler, sample_shape
 from kvsim.workload.requests import RequestSpec
 
@@ -39,6 +42,7 @@ class Setup:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     max_model_len: int = 4096
+    sliding_window: int | None = None     # on every layer (vLLM's SlidingWindowSpec)
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,8 @@ def scenario_stream(path, n: int = 24, max_output: int = 48) -> tuple[list[Arriv
     bs = next((p.block_size for p in scn.policies if getattr(p, "block_size", None)), 16)
     finals = sorted(-(-x.final_tokens // bs) for x in shapes)
     setup = Setup(num_blocks=1 + max(finals[-1], sum(finals[-4:])), block_size=bs, max_num_seqs=16,
-                  max_num_batched_tokens=2048, max_model_len=max(x.final_tokens for x in shapes))
+                  max_num_batched_tokens=2048, max_model_len=max(x.final_tokens for x in shapes),
+                  sliding_window=scn.model_spec(base).sliding_window)
     return [Arrival(k // 2, k, x) for k, x in enumerate(shapes)], setup
 
 
@@ -109,7 +114,7 @@ def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
     ref = VllmReference(num_blocks=setup.num_blocks, block_size=setup.block_size,
                         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
                         enable_chunked_prefill=setup.enable_chunked_prefill, max_model_len=setup.max_model_len,
-                        enable_prefix_caching=setup.enable_prefix_caching)
+                        enable_prefix_caching=setup.enable_prefix_caching, sliding_window=setup.sliding_window)
     records, pending, step = [], list(stream), 0
     while (pending or ref.unfinished) and step < max_steps:
         while pending and pending[0].step <= step:
@@ -126,12 +131,10 @@ def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
 def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
                trace: bool = True) -> list[Record]:
     """kvsim's scheduler and vllm-v1 rules over the stream; `trace` as run_reference's."""
-    blocks = setup.num_blocks - 1
-    alloc = (PrefixCachingPagedAllocator(blocks, setup.block_size) if setup.enable_prefix_caching
-             else PagedAllocator(blocks, setup.block_size))
+    alloc = native_allocator(setup)
     s = Scheduler(alloc, VllmV1(), max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs,
                   max_num_batched_tokens=setup.max_num_batched_tokens,
-                  chunked_prefill=setup.enable_chunked_prefill)
+                  chunked_prefill=setup.enable_chunked_prefill, sliding_window=setup.sliding_window)
     records, pending, step, live = [], list(stream), 0, 0
     cached = (lambda: frozenset(b + 1 for b in alloc.cached_blocks)) if setup.enable_prefix_caching else frozenset
     while (pending or live) and step < max_steps:
@@ -152,11 +155,22 @@ def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
         if trace:
             rec.free_blocks = len(alloc.free_blocks)
             rec.cached_blocks = cached()
-            rec.tables = {q.spec.id: [b + 1 for b in alloc.block_table(q.ids[0])]
+            rec.tables = {q.spec.id: [0] * alloc.released_blocks(q.ids[0]) + [b + 1 for b in alloc.block_table(q.ids[0])]
                           for q in sorted(s.running, key=lambda q: q.spec.id) if q.spec.id in rec.scheduled}
         records.append(rec)
         step += 1
     return records
+
+
+def native_allocator(setup: Setup) -> PagedAllocator:
+    """kvsim's pool for the setup: vLLM's less its null block, stepped synchronously (one
+    batch of max_num_batched_tokens in flight)."""
+    blocks, bs = setup.num_blocks - 1, setup.block_size
+    if setup.sliding_window is not None:
+        cap = admission_cap(setup.sliding_window, bs, setup.max_num_batched_tokens, setup.max_model_len)
+        make = SlidingWindowPrefixCache if setup.enable_prefix_caching else SlidingWindowPagedAllocator
+        return make(blocks, bs, setup.sliding_window, cap)
+    return PrefixCachingPagedAllocator(blocks, bs) if setup.enable_prefix_caching else PagedAllocator(blocks, bs)
 
 
 def compare(native: list[Record], reference: list[Record]) -> list[str]:

@@ -194,11 +194,15 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
                              f"{'blocks' if 'block_size' in options else 'token slots'} for policy "
                              f"'{policy.name}'; kvsim simulates at most {MAX_UNITS:,} (use larger blocks "
                              "or a smaller pool)")
+        settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
+        if kind == "paged" and model.sliding_window and settings.engine in ("vllm-v1", "vllm-reference"):
+            # vLLM V1's sliding-window rules, whose admission cap counts the tokens in flight
+            batches = 2 if settings.async_scheduling else 1     # VllmConfig.max_concurrent_batches
+            options = {**options, "vllm_in_flight_tokens": batches * settings.max_num_batched_tokens}
         capacity = make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options).capacity
         if capacity <= 0:
             raise InputError(src, f"policies[{i}]", f"the KV pool ({pool.pool_bytes / GIB:.3g} GiB) "
                              f"holds not even one block of policy '{policy.name}'")
-        settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
         cost = make_cost_model(scn.cost_model, model, gpu, kv, tp,
                                block_size=options.get("block_size"), base_dir=base_dir, src=src,
                                engine=settings.engine,
