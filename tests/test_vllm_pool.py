@@ -84,6 +84,20 @@ def test_sglang_default_fraction_by_hand():
         (79.19 * 1024 - (reserved - 8 * 8)) / (79.19 * 1024), 3)
 
 
+def test_sglang_0_5_23_defaults_under_35_gib_and_graphs_cut_to_max_running_requests():
+    # 24 GiB (an L4-class GPU): chunk 4096 and decode graphs up to 48 (SGLang 0.5.10.post1
+    # had 2048 and 24); 50 prefill graph sizes up to 4096 (8 + 14 + 8 + 8 + 12)
+    gpu = GPUSpec("g", memory_gib=24, hbm_tb_s=1, bf16_tflops=1)
+    assert sglang_pool.gpu_defaults(24 * 1024, 1) == (4096, 48) and sglang_pool.gpu_defaults(24 * 1024, 4) == (4096, 160)
+    assert len(sglang_pool.piecewise_sizes(4096)) == 50
+    m = MODEL_PRESETS["llama-3-8b"]
+    reserved = 512 + 4096 * 1.5 + 1024 / 8 + 48 * 2 + 50 * 8
+    assert sglang_pool.default_mem_fraction(m, gpu, 1) == round((24576 - reserved) / 24576, 3) == 0.704
+    # max_running_requests 16 cuts the decode graphs to 16 (handle_gpu_memory_settings)
+    assert sglang_pool.default_mem_fraction(m, gpu, 1, max_running_requests=16) == round(
+        (24576 - (reserved - 32 * 2)) / 24576, 3) == 0.706
+
+
 def test_sglang_tokens_are_the_fraction_less_weights_in_whole_pages():
     m = MODEL_PRESETS["llama-3-8b"]
     gpu = GPUSpec("g", memory_gib=40.5, hbm_tb_s=1, bf16_tflops=1)

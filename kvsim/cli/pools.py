@@ -7,7 +7,7 @@ from kvsim.model.engine_log import engine_log
 from kvsim.config.scenario import SchedulerSettings
 from kvsim.model.specs import GIB, KVSpec, resolve_kv_dtype
 
-RELEASES = {"vllm-v1": "vLLM 0.33.0", "vllm-v0": "vLLM V0", "sglang": "SGLang 0.5.10.post1"}
+RELEASES = {"vllm-v1": "vLLM 0.33.0", "vllm-v0": "vLLM V0", "sglang": "SGLang 0.5.23"}
 
 
 def pool_reports(model, gpu, engines, *, tp: int, max_model_len: int | None, kv_dtype: str,
@@ -28,7 +28,8 @@ def pool_reports(model, gpu, engines, *, tp: int, max_model_len: int | None, kv_
                     max_model_len=max_model_len, gpu_name=gpu.name, gpu_memory_gib=gpu.memory_gib)
         if engine == "sglang":
             pool = sglang_pool.size_pool(model, gpu, tp=tp, mem_fraction_static=mem_fraction_static,
-                                         chunked_prefill_size=max_num_batched_tokens)
+                                         chunked_prefill_size=max_num_batched_tokens,
+                                         max_running_requests=max_num_seqs)
             kind, options = "radix", {"page_size": block_size or 1}
         else:
             pool = vllm_pool.size_pool(model, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,

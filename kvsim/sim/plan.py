@@ -148,7 +148,8 @@ def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSi
             kv_cache_memory_bytes=fixed, engine=scn.engine_name)
     if scn.engine_name == "sglang":
         pool = sglang_pool.size_pool(model, gpu, tp=tp, mem_fraction_static=scn.mem_fraction_static,
-                                     chunked_prefill_size=scn.scheduler.max_num_batched_tokens)
+                                     chunked_prefill_size=scn.scheduler.max_num_batched_tokens,
+                                     max_running_requests=scn.scheduler.max_num_seqs)
         if fixed is not None:
             pool = replace(pool, per_gpu_bytes=fixed, source="kv_cache_memory_gib")
         if pool.pool_bytes <= 0:
