@@ -15,8 +15,8 @@ configs, which import torchvision for image models; no torchvision release works
 PyTorch's CPU-only wheel. `load_sglang` lets an empty module stand in for torchvision
 (nothing of it is used by the tree) after telling transformers it is absent. It also
 needs sglang's pure-Python requirements (`pip install --no-deps sglang==0.5.23`, then
-what its imports ask for: dill, sentencepiece, compressed-tensors, gguf, and the rest of
-vLLM's extra).
+what its imports ask for: dill, sentencepiece, compressed-tensors, gguf, orjson, loguru,
+and the rest of vLLM's extra).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import sys
 from types import ModuleType, SimpleNamespace
 
 SGLANG_VERSION = "0.5.23"
-INSTALL = f"pip install --no-deps sglang=={SGLANG_VERSION} dill sentencepiece compressed-tensors gguf"
+INSTALL = f"pip install --no-deps sglang=={SGLANG_VERSION} dill sentencepiece compressed-tensors gguf orjson loguru"
 
 
 class SGLangMissing(ImportError):
