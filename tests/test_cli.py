@@ -41,6 +41,7 @@ SCENARIO = {
     "gpu": "h100-80gb",
     "max_model_len": 4096,
     "kv_cache_memory_gib": 2,
+    "cost_model": "roofline",      # the commands' behaviour, not the step costs, is under test
     "workload": {
         "num_requests": 60,
         "arrival": {"process": "poisson", "rate_per_s": 20.0},

@@ -15,7 +15,7 @@ from helpers import OneSecondSteps, kvsim, one_error_line
 
 FLEET = {
     "name": "fleet", "seed": 3, "model": "llama-3-8b", "gpu": "a100-80gb", "kv_cache_memory_gib": 0.5,
-    "max_model_len": 2048,
+    "max_model_len": 2048, "cost_model": "roofline",    # routing, not step costs, is under test
     "workload": {"num_requests": 120, "arrival": {"process": "poisson", "rate_per_s": 12},
                  "prompt_tokens": {"dist": "uniform", "min": 50, "max": 600},
                  "output_tokens": {"dist": "uniform", "min": 10, "max": 200},

@@ -57,6 +57,7 @@ BASE = {
     "gpu": "h100-80gb",
     "kv_cache_memory_gib": 0.25,
     "max_model_len": 512,
+    "cost_model": "roofline",
     "workload": {
         "num_requests": 5,
         "arrival": {"process": "poisson", "rate_per_s": 10.0},

@@ -124,7 +124,7 @@ def test_random_distribution_rules():
 def scenario_with(tmp_path: Path, cfg: dict, **workload) -> Path:
     (tmp_path / "ip.yaml").write_text(yaml.safe_dump(cfg))
     scn = {"name": "ip", "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 4096,
-           "workload": {"inference_perf": "ip.yaml", **workload},
+           "cost_model": "roofline", "workload": {"inference_perf": "ip.yaml", **workload},
            "policies": [{"name": "paged", "allocator": "paged", "block_size": 16, "enable_prefix_caching": True}]}
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(scn))

@@ -44,6 +44,7 @@ BASE = {
     "gpu": "h100-80gb",
     "kv_cache_memory_gib": 2048 * SLOTS_GIB,
     "max_model_len": 1024,
+    "cost_model": "roofline",      # memory under overload, not step costs, is under test
     "workload": {
         "num_requests": 40,
         "arrival": {"process": "poisson", "rate_per_s": 10_000.0},    # ~1,000x what it serves

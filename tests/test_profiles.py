@@ -183,11 +183,37 @@ def test_scenario_accepts_cost_model_profile_and_rejects_unknown_keys():
                          "prompt_tokens": {"dist": "fixed", "value": 8},
                          "output_tokens": {"dist": "fixed", "value": 8}},
             "policies": [{"name": "p", "allocator": "paged"}]}
-    assert validate_scenario(base, "s.yaml").cost_model == "roofline"
+    assert validate_scenario(base, "s.yaml").cost_model == "calibrated"    # the shipped scenarios' too
     scn = validate_scenario({**base, "cost_model": {"profile": "a100-llama-3-8b"}}, "s.yaml")
     assert scn.cost_model.profile == "a100-llama-3-8b"
     with pytest.raises(InputError, match="profil"):
         validate_scenario({**base, "cost_model": {"profil": "x"}}, "s.yaml")
+
+
+def test_a_scenario_without_cost_model_is_priced_as_calibrated(tmp_path):
+    """A new user's first scenario (Llama-3-8B on one H100, vLLM V1, no cost_model) gets the
+    step costs the shipped scenarios name: the same summary as `cost_model: calibrated`,
+    whose column names the profile and vLLM V1's H100 overhead, and slower steps than the
+    roofline's lower bound."""
+    import yaml
+    from helpers import kvsim
+    doc = {"name": "first", "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 4096,
+           "workload": {"num_requests": 20, "arrival": {"process": "poisson", "rate_per_s": 4},
+                        "prompt_tokens": {"dist": "fixed", "value": 500},
+                        "output_tokens": {"dist": "fixed", "value": 50}},
+           "policies": [{"name": "paged", "allocator": "paged"}]}
+    summaries = {}
+    for name, choice in (("default", None), ("calibrated", "calibrated"), ("roofline", "roofline")):
+        scn = doc if choice is None else {**doc, "cost_model": choice}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(scn))
+        code, _, err = kvsim("run", tmp_path / f"{name}.yaml", "--out", tmp_path / name, "--quiet")
+        assert code == 0, err
+        summaries[name] = (tmp_path / name / "summary.csv").read_bytes()
+    assert summaries["default"] == summaries["calibrated"]
+    default, roofline = (pd.read_csv(tmp_path / n / "summary.csv").iloc[0] for n in ("default", "roofline"))
+    assert default.cost_model == "profile:h100-llama-3-8b + overhead:vllm-v1-h100-v1"
+    assert roofline.cost_model == "roofline"
+    assert default.tpot_p50_s > roofline.tpot_p50_s
 
 
 # --- against the measured source data -------------------------------------------------

@@ -193,7 +193,7 @@ def test_weighted_percentile_is_numpys_on_the_repeated_values():
 
 def test_stages_csv_from_the_command(tmp_path):
     import yaml
-    scn = {"name": "st", "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 2048,
+    scn = {"name": "st", "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 2048, "cost_model": "roofline",
            "workload": {"arrival": {"stages": [{"rate_per_s": 2, "duration_s": 3, "process": "constant"},
                                                 {"rate_per_s": 4, "duration_s": 1, "process": "poisson"}],
                                     "drain": True},

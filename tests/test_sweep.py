@@ -30,7 +30,7 @@ from kvsim.sweep.store import Store
 # fill it, so the two policies differ; one run of both takes ~0.15 s.
 BASE = {
     "name": "tiny", "seed": 1, "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 2048,
-    "kv_cache_memory_gib": 1,
+    "kv_cache_memory_gib": 1, "cost_model": "roofline",
     "workload": {
         "num_requests": 30, "arrival": {"process": "poisson", "rate_per_s": 20.0},
         "prompt_tokens": {"dist": "lognormal", "mean": 600, "cv": 0.5, "min": 16, "max": 1500},

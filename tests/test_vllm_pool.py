@@ -228,6 +228,7 @@ def test_run_json_states_the_pool_as_vllm_logs_it(tmp_path):
     import pandas as pd
     from helpers import kvsim
     scenario = {"name": "pool", "model": "llama-2-7b", "gpu": "h100-80gb", "max_model_len": 4096,
+                "cost_model": "roofline",
                 "scheduler": {"max_num_seqs": 128, "max_num_batched_tokens": 2048},
                 "workload": {"num_requests": 5, "arrival": {"process": "burst"},
                              "prompt_tokens": {"dist": "fixed", "value": 100},

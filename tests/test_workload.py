@@ -31,6 +31,7 @@ BASE = {
     "model": "llama-3-8b",
     "gpu": "h100-80gb",
     "max_model_len": 4096,
+    "cost_model": "roofline",
     # the pool is given: these tests only draw requests, and with max_model_len 2^21 the
     # default token budget's activations would leave a sized pool no room (refused at load)
     "kv_cache_memory_gib": 20,

@@ -469,7 +469,7 @@ class Scenario(Strict):
     router: Literal["round-robin", "least-loaded", "prefix-aware"] | None = None   # default round-robin
     cost_model: Annotated[Union[Annotated[Literal["roofline", "calibrated"], Tag("preset")],
                                 Annotated[ProfileCost, Tag("profile-ref")]],
-                          Discriminator(lambda v: "preset" if isinstance(v, str) else "profile-ref")] = "roofline"
+                          Discriminator(lambda v: "preset" if isinstance(v, str) else "profile-ref")] = "calibrated"
     workload: Workload
     scheduler: SchedulerSettings = SchedulerSettings()
     slo: SLO | None = None
