@@ -136,6 +136,25 @@ def test_a_setting_the_model_prices_gets_no_note():
     assert unmodelled_settings(roofline, base)["block_size"] == [16, 32]
 
 
+def test_a_quantized_cache_says_its_dequantization_is_not_modelled(monkeypatch):
+    """The shipped profiles timed attention on 16-bit KV only: an FP8 policy reads fewer
+    bytes and the note says its dequantization is not priced; a model that timed FP8
+    gets no such note."""
+    import kvsim.analysis.unmodelled as unmodelled
+    scn, base = load_scenario("scenarios/rag_8k.yaml")
+    note = ("KV dtype fp8: attention reads its fewer bytes; dequantizing it is not modelled "
+            "(no step time measured with that dtype)")
+    assert unmodelled.notes(scn, base)[-1] == note
+    assert note in unmodelled.notes(scn.model_copy(update={"cost_model": "roofline"}), base)
+    bf16 = scn.model_copy(update={"policies": [p for p in scn.policies if p.kv_cache_dtype == "auto"]})
+    assert unmodelled.unpriced_dequantization(bf16, base) == []
+
+    class TimedFP8:
+        measured_kv_dtypes = ("fp8",)
+    monkeypatch.setattr(unmodelled, "make_cost_model", lambda *a, **k: TimedFP8())
+    assert unmodelled.unpriced_dequantization(scn, base) == []
+
+
 # --- sweep and capacity figures -------------------------------------------------------
 def test_intervals_stop_at_physical_bounds():
     from kvsim.plots.sweep_figures import clipped_errors

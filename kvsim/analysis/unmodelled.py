@@ -10,6 +10,11 @@ uses, it prices the same few steps (a long prefill, a decode of many sequences, 
 with both) with only that setting changed. A setting none of whose changes moves any of
 those times has no modelled effect on step time, and the figures say so: differences
 between such policies come from memory alone (batch size, queueing, preemption).
+
+A quantized KV cache (fp8, int8, int4) is priced by the fewer bytes attention reads; what
+dequantizing it costs is priced only where the step costs were measured with that dtype
+(a profile's per-dtype decode fit). Elsewhere, for a policy that uses one, the notes say
+that the dequantization is not modelled.
 """
 from __future__ import annotations
 
@@ -24,8 +29,11 @@ PROBES = (StepBatch.build([(2048, 0)], []),                         # a long pre
           StepBatch.build([(512, 1024)], [3000] * 16 + [500] * 16))  # a chunk among decodes
 
 
-def step_times(scn, policy, base_dir: Path) -> tuple[float, ...]:
-    """The probe steps' seconds under `policy`'s KV layout and block size."""
+SIXTEEN_BIT = ("fp32", "fp16", "bf16")
+
+
+def cost_for(scn, policy, base_dir: Path):
+    """The scenario's cost model under `policy`'s KV layout and block size."""
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
     kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale, policy.kv_scale_group_size)
     _, options = policy.allocator_kind(scn.engine_name)
@@ -33,7 +41,24 @@ def step_times(scn, policy, base_dir: Path) -> tuple[float, ...]:
     cost = make_cost_model(scn.cost_model, model, gpu, kv, scn.tensor_parallel_size,
                            block_size=options.get("block_size"), base_dir=base_dir, engine=settings.engine,
                            limits=(settings.max_num_seqs, settings.max_num_batched_tokens))
+    return cost, kv.kv_cache_dtype
+
+
+def step_times(scn, policy, base_dir: Path) -> tuple[float, ...]:
+    """The probe steps' seconds under `policy`'s KV layout and block size."""
+    cost, _ = cost_for(scn, policy, base_dir)
     return tuple(cost.step_time(batch) for batch in PROBES)
+
+
+def unpriced_dequantization(scn, base_dir: Path) -> list[str]:
+    """The quantized KV dtypes the scenario's policies use whose dequantization the cost
+    model does not price (it has no timing measured with that dtype)."""
+    out = []
+    for policy in scn.policies:
+        cost, dtype = cost_for(scn, policy, base_dir)
+        if dtype not in SIXTEEN_BIT and dtype.split("_")[0] not in cost.measured_kv_dtypes and dtype not in out:
+            out.append(dtype)
+    return out
 
 
 def unmodelled_settings(scn, base_dir: Path) -> dict[str, list]:
@@ -61,7 +86,13 @@ def unmodelled_settings(scn, base_dir: Path) -> dict[str, list]:
 
 
 def notes(scn, base_dir: Path) -> list[str]:
-    """One sentence per setting with no modelled effect on step time."""
-    return [f"{SETTINGS[field]} ({', '.join(map(str, values))}): no modelled effect on step time; "
-            "these policies differ through memory alone"
-            for field, values in unmodelled_settings(scn, base_dir).items()]
+    """One sentence per setting with no modelled effect on step time, and one naming the
+    quantized KV dtypes whose dequantization is not priced."""
+    out = [f"{SETTINGS[field]} ({', '.join(map(str, values))}): no modelled effect on step time; "
+           "these policies differ through memory alone"
+           for field, values in unmodelled_settings(scn, base_dir).items()]
+    dtypes = unpriced_dequantization(scn, base_dir)
+    if dtypes:
+        out.append(f"KV dtype {', '.join(dtypes)}: attention reads its fewer bytes; dequantizing it "
+                   "is not modelled (no step time measured with that dtype)")
+    return out

@@ -102,6 +102,7 @@ class StepBatch:
 class CostModel(Protocol):
     """What the step loop and the reports ask of a step-cost model."""
     label: str
+    measured_kv_dtypes: tuple[str, ...]    # quantized KV dtypes whose dequantizing it timed
 
     @property
     def block_size(self) -> int | None:
@@ -161,6 +162,7 @@ class Roofline:
     label = "roofline"
     block_size = None          # contexts priced token by token
     api = None                 # no server in a roofline
+    measured_kv_dtypes: tuple[str, ...] = ()     # it prices bytes and FLOPs, no dequantization
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int):
         self.tp = tp
@@ -243,6 +245,7 @@ class Profiled:
         dt = kv.kv_cache_dtype.split("_")[0]          # fp8_e4m3 -> fp8
         self.decode_fit = by_dtype.get(dt) or by_dtype.get({"bf16": "fp16", "fp16": "bf16"}.get(dt)) \
             or self.att["decode"]
+        self.measured_kv_dtypes = tuple(by_dtype)    # whose dequantizing the profile timed
         ar = meta["allreduce"]
         profile_comm = Comm(latency_s=ar["latency_s"], bus_gb_s=ar["bus_gb_s"])
         if overhead is None:
