@@ -17,8 +17,16 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def quick_profile(tmp_path_factory):
+    """A quick CPU profile, timed on one thread: PyTorch's threads wait for each other at
+    every op, so on a machine the suite shares with other work the default (a thread per
+    core) took minutes instead of seconds."""
     out = tmp_path_factory.mktemp("cal") / "prof"
-    code, stdout, err = kvsim("calibrate", "--model", "llama-3-8b", "--device", "cpu", "--quick", "--out", out)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code, stdout, err = kvsim("calibrate", "--model", "llama-3-8b", "--device", "cpu", "--quick", "--out", out)
+    finally:
+        torch.set_num_threads(threads)
     assert code == 0, err
     assert stdout.startswith(f"wrote {out}/")
     return out
