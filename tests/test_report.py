@@ -43,7 +43,7 @@ def test_a_sentence_names_targets_met_or_missed_throughput_and_the_limit():
     text = sentence(row(**LIMITS), {"ttft_p99_s": 3.0}, rate=4.0)
     assert text == ("paged-16 at 4 req/s meets every latency target (ttft p99 ≤ 3 s), with 1,000 output tok/s, "
                     "TTFT p99 2 s and TPOT p50 0.05 s; its batch (mean 20.0) was limited by memory "
-                    "(70% of the busy time).")
+                    "for 70% of the busy time.")
     assert "misses ttft_p99_s 2 > 1" in sentence(row(**LIMITS), {"ttft_p99_s": 1.0})
 
 

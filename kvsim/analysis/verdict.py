@@ -73,7 +73,7 @@ def sentence(row: Mapping, targets: Mapping[str, float] | None = None,
     tput = _num(row, "throughput_tok_s")
     p99, tpot = _num(row, "ttft_p99_s"), _num(row, "tpot_p50_s")
     what, share, inferred = limiting_factor(row)
-    limit = f"{what} ({share:.0%} of the busy time)" if share is not None else what
+    limit = f"{what} for {share:.0%} of the busy time" if share is not None else what
     if inferred:
         limit += " (inferred: this run records no limited_by_* columns)"
     batch = _num(row, "mean_batch_size")
