@@ -154,17 +154,24 @@ def capacity_table() -> str:
     return header(command) + markdown(rows, ["policy", "max rate/s", "lowest missed/s", "note"])
 
 
+TUTORIAL = (("run", "scenarios/tutorial_vllm_serve.yaml"),
+            ("capacity", "scenarios/tutorial_vllm_serve.yaml", "--workers", "1"))
+
+
+def printed(args: tuple[str, ...], stdout: str) -> str:
+    """What `kvsim ARGS` printed, as the page shows it (without the lines naming files)."""
+    lines = [line for line in stdout.splitlines() if not line.startswith("wrote ")]
+    return "```text\n$ kvsim " + " ".join(args) + "\n" + "\n".join(lines) + "\n```\n"
+
+
 def tutorial_output() -> str:
     """What `kvsim run` and `kvsim capacity` print for the tutorial's scenario."""
     blocks = []
     with tempfile.TemporaryDirectory() as tmp:
-        for args in (["run", "scenarios/tutorial_vllm_serve.yaml", "--out", f"{tmp}/run"],
-                     ["capacity", "scenarios/tutorial_vllm_serve.yaml", "--workers", "1", "--out", f"{tmp}/cap"]):
-            done = subprocess.run([sys.executable, "-m", "kvsim.cli", *args], check=True, cwd=ROOT,
-                                  capture_output=True, text=True)
-            lines = [line for line in done.stdout.splitlines() if not line.startswith("wrote ")]
-            blocks.append("```text\n$ kvsim " + " ".join(a for a in args if not a.startswith(tmp))
-                          .replace(" --out", "") + "\n" + "\n".join(lines) + "\n```\n")
+        for i, args in enumerate(TUTORIAL):
+            done = subprocess.run([sys.executable, "-m", "kvsim.cli", *args, "--out", f"{tmp}/{i}"], check=True,
+                                  cwd=ROOT, capture_output=True, text=True)
+            blocks.append(printed(args, done.stdout))
     return header("kvsim run and kvsim capacity on scenarios/tutorial_vllm_serve.yaml") + "\n".join(blocks)
 
 
