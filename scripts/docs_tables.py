@@ -8,16 +8,18 @@ Parts: one table per shipped scenario (`scenario_<name>.md`: each policy's limit
 memory, batch, throughput and latency at the scenario's seed), the claims of
 `kvsim reproduce` (`claims.md`), the shipped sweep (`sweep_rag_8k_grid.md`), the fleet's
 routers (`sweep_fleet_fewshot_routers.md`), rag_8k's capacity (`capacity_rag_8k.md`) and
-what the tutorial's commands print (`tutorial_output.md`), every engine flag as
+what the tutorial's commands print (`tutorial_output.md`), the shipped engine overhead's
+error against measured serving steps (`overhead_accuracy.md`), every engine flag as
 `vllm_args` and `sglang_args` read them (`engine_flags_vllm.md`, `engine_flags_sglang.md`),
 and with `--trace PATH` the
 cache curve of Mooncake's synthetic trace (`cache_curve_mooncake.md`).
-Rerun after any change that moves results; tests/test_docs.py checks that the flagship's
-table is current.
+Rerun after any change that moves results; the suite checks that the flagship's table,
+the tutorial's run, the overhead's error table and the flag tables are current.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
@@ -203,6 +205,23 @@ def engine_flags_table(engine: str) -> str:
             + f"    No simulated quantity: {others}.\n")
 
 
+def overhead_accuracy_table() -> str:
+    """The shipped A100 overhead's error against measured serving steps, per model, tp and
+    phase, from the files scripts/derive_overheads.py writes beside it."""
+    data = ROOT / "kvsim" / "data" / "overheads"
+    acc = json.loads((data / "accuracy.json").read_text())
+    by_model = json.loads((data / "splitwise-a100-v2.json").read_text())["error"]["held_out_by_model"]
+    rows = [[*key.split()[:1], key.split()[1][2:], key.split()[2], _pct(acc["held_out"][key]),
+             _pct(acc["in_sample"][key]), _pct(acc["held_out_additive"][key]), _pct(acc["before_overhead"][key])]
+            for key in acc["held_out"]]
+    heads = ["model", "tp", "phase", "held out", "in sample", "held out, additive (v1)", "kernels alone"]
+    return (header("from kvsim/data/overheads/accuracy.json and splitwise-a100-v2.json") + markdown(rows, heads)
+            + f"\nHeld out, the mean error is **{_pct(acc['held_out_mape'])}** (Llama-2-70B "
+            f"{_pct(by_model['llama-2-70b'])}, BLOOM-176B {_pct(by_model['bloom-176b'])}; "
+            f"{_pct(acc['held_out_additive_mape'])} with the additive form) against "
+            f"{_pct(acc['before_overhead_mape'])} for the kernels alone.\n")
+
+
 MOONCAKE = "mooncake_synthetic_trace.jsonl"   # Mooncake's synthetic trace (Qin et al., FAST 2025)
 
 
@@ -226,6 +245,7 @@ PARTS = {**{name: (f"scenario_{name}.md", lambda n=name: scenario_table(n)) for 
          "routers": ("sweep_fleet_fewshot_routers.md", sweep_routers_table),
          "capacity": ("capacity_rag_8k.md", capacity_table),
          "tutorial": ("tutorial_output.md", tutorial_output),
+         "overhead_accuracy": ("overhead_accuracy.md", overhead_accuracy_table),
          "flags_vllm": ("engine_flags_vllm.md", lambda: engine_flags_table("vllm")),
          "flags_sglang": ("engine_flags_sglang.md", lambda: engine_flags_table("sglang")),
          "cache_curve": ("cache_curve_mooncake.md", lambda: cache_curve_table(TRACE))}

@@ -152,6 +152,39 @@ def test_the_flagship_s_table_is_what_kvsim_computes_today(tables, flagship_run)
     assert tables.summary_table("rag_8k", summary) == (DOCS / "generated" / "scenario_rag_8k.md").read_text()
 
 
+def test_the_overhead_s_error_table_is_the_shipped_file_s(tables):
+    """If this fails, the shipped overhead was refitted: run
+    `python scripts/docs_tables.py --only overhead_accuracy`."""
+    assert tables.overhead_accuracy_table() == (DOCS / "generated" / "overhead_accuracy.md").read_text()
+
+
+def test_every_serving_step_quoted_is_the_shipped_overhead_s_point():
+    """docs/step-costs.md's table of every A100 configuration (printed by
+    scripts/derive_overheads.py, which needs the source data) quotes the points the
+    shipped overhead keeps: measured, kernel, fitted and held-out ms agree within the
+    rounding of each (0.1 ms on the page, 4 significant digits in the file)."""
+    import json
+    page = (DOCS / "step-costs.md").read_text()
+    table = page.split("<details><summary>Every A100 configuration", 1)[1].split("</details>", 1)[0]
+    cell = re.compile(r"([\d,.]+) / ([\d,.]+) \(([\d,.]+) \+ [\d,.]+ \+ [\d,.]+\) / ([\d,.]+)( \(excluded\))?$")
+    quoted = {}
+    for line in table.splitlines():
+        parts = [p.strip() for p in line.strip("|").split("|")]
+        m = re.fullmatch(r"(\d+) x (\d+), (\d+)", parts[2]) if len(parts) == 5 else None
+        if m:
+            for phase, text in (("prefill", parts[3]), ("decode", parts[4])):
+                got = cell.fullmatch(text)
+                assert got, text
+                quoted[(parts[0], int(parts[1]), *map(int, m.groups()), phase)] = got.groups()
+    points = json.loads((ROOT / "kvsim" / "data" / "overheads" / "splitwise-a100-v2.json").read_text())["points"]
+    assert len(quoted) == len(points)
+    for p in points:
+        q = quoted[(p["model"], p["tp"], p["prompt"], p["batch"], p["tokens"], p["phase"])]
+        for text, key in zip(q[:4], ("measured_ms", "fitted_ms", "kernel_ms", "held_out_ms")):
+            assert abs(float(text.replace(",", "")) - p[key]) <= 0.05 + 5e-4 * abs(p[key]), (p, key, text)
+        assert bool(q[4]) == bool(p.get("excluded")), p
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_the_flag_tables_are_the_parser_s_own(tables, engine):
     """The reference's flag tables are rendered from the table vllm_args and sglang_args are
