@@ -212,6 +212,9 @@ def test_a_scenario_without_cost_model_is_priced_as_calibrated(tmp_path):
     assert summaries["default"] == summaries["calibrated"]
     default, roofline = (pd.read_csv(tmp_path / n / "summary.csv").iloc[0] for n in ("default", "roofline"))
     assert default.cost_model == "profile:h100-llama-3-8b + overhead:vllm-v1-h100-v1"
+    meta = json.loads((tmp_path / "default" / "run.json").read_text())
+    assert meta["cost_model"] == {"paged": default.cost_model}
+    assert yaml.safe_load((tmp_path / "default" / "scenario.yaml").read_text())["cost_model"] == "calibrated"
     assert roofline.cost_model == "roofline"
     assert default.tpot_p50_s > roofline.tpot_p50_s
 

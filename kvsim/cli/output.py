@@ -33,8 +33,9 @@ def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariant
 
 
 def run_meta(scn, src: str, results, started: float) -> dict:
-    """run.json: versions, wall time, the KV pool's sizing with each figure's scope, and
-    the policy settings that leave step time unchanged (kvsim.analysis.unmodelled)."""
+    """run.json: versions, wall time, the KV pool's sizing with each figure's scope, each
+    policy's step-cost model (its summary column), and the policy settings that leave step
+    time unchanged (kvsim.analysis.unmodelled)."""
     from kvsim.analysis.unmodelled import notes
     pool = results.pool
     gib = 1 << 30
@@ -59,6 +60,7 @@ def run_meta(scn, src: str, results, started: float) -> dict:
             "source": pool.source,
             "engine_log": results.engine_log,
         },
+        "cost_model": dict(zip(results.summary.policy.astype(str), results.summary.cost_model.astype(str))),
         "timing_notes": notes(scn, Path(src).parent),
         **engine_args(scn),
     }
