@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.kvcache import ALLOCATORS, Breakdown, SeqShape, make_allocator
+from kvsim.kvcache import ALLOCATORS, Breakdown, KVAllocator, SeqShape, make_allocator
 from kvsim.kvcache.contiguous import PLACEMENTS, RESERVES
 from kvsim.model.specs import MODEL_PRESETS, KVSpec
 
@@ -50,6 +50,12 @@ def checked(alloc, next_seq=(SeqShape(16, 16), 16, 0)) -> Breakdown:
 
 def test_every_registered_allocator_is_covered():
     assert {kind for kind, _ in CONFIGS} == set(ALLOCATORS)
+
+
+def test_it_has_everything_the_protocol_declares(alloc):
+    """What an allocator can do is declared in KVAllocator, so nothing probes for it."""
+    declared = {n for n in vars(KVAllocator) if not n.startswith("_")} | set(KVAllocator.__annotations__)
+    assert sorted(n for n in declared if not hasattr(alloc, n)) == []
 
 
 def test_new_pool_is_empty(alloc):

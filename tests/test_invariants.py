@@ -490,6 +490,10 @@ class Snapshots:
         self.inner.free(seq_id)
         self.ids.discard(seq_id)
 
+    def drop(self, seq_id):
+        self.inner.drop(seq_id)
+        self.ids.discard(seq_id)
+
     def breakdown(self, next_seq):
         self.log.append(tuple((i, self.inner.tokens_of(i)) for i in sorted(self.ids)))
         return self.inner.breakdown(next_seq)

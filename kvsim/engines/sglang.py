@@ -91,7 +91,7 @@ class SGLang(EngineRules):
         return step
 
     def _page(self, s: SchedulerOps) -> int:
-        return getattr(s.allocator, "page_size", None) or getattr(s.allocator, "block_size", None) or 1
+        return s.allocator.page_size
 
     def _pages(self, s: SchedulerOps, tokens: int) -> int:
         page = self._page(s)
@@ -125,7 +125,7 @@ class SGLang(EngineRules):
                 with_limit(step, self.full, head)
                 break
             cached, n, held = s.prefill_need(head, math.inf)
-            locked = getattr(s.allocator, "lockable", lambda shape, tokens: 0)(head.shape, held)
+            locked = s.allocator.lockable(head.shape, held)
             total = n + min(head.shape.output_tokens - head.generated, CLIP_MAX_NEW_TOKENS) + page
             if total >= budget.total_left() - locked:
                 if not s.running and not budget.admitted:     # SGLang would wait forever
@@ -171,9 +171,7 @@ class SGLang(EngineRules):
 
     def _evict(self, s: SchedulerOps, slots: int) -> None:
         """The tree evicts until `slots` are free, if it can (evict_to_free_tokens)."""
-        evict = getattr(s.allocator, "evict_to_free", None)
-        if evict is not None:
-            evict(slots)
+        s.allocator.evict_to_free(slots)
 
     def _decode(self, s: SchedulerOps, step: Step, now: float) -> None:
         need = s.running.slots_to_decode()

@@ -166,6 +166,23 @@ class KVAllocator(Protocol):
     def free(self, seq_id: int) -> None:
         """Release everything the sequence holds."""
 
+    def drop(self, seq_id: int) -> None:
+        """Release it without caching what it computed (SGLang's retraction); an
+        allocator whose free caches nothing a retraction would skip frees it."""
+
+    @property
+    def page_size(self) -> int:
+        """Slots a sequence's KV grows by at a time: its pages or blocks, 1 where it takes
+        slots one by one or holds one region."""
+
+    def lockable(self, shape: SeqShape, num_tokens: int) -> int:
+        """Evictable slots that admitting the sequence with `num_tokens` would lock (its
+        cached prefix's unlocked part, in a radix cache); 0 where nothing is evictable."""
+
+    def evict_to_free(self, slots: int) -> None:
+        """Evict unused cached KV until `slots` are free, where it can (SGLang's
+        evict_to_free_tokens); an allocator that evicts as it allocates does nothing."""
+
     def tokens_of(self, seq_id: int) -> int | None:
         """Tokens of KV the sequence holds, or None if it holds nothing."""
 

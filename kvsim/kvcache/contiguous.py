@@ -207,6 +207,7 @@ class ContiguousAllocator:
     takes_blocks_in_bulk = False
     store = None                 # no KV tiers behind it
     block_size = None            # regions, not blocks
+    page_size = 1
 
     def __init__(self, capacity: int, max_model_len: int, reserve: str, placement: str):
         self.capacity = capacity
@@ -294,6 +295,15 @@ class ContiguousAllocator:
     def free(self, seq_id: int) -> None:
         r = self._regions.pop(seq_id)
         self._placement.release(r.start, r.placed)
+
+    def drop(self, seq_id: int) -> None:
+        self.free(seq_id)        # nothing is cached
+
+    def lockable(self, shape: SeqShape, num_tokens: int) -> int:
+        return 0                 # no cache to evict from
+
+    def evict_to_free(self, slots: int) -> None:
+        pass
 
     # -- what the fast path asks (kvsim.sim.lazy): one sequence's share, the pool alone ----
 

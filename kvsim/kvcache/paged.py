@@ -321,6 +321,19 @@ class PagedAllocator:
         seq = self._seqs.pop(seq_id)
         self._release(seq.table)
 
+    @property
+    def page_size(self) -> int:
+        return self.block_size
+
+    def drop(self, seq_id: int) -> None:
+        self.free(seq_id)        # a retraction frees as a preemption does (what the cache keeps stays)
+
+    def lockable(self, shape: SeqShape, num_tokens: int) -> int:
+        return 0                 # a cached block is taken back from the free queue: nothing to lock
+
+    def evict_to_free(self, slots: int) -> None:
+        pass                     # an allocation evicts the free queue's head as it takes it
+
     def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
         """Blocks a sequence admitted with `num_tokens` tokens needs beyond the free queue."""
         return blocks_for(num_tokens, self.block_size) - len(self._free)

@@ -254,9 +254,9 @@ class Scheduler:
         self.running.remove(req)
         mode = mode or self.rules.preemption_mode(self, req)
         # SGLang's retraction frees what the request computed without caching it
-        release = getattr(self.allocator, "drop", None) if mode == "retract" else None
+        release = self.allocator.drop if mode == "retract" else self.allocator.free
         for sid in req.ids:
-            (release or self.allocator.free)(sid)
+            release(sid)
         nbytes = self._swap_bytes(req) if self.swap else math.inf
         if mode == "swap" and not req.prefilling and nbytes <= self.swap.capacity_bytes - self.swap_used:
             self.swap_used += nbytes
