@@ -16,6 +16,7 @@ the tables give medians, every run's wall time, and ratios of medians.
 
     python benchmarks/bench_speed.py                     # the 10k and 100k workloads, 3 rounds
     python benchmarks/bench_speed.py --million --write   # also a million requests; RESULTS.md
+    python benchmarks/bench_speed.py --million --million-repeats 2   # fewer runs of those
     python benchmarks/bench_speed.py --only vidur_10k --repeats 5 [--exact-steps]
     python benchmarks/bench_speed.py --profile sharegpt_100k   # cProfile of one run, in-process
 
@@ -109,18 +110,21 @@ def contenders(name: str, blis: Path | None) -> list[str]:
     return ["kvsim"] + (list(others.BLIS_VARIANTS) if blis and WORKLOADS[name].blis else [])
 
 
-def measure(names: list[str], repeats: int, extra: list[str], blis: Path | None) -> dict:
+def measure(names: list[str], repeats: int, extra: list[str], blis: Path | None,
+            million_repeats: int) -> dict:
     """{(workload, simulator): [run, ...]}, the runs made round-robin."""
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
-        for round_ in range(repeats):
+        for round_ in range(max(repeats, million_repeats)):
             for name in names:
+                if round_ >= (million_repeats if name in MILLION else repeats):
+                    continue
                 for who in contenders(name, blis):
                     r = (run_kvsim(name, extra, Path(tmp)) if who == "kvsim"
                          else run_blis(name, who, blis))
                     r.pop("stdout")
                     runs.setdefault((name, who), []).append(r)
-                    print(f"round {round_ + 1}/{repeats}  {name:<22} {who:<20} {r['wall_s']:7.2f} s wall "
+                    print(f"round {round_ + 1}  {name:<22} {who:<20} {r['wall_s']:7.2f} s wall "
                           f"{r['cpu_s']:7.2f} s cpu {r['peak_rss_mb']:7.0f} MB", flush=True)
     return runs
 
@@ -160,6 +164,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=list(WORKLOADS))
     ap.add_argument("--million", action="store_true", help="also the million-request workloads")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--million-repeats", type=int, help="runs of each million-request workload "
+                    "(default: --repeats)")
     ap.add_argument("--exact-steps", action="store_true", help="kvsim's plain path, for comparison")
     ap.add_argument("--jobs", help="kvsim run --jobs (default: one worker per core)")
     ap.add_argument("--blis", type=Path, default=default_blis(),
@@ -176,7 +182,7 @@ def main() -> None:
     blis = None if opts.no_blis else opts.blis
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M")
-    runs = measure(names, opts.repeats, extra, blis)
+    runs = measure(names, opts.repeats, extra, blis, opts.million_repeats or opts.repeats)
     table = {key: summarize(r) for key, r in runs.items()}
     text = report.render(table, command=" ".join(["python", "benchmarks/bench_speed.py", *sys.argv[1:]]),
                          started=started, loads=(load_before, os.getloadavg()), extra=extra)
