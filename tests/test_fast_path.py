@@ -15,7 +15,7 @@ import pytest
 
 from kvsim.sim import lazy
 from kvsim.kvcache import InvariantError, PagedAllocator, PrefixCachingPagedAllocator, SeqShape
-from kvsim.sim.loop import simulate
+from kvsim.sim.loop import COMPLETE, StepLoop, simulate
 from kvsim.config.errors import InputError
 from kvsim.analysis.results import run_scenario
 from kvsim.sim.scheduler import Scheduler
@@ -122,8 +122,16 @@ def counted_run(monkeypatch, doc):
         counts["decodes"] += step.cost.decodes
         return step
 
+    def counted_quiet_step(self, now):       # a step planned without the rules: all lazy
+        batch = quiet_step(self, now)
+        counts["lazy"] += batch.decodes
+        counts["decodes"] += batch.decodes
+        return batch
+
+    quiet_step = Scheduler.quiet_step
     monkeypatch.setattr(lazy.LazyRunningSet, "check", counted_check)
     monkeypatch.setattr(Scheduler, "schedule", counted_schedule)
+    monkeypatch.setattr(Scheduler, "quiet_step", counted_quiet_step)
     return run(doc, exact=False, check=True), counts
 
 
@@ -157,17 +165,45 @@ def test_vllm_v0_decodes_lazily_while_the_head_is_kept_out(monkeypatch):
     assert_same(run(doc, exact=True), fast)
 
 
+@pytest.mark.parametrize("engine", ["vllm-v1", "vllm-v0"])
+def test_quiet_steps_go_without_the_rules_and_the_event_queue(engine, monkeypatch):
+    """A light load with short steps: most steps have nothing waiting and only lazy
+    decodes, so they are planned without the engine's rules, and most of those end
+    before the next arrival, so the next step follows without an event; the tables stay
+    the plain path's."""
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
+    doc = scenario(engine=engine, cost_model="roofline", policies=[POLICIES[3]],
+                   workload__arrival={"process": "poisson", "rate_per_s": 2.0})
+    counts = {"quiet": 0, "events": 0}
+    quiet_step, push = Scheduler.quiet_step, StepLoop._push
+
+    def counted_quiet_step(self, now):
+        counts["quiet"] += 1
+        return quiet_step(self, now)
+
+    def counted_push(self, time, phase, rep=None):
+        counts["events"] += phase == COMPLETE
+        return push(self, time, phase, rep)
+
+    monkeypatch.setattr(Scheduler, "quiet_step", counted_quiet_step)
+    monkeypatch.setattr(StepLoop, "_push", counted_push)
+    fast = run(doc, exact=False)
+    steps = int(fast.summary.steps.iloc[0])
+    assert counts["quiet"] > steps * 0.8
+    assert counts["events"] < steps * 0.2
+    assert_same(run(doc, exact=True), fast)
+
+
 def test_check_mode_catches_a_stale_lazy_sum(monkeypatch):
     """A breakdown kept in sums is checked against the allocator's own at every step."""
-    original = lazy.LazyRunningSet.advance
+    original = lazy.LazyRunningSet._lazy_tick
 
-    def off_by_one(self, step, now, budget):
-        left = original(self, step, now, budget)
+    def off_by_one(self, crossing):
+        original(self, crossing)
         if self.tick == 50:
             self.sums.reservation += 1          # what a bug in the sums would do
-        return left
 
-    monkeypatch.setattr(lazy.LazyRunningSet, "advance", off_by_one)
+    monkeypatch.setattr(lazy.LazyRunningSet, "_lazy_tick", off_by_one)
     with pytest.raises(InvariantError, match="breakdown"):
         run(scenario(policies=[POLICIES[3]]), exact=False, check=True)
 

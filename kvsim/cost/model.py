@@ -187,13 +187,14 @@ class Roofline:
         return {"roofline": self.step_time(batch)}, ()     # a bound, in one piece
 
     def step_time(self, batch: StepBatch) -> float:
-        flops = batch.new_tokens * self.flops_per_token + batch.attended_pairs * self.flops_per_pair
+        new_tokens = batch.new_tokens
+        flops = new_tokens * self.flops_per_token + batch.attended_pairs * self.flops_per_pair
         # Weights are read once per step; KV is read for attention and written for new tokens.
         weights = self.weight_bytes
         if self.moe:
             layer_expert, k, experts = self.moe
-            weights += layer_expert * float(expected_experts(batch.new_tokens, k, experts))
-        moved = weights + (batch.kv_tokens_read + batch.new_tokens) * self.kv_bytes_per_token
+            weights += layer_expert * float(expected_experts(new_tokens, k, experts))
+        moved = weights + (batch.kv_tokens_read + new_tokens) * self.kv_bytes_per_token
         return max(flops / self.peak_flops, moved / self.bandwidth) / self.tp
 
 

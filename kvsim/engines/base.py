@@ -193,6 +193,14 @@ class EngineRules(Protocol):
         `limit` saying what kept the waiting queue's head out (LIMITS)."""
         ...
 
+    def decodes_only(self, s: SchedulerOps) -> bool:
+        """Whether, with nothing waiting or swapped out and every running request
+        decoding, the step these rules plan is one token for each of them and nothing
+        else, changing no state of the rules: such a step may then be planned without
+        them (kvsim.sim.loop's quiet steps). Rules that keep state across steps (SGLang's
+        new-token ratio) say False, as this default does."""
+        return False
+
     def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
         """"swap" (KV to CPU memory while swap space lasts), "recompute", or "retract"
         (recompute, releasing its KV without caching what it generated: SGLang)."""

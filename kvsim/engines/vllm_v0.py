@@ -47,6 +47,11 @@ class VllmV0(EngineRules):
     def requeue(self, s: SchedulerOps, req: Request) -> None:
         (s.swapped.append if req.swapped else s.waiting.appendleft)(req)
 
+    def decodes_only(self, s: SchedulerOps) -> bool:
+        """A step that prefills nothing decodes every running group (no token budget);
+        with chunked prefill, while the budget holds every decode."""
+        return not s.chunked or s.running_seqs() <= s.budget
+
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
         if s.chunked:        # waiting prompts are prefilled even while groups are swapped out

@@ -49,6 +49,10 @@ class VllmV1(EngineRules):
     def requeue(self, s: SchedulerOps, req: Request) -> None:
         s.waiting.appendleft(req)
 
+    def decodes_only(self, s: SchedulerOps) -> bool:
+        """The running pass gives every decode its token while the budget holds them all."""
+        return len(s.running) <= s.budget
+
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
         budget = s.running.advance(step, now, s.budget)

@@ -39,6 +39,12 @@ test: `decoding`, or iteration) each lazy one is brought up to date in place, an
 a pass could preempt, every lazy request is made explicit first and the plain pass runs. Sums of integers are exact, so every step's
 batch, breakdown and time are the plain path's to the last bit (tests/test_fast_path.py).
 
+A step in which every running request is lazy and nothing waits is *quiet*: the
+engine's rules would only give each its token (EngineRules.decodes_only), so the loop
+plans it as the tick alone (`quiet_tick`: what `_lazy_pass` does with no explicit
+request) and, while it completes nothing, completes it by ending the tick
+(kvsim.sim.loop).
+
 Not lazy (their runs go step by step, as in the plain path): the radix cache (every
 token takes a free slot), sliding windows (blocks leave the window), and sequence
 groups (samples or beams in vLLM V0 share partly filled blocks).
@@ -389,6 +395,32 @@ class LazyRunningSet(RunningSet):
     def _crossing(self, tick: int) -> int:
         """Lazy requests that take a block at `tick` (their held tokens fill their last block)."""
         return len(self.by_residue[(1 - tick) % self.bs]) if self.bs else 0
+
+    # --- quiet steps ----------------------------------------------------------------
+    def quiet(self) -> bool:
+        """Whether every running request is lazy and the next tick is one that the
+        engine's running pass would make without a change: none is due, and the free slots
+        cover its crossings (`_lazy_pass` with no explicit request)."""
+        return (bool(self.lazy) and not self.explicit and not self.swapped_in
+                and self.tick + 1 not in self.due
+                and self._crossing(self.tick + 1) * (self.bs or 0) <= self.free_slots())
+
+    def quiet_tick(self) -> StepBatch:
+        """Plan a quiet step: the tick of `_lazy_pass` without explicit requests, and the
+        batch `close_step` gives it."""
+        self.tick_at_start = self.tick
+        self._lazy_tick(self._crossing(self.tick + 1))
+        n = len(self.lazy)
+        return StepBatch((), (), Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks,
+                                         self.cost_block_size))
+
+    def completes_none(self) -> bool:
+        """Whether the tick in flight completes no request (its completion then only ends it)."""
+        return self.tick not in self.finishing
+
+    def complete_quiet(self) -> None:
+        """Complete a quiet step that completes no request: what `complete` does with it."""
+        self.pending = False
 
     # --- moves -----------------------------------------------------------------------
     def run(self, req: Request, n: int, step: Step, now: float) -> bool:

@@ -40,7 +40,7 @@ from kvsim.cost.model import CostModel
 from kvsim.engines import make_rules
 from kvsim.sim.router import make_router
 from kvsim.sim.records import BucketLog, MergedLog, PoolParts, SeqLog, SeqRecord, StepLog
-from kvsim.engines.base import LIMITS
+from kvsim.engines.base import LIMITS, Step
 from kvsim.sim.scheduler import Scheduler, sample_shape
 from kvsim.workload.requests import RequestSpec, RequestTable
 
@@ -176,6 +176,7 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
 # order, routed as the replicas stand after those completions); then every replica
 # without a step in flight that has requests to serve plans its next step.
 COMPLETE, ARRIVE = 0, 1
+ARRIVALS = LIMITS.index("arrivals")     # the limit of a step with nothing waiting
 
 
 class Event(NamedTuple):
@@ -275,7 +276,14 @@ class StepLoop:
     addition away from the last. No event is made for a request that arrives with the
     one before, or for idle replicas: they plan when the instant's events are done. A
     stage that waits for the previous one to drain makes its first arrival's event when
-    the last of those requests ends, and goes on from that instant."""
+    the last of those requests ends, and goes on from that instant.
+
+    Quiet steps (nothing waiting, every running request decoding lazily: most steps of a
+    light load) are planned without the engine's rules (`_quiet_step`), and one that
+    ends before any other event and completes no request is completed at once, the next
+    step planned at its end: between the events that change the batch (an arrival, a
+    request due or finishing) the steps follow one another without the event queue, each
+    priced and recorded as `_plan` does, its clock one float addition from the last."""
 
     def __init__(self, name: str, reps: list[_Replica], requests: RequestTable, records: SeqLog,
                  cost: CostModel, *, per: int, width: int, pick: Callable | None, on_step,
@@ -383,6 +391,10 @@ class StepLoop:
                 rep.load -= 1
 
     def _plan(self, rep: _Replica, now: float) -> None:
+        while rep.sched.quiet_next():
+            now = self._quiet_step(rep, now)
+            if now is None:          # it is in flight
+                return
         sched, run = rep.sched, rep.run
         step = sched.schedule(now)
         for seq in step.rejected:
@@ -392,18 +404,51 @@ class StepLoop:
                 raise RuntimeError(f"{self.name}: no progress possible at t={now:.6f}s with "
                                    f"{len(sched.waiting)} waiting; this is a kvsim bug")
             return
-        dt, why = self.cost.price(step.cost)
-        if why:
-            run.extrapolated += 1
-            run.extrapolation_reasons.update(why)
+        dt = self._price(run, step.cost)
         if step.swap_bytes:      # the step waits for its PCIe copies ...
             dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
         dt += step.load_s        # ... and for the KV its admissions load from tiers
-        _record(run, sched, step, now, dt)
+        prefill = sum(n for n, _ in step.cost.prefills)
+        _record(run, sched, now, dt, prefill, step.cost.decodes, step.head_need, LIMITS.index(step.limit))
         if self.checking:
             _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
         rep.in_flight = step
         self._push(now + dt, COMPLETE, rep)
+
+    def _quiet_step(self, rep: _Replica, now: float) -> float | None:
+        """A quiet step (Scheduler.quiet_next: every running request only decodes),
+        planned without the engine's rules. Where no other event comes before it ends,
+        nothing can happen meanwhile: it is completed here when it completes no request,
+        and its end returned, for the next step to be planned at once; else it goes in
+        flight like any step (None). Its price and row are those `_plan` gives it."""
+        sched, run = rep.sched, rep.run
+        batch = sched.quiet_step(now)
+        dt = self._price(run, batch)
+        _record(run, sched, now, dt, 0, batch.decodes, None, ARRIVALS)
+        if self.checking:
+            _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
+        end = now + dt
+        events = self.events
+        if ((events and events[0].time <= end) or end >= self.limit or rep.deadlines
+                or not sched.running.completes_none()):
+            rep.in_flight = Step(lazy=batch.decodes, cost=batch, limit="arrivals")
+            self._push(end, COMPLETE, rep)
+            return None
+        sched.running.complete_quiet()
+        if self.checking:
+            _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} completed at t={end:.6f}s")
+        if self.on_step:
+            self.on_step(self.ended)
+        return end
+
+    def _price(self, run: PolicyRun, batch) -> float:
+        """The cost model's seconds for a step's batch; a run counts the steps it priced
+        beyond its measured ranges."""
+        dt, why = self.cost.price(batch)
+        if why:
+            run.extrapolated += 1
+            run.extrapolation_reasons.update(why)
+        return dt
 
     def _expire(self, rep: _Replica, now: float) -> None:
         """Abort, at a step's start, every request whose client has given up by now."""
@@ -452,10 +497,10 @@ def _check(sched: Scheduler, where: str) -> None:
         raise InvariantError(f"{where}: {e}") from None
 
 
-def _record(run: PolicyRun, sched: Scheduler, step, now: float, dt: float) -> None:
-    prefill = sum(n for n, _ in step.cost.prefills)
+def _record(run: PolicyRun, sched: Scheduler, now: float, dt: float, prefill: int, decodes: int,
+            head_need, limit: int) -> None:
     row = (now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,   # STEP_FIELDS
-           step.cost.decodes, *sched.recorded_parts(step.head_need), LIMITS.index(step.limit))
+           decodes, *sched.recorded_parts(head_need), limit)
     if len(run.steps.fields) > len(STEP_FIELDS):
         row += sched.allocator.tier_occupancy()
     run.steps.append(row)

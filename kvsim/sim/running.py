@@ -148,6 +148,11 @@ class RunningSet:
                 break
             i += 1
 
+    def quiet(self) -> bool:
+        """Whether a step could be planned without the engine's rules (kvsim.sim.lazy's
+        quiet steps): never here, where every step visits every request."""
+        return False
+
     # --- one step -------------------------------------------------------------------
     def start_step(self) -> None:
         """Before the engine plans a step (a lazy set brings due requests up to date)."""

@@ -40,6 +40,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from kvsim.cost.model import StepBatch
 from kvsim.engines.base import MAX_WIDTH, EngineRules, Request, Step
 from kvsim.kvcache import InvariantError, KVAllocator, NextSeq, SeqShape
 from kvsim.sim.records import PoolParts
@@ -318,6 +319,20 @@ class Scheduler:
             step.head_need = (head.shape, held, self.keep_free)
         self.running.close_step(step)
         return step
+
+    def quiet_next(self) -> bool:
+        """Whether the next step is quiet: nothing waits or is swapped out, every running
+        request decodes lazily (kvsim.sim.lazy) and the engine's rules would plan nothing
+        but their tokens (EngineRules.decodes_only)."""
+        return (not self.waiting and not self.swapped and self.running.quiet()
+                and self.rules.decodes_only(self))
+
+    def quiet_step(self, now: float) -> StepBatch:
+        """Plan a quiet step (`quiet_next`) as `schedule` would, without asking the rules
+        (its limit is "arrivals": nothing waits); returns its batch."""
+        self.now_planned = now
+        self.planning(now)
+        return self.running.quiet_tick()
 
     def recorded_parts(self, next_seq: NextSeq | None) -> PoolParts:
         """What a step records of the pool's breakdown."""
