@@ -17,6 +17,7 @@ the tables give medians, every run's wall time, and ratios of medians.
     python benchmarks/bench_speed.py                     # the 10k and 100k workloads, 3 rounds
     python benchmarks/bench_speed.py --million --write   # also a million requests; RESULTS.md
     python benchmarks/bench_speed.py --million --million-repeats 2   # fewer runs of those
+    python benchmarks/bench_speed.py --blis-variants "BLIS, snapshot off"   # BLIS as the targets judge it
     python benchmarks/bench_speed.py --only vidur_10k --repeats 5 [--exact-steps]
     python benchmarks/bench_speed.py --profile sharegpt_100k   # cProfile of one run, in-process
 
@@ -106,12 +107,12 @@ def run_blis(name: str, variant: str, source: Path) -> dict:
     return {**run, **others.blis_work(run["stdout"])}
 
 
-def contenders(name: str, blis: Path | None) -> list[str]:
-    return ["kvsim"] + (list(others.BLIS_VARIANTS) if blis and WORKLOADS[name].blis else [])
+def contenders(name: str, blis: Path | None, variants: list[str]) -> list[str]:
+    return ["kvsim"] + (variants if blis and WORKLOADS[name].blis else [])
 
 
 def measure(names: list[str], repeats: int, extra: list[str], blis: Path | None,
-            million_repeats: int) -> dict:
+            million_repeats: int, variants: list[str]) -> dict:
     """{(workload, simulator): [run, ...]}, the runs made round-robin."""
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
@@ -119,7 +120,7 @@ def measure(names: list[str], repeats: int, extra: list[str], blis: Path | None,
             for name in names:
                 if round_ >= (million_repeats if name in MILLION else repeats):
                     continue
-                for who in contenders(name, blis):
+                for who in contenders(name, blis, variants):
                     r = (run_kvsim(name, extra, Path(tmp)) if who == "kvsim"
                          else run_blis(name, who, blis))
                     r.pop("stdout")
@@ -171,6 +172,8 @@ def main() -> None:
     ap.add_argument("--blis", type=Path, default=default_blis(),
                     help="BLIS's built source folder (build_blis.sh; default $BLIS or benchmarks/blis)")
     ap.add_argument("--no-blis", action="store_true")
+    ap.add_argument("--blis-variants", nargs="+", choices=list(others.BLIS_VARIANTS), default=list(others.BLIS_VARIANTS),
+                    help="the BLIS runs to make (default: all; the targets are judged on its snapshot off)")
     ap.add_argument("--write", action="store_true", help="regenerate benchmarks/RESULTS.md")
     ap.add_argument("--profile", choices=list(WORKLOADS))
     opts = ap.parse_args()
@@ -182,7 +185,7 @@ def main() -> None:
     blis = None if opts.no_blis else opts.blis
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M")
-    runs = measure(names, opts.repeats, extra, blis, opts.million_repeats or opts.repeats)
+    runs = measure(names, opts.repeats, extra, blis, opts.million_repeats or opts.repeats, opts.blis_variants)
     table = {key: summarize(r) for key, r in runs.items()}
     text = report.render(table, command=" ".join(["python", "benchmarks/bench_speed.py", *sys.argv[1:]]),
                          started=started, loads=(load_before, os.getloadavg()), extra=extra)
