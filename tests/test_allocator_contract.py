@@ -21,6 +21,10 @@ CONFIGS = (
     + [("paged", {"block_size": b, "prefix_caching": True}) for b in (1, 16)]
     + [("radix", {}), ("radix", {"page_size": 16})]
     + [("contiguous", {"reserve": r, "placement": p}) for r in RESERVES for p in PLACEMENTS]
+    # TensorRT-LLM's block manager: blocks of 8 split the pool exactly (it rounds blocks up)
+    + [("trtllm", {"block_size": 8}), ("trtllm", {"block_size": 8, "prefix_caching": False}),
+       ("trtllm", {"block_size": 4, "partial_reuse": False}),
+       ("trtllm", {"block_size": 8, "copy_on_partial_reuse": False, "host_cache_bytes": 48 * KV.bytes_per_token})]
 )
 IDS = ["-".join([kind, *(k if v is True else str(v) for k, v in opts.items())])
        for kind, opts in CONFIGS]

@@ -3,15 +3,16 @@
 A scenario's `scheduler:` block and its policies use vLLM's names; whatever they leave
 unset takes the chosen engine's default, read from that engine's source:
 
-| setting | vllm-v0 (0.6.3.post1) | vllm-v1 (0.33.0) | sglang (0.5.23) |
-| --- | --- | --- | --- |
-| max_num_seqs | 256 | 1024 on a GPU of 70 GiB or more other than A100, else 256 | min(pool tokens / 2, clamp(pool tokens / max_model_len x 512, 2048, 4096)) |
-| max_num_batched_tokens | max(max_model_len, 2048); 512 with chunking | 16384 on a GPU of 160 GiB or more, 8192 on such a GPU, else 2048 | chunked_prefill_size: 2048 under 20 GiB, 4096 under 60 GiB, 8192 under 160 GiB, else 16384 |
-| enable_chunked_prefill | false; true where max_model_len exceeds 32,768 | true | true |
-| preemption_mode | recompute for one sequence, swap for a group | recompute | recompute (retraction) |
-| watermark | 0.01 | none | none (it reserves for running requests' outputs instead) |
-| enable_prefix_caching | false | true (hash) | true (radix) |
-| async_scheduling | no | true (vLLM 0.33.0's default) | not modelled |
+| setting | vllm-v0 (0.6.3.post1) | vllm-v1 (0.33.0) | sglang (0.5.23) | trtllm (1.x) |
+| --- | --- | --- | --- | --- |
+| max_num_seqs | 256 | 1024 on a GPU of 70 GiB or more other than A100, else 256 | min(pool tokens / 2, clamp(pool tokens / max_model_len x 512, 2048, 4096)) | max_batch_size 2048 |
+| max_num_batched_tokens | max(max_model_len, 2048); 512 with chunking | 16384 on a GPU of 160 GiB or more, 8192 on such a GPU, else 2048 | chunked_prefill_size: 2048 under 20 GiB, 4096 under 60 GiB, 8192 under 160 GiB, else 16384 | max_num_tokens 8192 |
+| enable_chunked_prefill | false; true where max_model_len exceeds 32,768 | true | true | false |
+| preemption_mode | recompute for one sequence, swap for a group | recompute | recompute (retraction) | recompute (MAX_UTILIZATION's pause) |
+| watermark | 0.01 | none | none (it reserves for running requests' outputs instead) | none (GUARANTEED_NO_EVICT reserves every request's full length) |
+| enable_prefix_caching | false | true (hash) | true (radix) | true (enable_block_reuse, partial reuse) |
+| async_scheduling | no | true (vLLM 0.33.0's default) | not modelled | not modelled |
+| capacity_scheduler_policy | - | - | - | GUARANTEED_NO_EVICT |
 
 Sources: vllm/config.py SchedulerConfig (V0 max_num_batched_tokens), vllm/engine/arg_utils.py
 (0.6.3.post1 `EngineArgs.create_engine_config`: chunked prefill on by default for a
@@ -21,7 +22,10 @@ speculative decoding or LoRA; kvsim does not check the model's exceptions), vllm
 (0.33.0 `EngineArgs.get_batch_defaults`: V1's per-GPU defaults for the OpenAI server); sglang/srt/arg_groups/memory_hook.py
 (0.5.23 `_handle_gpu_memory_settings`: chunked_prefill_size by GPU memory), sglang/srt/server_args.py
 (max_prefill_tokens 16384, schedule_policy fcfs), sglang/srt/model_executor/pool_configurator.py
-(`_resolve_max_running_requests_per_worker`, as ModelRunner resolves max_running_requests).
+(`_resolve_max_running_requests_per_worker`, as ModelRunner resolves max_running_requests);
+TensorRT-LLM's tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, SchedulerConfig),
+as its 1.x API reference documents them, and tensorrt_llm/builder.py BuildConfig
+(max_batch_size 2048, max_num_tokens 8192, the defaults the LLM API falls back to).
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ class EngineSettings:
     enable_chunked_prefill: bool
     preemption_mode: str | None     # None: the engine chooses per request (V0: groups swap)
     watermark: float
-    schedule_policy: str = "fcfs"   # SGLang: fcfs or lpm (longest prefix match first)
+    schedule_policy: str = "fcfs"   # SGLang: fcfs or lpm (longest prefix match first); TensorRT-LLM:
+                                    # its capacity_scheduler_policy
     async_scheduling: bool = False  # vLLM V1: plan the next step while this one runs
 
 
@@ -66,6 +71,10 @@ def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib
                               s.preemption_mode or "recompute", s.watermark or 0.0,
                               async_scheduling=engine == "vllm-v1" if s.async_scheduling is None
                               else s.async_scheduling)
+    if engine == "trtllm":
+        return EngineSettings(engine, s.max_num_seqs or 2048, s.max_num_batched_tokens or 8192,
+                              bool(s.enable_chunked_prefill), "recompute", 0.0,
+                              s.capacity_scheduler_policy or "GUARANTEED_NO_EVICT")
     chunk = 2048 if gpu_memory_gib < 20 else 4096 if gpu_memory_gib < 60 else 8192 if gpu_memory_gib < 160 else 16384
     seqs = s.max_num_seqs
     if seqs is None:
@@ -82,4 +91,4 @@ def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib
 def prefix_defaults(engine: str) -> tuple[bool, str]:
     """(enable_prefix_caching, prefix_cache) for a paged policy that leaves them unset."""
     return {"vllm-v0": (False, "hash"), "vllm-v1": (True, "hash"), "vllm-reference": (True, "hash"),
-            "sglang": (True, "radix")}[engine]
+            "sglang": (True, "radix"), "trtllm": (True, "hash")}[engine]

@@ -21,6 +21,9 @@ from kvsim.config.engine_defaults import DEFAULT_ENGINE, EngineSettings, prefix_
 from kvsim.config.engine_defaults import resolve as resolve_settings
 from kvsim.config.errors import InputError
 from kvsim.config.inference_perf import InferencePerf
+from kvsim.config.trtllm import DEFAULTS as TRTLLM
+from kvsim.config.trtllm import allocator_options
+from kvsim.config.trtllm import check as check_trtllm
 from kvsim.model.specs import DTYPE_BITS, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, model_from_hf_config
 
 MAX_REPLICAS = 256
@@ -234,7 +237,7 @@ class Workload(Strict):
 
 
 # --- engine ----------------------------------------------------------------------
-Engine = Literal["vllm-v0", "vllm-v1", "sglang", "vllm-reference"]
+Engine = Literal["vllm-v0", "vllm-v1", "sglang", "vllm-reference", "trtllm"]
 
 
 class SchedulerSettings(Strict):
@@ -249,6 +252,28 @@ class SchedulerSettings(Strict):
     watermark: float | None = Field(None, ge=0, lt=1)   # share of the pool kept free at admission
     schedule_policy: Literal["fcfs", "lpm"] | None = None   # SGLang's order of the waiting queue
     async_scheduling: bool | None = None        # vLLM V1 (default true): kvsim.config.engine_defaults
+    # TensorRT-LLM's SchedulerConfig (engine: trtllm; default GUARANTEED_NO_EVICT)
+    capacity_scheduler_policy: Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"] | None = None
+
+
+class KvCacheConfig(Strict):
+    """TensorRT-LLM's KvCacheConfig, the fields kvsim models (engine: trtllm), with the
+    defaults of its 1.x line (kvsim.config.trtllm says how they map to policies)."""
+    # the share of the memory free after loading that the KV pool takes
+    free_gpu_memory_fraction: float = Field(TRTLLM["free_gpu_memory_fraction"], gt=0, lt=1)
+    enable_block_reuse: bool = TRTLLM["enable_block_reuse"]
+    tokens_per_block: int = Field(TRTLLM["tokens_per_block"], ge=2, le=4096)
+    host_cache_size: int | None = Field(TRTLLM["host_cache_size"], ge=0)   # host bytes per GPU, evicted blocks
+    enable_partial_reuse: bool = TRTLLM["enable_partial_reuse"]
+    copy_on_partial_reuse: bool = TRTLLM["copy_on_partial_reuse"]
+    secondary_offload_min_priority: int = Field(TRTLLM["secondary_offload_min_priority"], ge=0, le=100)
+    retention_priority: int = Field(TRTLLM["retention_priority"], ge=0, le=100)   # every block's (RetentionConfig)
+
+    @model_validator(mode="after")
+    def _power_of_two(self):
+        if self.tokens_per_block & (self.tokens_per_block - 1):
+            raise ValueError(f"tokens_per_block {self.tokens_per_block} must be a power of two")
+        return self
 
 
 class SLO(Strict):
@@ -328,6 +353,8 @@ class Paged(PolicyBase):
     prefix_cache: Literal["hash", "radix"] | None = None   # radix: SGLang-style radix tree
 
     def allocator_kind(self, engine: str = "vllm-v1") -> tuple[str, dict]:
+        if engine == "trtllm":      # TensorRT-LLM's block manager, KvCacheConfig's defaults
+            return "trtllm", allocator_options(self, None)
         default_on, default_cache = prefix_defaults(engine)
         on = default_on if self.enable_prefix_caching is None else self.enable_prefix_caching
         if not on:
@@ -460,10 +487,11 @@ class Scenario(Strict):
     activation_memory_gib: float | None = Field(None, ge=0)   # default: estimated
     enforce_eager: bool = False      # vLLM: no CUDA graphs, so none counted in the pool
     mem_fraction_static: float | None = Field(None, gt=0, lt=1)   # SGLang's pool (default: by GPU and tp)
+    kv_cache_config: KvCacheConfig | None = None   # TensorRT-LLM's (engine: trtllm)
     vllm_args: str | None = None     # `vllm serve` flags setting the fields above (kvsim.config.engine_flags)
     sglang_args: str | None = None   # SGLang's launch flags, likewise (engine: sglang)
     max_model_len: int | None = Field(None, ge=1)   # default: the model's context length (filled at load)
-    engine: Engine | None = None     # vllm-v0, vllm-v1 (default), sglang or vllm-reference; or under scheduler:
+    engine: Engine | None = None     # vllm-v0, vllm-v1 (default), sglang, vllm-reference or trtllm; or under scheduler:
     time_limit_s: float | None = Field(None, gt=0)   # simulated seconds; the rest is "unfinished"
     replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS)   # engines behind a router (default 1)
     router: Literal["round-robin", "least-loaded", "prefix-aware"] | None = None   # default round-robin
@@ -623,6 +651,10 @@ def _check_engine(scn: Scenario, src: str) -> None:
                          f"'{scn.scheduler.engine}'; give it once")
     name, s = scn.engine_name, scn.engine_settings()
     width = max(scn.workload.n, scn.workload.beam_width)
+
+    def error(field: str, message: str):
+        raise InputError(src, field, message)
+    check_trtllm(scn, src, error)
     if name != "vllm-v0":
         if scn.workload.beam_width > 1:
             raise InputError(src, "workload.beam_width", f"{name} has no beam groups in its scheduler "

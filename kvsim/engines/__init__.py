@@ -1,5 +1,5 @@
-"""Engine rules: how vLLM V0, vLLM V1 and SGLang decide what one step holds, and vLLM's own
-V1 scheduler deciding it (vllm-reference).
+"""Engine rules: how vLLM V0, vLLM V1, SGLang and TensorRT-LLM decide what one step holds,
+and vLLM's own V1 scheduler deciding it (vllm-reference).
 
 Exports: ENGINES (the registry keyed by the scenario's `engine:`), make_rules; base (EngineRules,
 the protocol each implements, and what they work with); each engine's defaults are
@@ -12,6 +12,7 @@ from typing import Callable
 from kvsim.engines.base import EngineRules
 from kvsim.config.engine_defaults import DEFAULT_ENGINE, EngineSettings, resolve
 from kvsim.engines.sglang import SGLang
+from kvsim.engines.trtllm import TensorRTLLM
 from kvsim.engines.vllm_v0 import VllmV0
 from kvsim.engines.vllm_reference_rules import VllmReferenceRules
 from kvsim.engines.vllm_v1 import VllmV1
@@ -21,6 +22,7 @@ ENGINES: dict[str, Callable[[], EngineRules]] = {
     "vllm-v1": VllmV1,
     "sglang": SGLang,
     "vllm-reference": VllmReferenceRules,    # vLLM 0.33.0's own scheduler (kvsim[vllm])
+    "trtllm": TensorRTLLM,
 }
 
 

@@ -11,6 +11,9 @@ here turn bytes into slots with the frozen KVSpec, so allocators only count slot
               SGLang's default 1)
   contiguous  one region per sequence (options: reserve = max | pow2 | oracle,
               placement = first-fit | buddy)
+  trtllm      TensorRT-LLM's block manager: block reuse, partial reuse, a host pool
+              (options: block_size, prefix_caching, partial_reuse, copy_on_partial_reuse,
+              host_cache_bytes, link_bytes_s, offload_min_priority, retention_priority)
 
 A paged prefix cache may have KV tiers behind it (option tiers: a TierStore,
 kvsim.kvcache.tiers; the allocator is then kvsim.kvcache.tiered's).
@@ -28,6 +31,8 @@ from kvsim.kvcache.radix import RadixCacheAllocator
 from kvsim.kvcache.sliding import SlidingWindowPagedAllocator, SlidingWindowPrefixCache, admission_cap
 from kvsim.kvcache.tiered import TieredPrefixCachingAllocator
 from kvsim.kvcache.tiers import TierStore
+from kvsim.kvcache.trtllm import TrtllmBlockManager
+from kvsim.kvcache.trtllm_host import TrtllmHostPoolManager
 from kvsim.model.specs import KVSpec
 
 
@@ -63,11 +68,24 @@ def _contiguous(pool_bytes: float, kv: KVSpec, max_model_len: int,
     return ContiguousAllocator(capacity, max_model_len, reserve, placement)
 
 
+def _trtllm(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 32,
+            prefix_caching: bool = True, host_cache_bytes: float = 0.0, **options) -> TrtllmBlockManager:
+    # TensorRT-LLM's calculateMaxNumBlocks (kvCacheManager.cpp): primary blocks round the
+    # pool's tokens up (ceilDiv(maxTokens, tokensPerBlock)), the host pool's down.
+    tokens = int(pool_bytes // kv.bytes_per_token)
+    secondary = int(host_cache_bytes // kv.bytes_per_token) // block_size
+    block_bytes = block_size * kv.bytes_per_token
+    cls = TrtllmHostPoolManager if secondary else TrtllmBlockManager
+    return cls(-(-tokens // block_size), block_size, secondary_blocks=secondary, block_bytes=block_bytes,
+               reuse=prefix_caching, **options)
+
+
 # kind -> builder(pool_bytes, kv, max_model_len, **options): a new allocator registers here
 ALLOCATORS: dict[str, Callable[..., KVAllocator]] = {
     "contiguous": _contiguous,
     "paged": _paged,
     "radix": _radix,
+    "trtllm": _trtllm,
 }
 
 
@@ -84,5 +102,5 @@ __all__ = [
     "InvariantError", "KVAllocator",
     "NextSeq", "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
     "SlidingWindowPagedAllocator", "SlidingWindowPrefixCache",
-    "TieredPrefixCachingAllocator", "TierStore", "make_allocator",
+    "TieredPrefixCachingAllocator", "TierStore", "TrtllmBlockManager", "make_allocator",
 ]

@@ -19,11 +19,12 @@ from typing import Mapping
 
 from kvsim.config.engine_defaults import EngineSettings
 from kvsim.config.errors import InputError
-from kvsim.config.scenario import Scenario
+from kvsim.config.scenario import KvCacheConfig, Scenario
+from kvsim.config.trtllm import allocator_options, host_bytes_per_gpu
 from kvsim.cost.model import CostModel, make_cost_model
 from kvsim.kvcache import make_allocator
 from kvsim.kvcache.tiers import TierStore, build_stores
-from kvsim.model import sglang_pool, vllm_pool
+from kvsim.model import sglang_pool, trtllm_pool, vllm_pool
 from kvsim.model.memory import PoolSizing, no_room
 from kvsim.model.specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
 from kvsim.sim.scheduler import SwapSpace
@@ -146,6 +147,8 @@ def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSi
             cuda_graphs=scn.engine_name in ("vllm-v1", "vllm-reference") and not scn.enforce_eager,
             activation_bytes=None if scn.activation_memory_gib is None else scn.activation_memory_gib * GIB,
             kv_cache_memory_bytes=fixed, engine=scn.engine_name)
+    if scn.engine_name == "trtllm":
+        return _trtllm_pool(scn, model, gpu, src, fixed)
     if scn.engine_name == "sglang":
         pool = sglang_pool.size_pool(model, gpu, tp=tp, mem_fraction_static=scn.mem_fraction_static,
                                      chunked_prefill_size=scn.scheduler.max_num_batched_tokens,
@@ -178,6 +181,35 @@ def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSi
     return pool
 
 
+def _trtllm_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str, fixed: float | None) -> PoolSizing:
+    s, cfg = scn.engine_settings(), scn.kv_cache_config
+    pool = trtllm_pool.size_pool(
+        model, gpu, tp=scn.tensor_parallel_size, max_num_tokens=s.max_num_batched_tokens,
+        max_batch_size=s.max_num_seqs, free_gpu_memory_fraction=(cfg or KvCacheConfig()).free_gpu_memory_fraction,
+        activation_bytes=None if scn.activation_memory_gib is None else scn.activation_memory_gib * GIB,
+        kv_cache_memory_bytes=fixed)
+    if pool.pool_bytes <= 0:
+        raise InputError(src, "tensor_parallel_size", f"no memory left for the KV cache: "
+                         f"{pool.weight_bytes / GIB:.1f} GiB of weights and {pool.activation_bytes / GIB:.1f} "
+                         f"GiB of activations per GPU fill the {gpu.memory_gib:g} GiB GPU; raise "
+                         "tensor_parallel_size or use a larger GPU")
+    return pool
+
+
+def _trtllm_policy(scn: Scenario, policy, pool: PoolSizing, gpu: GPUSpec) -> tuple[dict, TierPlan | None]:
+    """A policy's TensorRT-LLM block manager options and, with a host pool, the tier the
+    summary reports it as. The host pool counts bytes of the whole model's KV, as the
+    GPU pool does (each GPU holds its share of every token)."""
+    tp = scn.tensor_parallel_size
+    options = allocator_options(policy, scn.kv_cache_config)
+    host = host_bytes_per_gpu(policy, scn.kv_cache_config, tp)
+    link = gpu.pcie_gb_s * 1e9 * tp
+    options.update(host_cache_bytes=host * pool.kv_shards, link_bytes_s=link)
+    if not host:
+        return options, None
+    return options, TierPlan(host * tp / GIB, 0.0, "lru", options["block_size"], False, link, 0.0, 0.0)
+
+
 def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
     """The scenario's plan; bad input fails here, before any simulation."""
     model, gpu = scn.model_spec(base_dir), scn.gpu_spec()
@@ -189,6 +221,9 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
         kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale,
                     policy.kv_scale_group_size)
         kind, options = policy.allocator_kind(scn.engine_name)
+        tiers = None
+        if kind == "trtllm":
+            options, tiers = _trtllm_policy(scn, policy, pool, gpu)
         units = pool.pool_bytes / kv.bytes_per_token / options.get("block_size", 1)
         if units > MAX_UNITS:
             raise InputError(src, f"policies[{i}]", f"the KV pool would hold {units:.3g} "
@@ -212,8 +247,7 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
         if settings.preemption_mode != "recompute":      # swap, or V0's choice (groups swap)
             swap = SwapSpace(scn.scheduler.swap_space_gib * GIB * tp, kv.bytes_per_token,
                              gpu.pcie_gb_s * 1e9 * tp)
-        tiers = None
-        if (t := policy.tiers) is not None:
+        if kind != "trtllm" and (t := policy.tiers) is not None:
             tiers = TierPlan(t.cpu_gib, t.disk_gib, t.policy, t.chunk_tokens or options["block_size"],
                              t.shared, gpu.pcie_gb_s * 1e9 * tp, t.network_gb_s * 1e9 * tp, t.disk_gb_s * 1e9)
         policies.append(PolicyPlan(policy.name, policy.allocator, kind, MappingProxyType(dict(options)),

@@ -32,7 +32,7 @@ def simulate_plan(plan: Plan, *, on_progress: Callable[[str, int, int], None] | 
         policy = plan.policies[i]
         progress = (lambda done, name=policy.name: on_progress(name, done, len(requests))) \
             if on_progress and not parallel else None
-        if policy.tiers is None:
+        if policy.tiers is None or policy.kind == "trtllm":    # TensorRT-LLM's host pool is its own
             fleet = [make_allocator(policy.kind, plan.pool.pool_bytes, policy.kv, plan.max_model_len, **policy.options)
                      for _ in range(plan.replicas)]
         else:              # fresh stores for this run, each behind its replica's allocator
