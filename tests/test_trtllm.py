@@ -366,3 +366,27 @@ def test_bad_input_from_the_command_line_is_one_line_and_writes_nothing(tmp_path
     path.write_text(yaml.safe_dump(doc))
     line = one_error_line(*kvsim("run", path, "--out", tmp_path / "out"))
     assert "policies[0].allocator" in line and not (tmp_path / "out").exists()
+
+
+def test_a_host_pool_of_no_bytes_is_no_host_pool():
+    """kv_offload of 0 GiB or a host_cache_size of 0 give the tables of a policy without one."""
+    policies = [dict(name="reuse", allocator="paged", block_size=8), dict(name="host", allocator="paged", block_size=8)]
+    plain = run_doc(GUARANTEED_NO_EVICT, policies=policies)()
+    policies[1] = {**policies[1], "kv_offload": {"cpu_gib": 0.0}}
+    zero = run_doc(GUARANTEED_NO_EVICT, kv_cache_config={"host_cache_size": 0}, policies=policies)()
+    for table in ("summary", "timeseries", "requests"):
+        assert getattr(plain, table).equals(getattr(zero, table)), table
+
+
+def test_the_engine_logs_its_pool_as_tensorrt_llm_does():
+    from kvsim.model.engine_log import trtllm_lines
+    from kvsim.model.memory import PoolSizing
+    from kvsim.model.specs import MODEL_PRESETS, KVSpec
+    kv = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")         # 128 KiB a token
+    pool = PoolSizing("trtllm", 0, 0, 0, 0, 2 ** 30 + 5 * 2 ** 17, 1, "free_gpu_memory_fraction")
+    # 8,197 tokens: 257 blocks of 32 (rounded up), 8,224 tokens, 1.00 GiB
+    assert trtllm_lines(pool, kv, 32) == ["Number of tokens per block: 32.",
+                                          "[MemUsageChange] Allocated 1.00 GiB for max tokens in paged KV cache (8224)."]
+    code, out, _ = __import__("helpers").kvsim("memory", "--model", "llama-3-8b", "--context", "1000",
+                                               "--gpu", "h100-80gb", "--engine", "trtllm")
+    assert code == 0 and "trtllm (TensorRT-LLM 1.x" in out and "for max tokens in paged KV cache" in out

@@ -175,7 +175,7 @@ def _write_results(results, scn, out: Path, meta: dict, workers: int = 1) -> Non
 @click.option("--num-kv-heads", type=click.IntRange(min=1), help="Override the KV heads (e.g. MHA).")
 @click.option("--gpu", "gpu_name", help=f"Also size the KV pool on this GPU ({', '.join(GPU_PRESETS)}) "
               "as each --engine would.")
-@click.option("--engine", "engines", multiple=True, type=click.Choice(["vllm-v1", "vllm-v0", "sglang"]),
+@click.option("--engine", "engines", multiple=True, type=click.Choice(["vllm-v1", "vllm-v0", "sglang", "trtllm"]),
               help="Engine whose pool to size (repeatable) [default with --gpu: vllm-v1 and sglang].")
 @click.option("--tensor-parallel-size", "--tp", "tp", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--max-model-len", type=click.IntRange(min=1), help="[default: the model's context length]")

@@ -7,7 +7,8 @@ from kvsim.model.engine_log import engine_log
 from kvsim.config.scenario import SchedulerSettings
 from kvsim.model.specs import GIB, KVSpec, resolve_kv_dtype
 
-RELEASES = {"vllm-v1": "vLLM 0.33.0", "vllm-v0": "vLLM V0", "sglang": "SGLang 0.5.23"}
+RELEASES = {"vllm-v1": "vLLM 0.33.0", "vllm-v0": "vLLM V0", "sglang": "SGLang 0.5.23",
+            "trtllm": "TensorRT-LLM 1.x"}
 
 
 def pool_reports(model, gpu, engines, *, tp: int, max_model_len: int | None, kv_dtype: str,
@@ -15,7 +16,7 @@ def pool_reports(model, gpu, engines, *, tp: int, max_model_len: int | None, kv_
                  max_num_batched_tokens: int | None, max_num_seqs: int | None,
                  block_size: int | None) -> list[dict]:
     """Each engine's accounting of one GPU and what it would log of the pool."""
-    from kvsim.model import sglang_pool, vllm_pool
+    from kvsim.model import sglang_pool, trtllm_pool, vllm_pool
     from kvsim.config.scenario import check_parallel
     max_model_len = max_model_len or model.max_position_embeddings
     if max_model_len is None:
@@ -31,6 +32,10 @@ def pool_reports(model, gpu, engines, *, tp: int, max_model_len: int | None, kv_
                                          chunked_prefill_size=max_num_batched_tokens,
                                          max_running_requests=max_num_seqs)
             kind, options = "radix", {"page_size": block_size or 1}
+        elif engine == "trtllm":       # KvCacheConfig's default free_gpu_memory_fraction
+            pool = trtllm_pool.size_pool(model, gpu, tp=tp, free_gpu_memory_fraction=0.9,
+                                         max_num_tokens=s.max_num_batched_tokens, max_batch_size=s.max_num_seqs)
+            kind, options = "trtllm", {"block_size": block_size or 32}
         else:
             pool = vllm_pool.size_pool(model, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
                                        max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
@@ -55,9 +60,10 @@ def describe(report: dict) -> list[str]:
     head = (f"{report['engine']} ({report['release']}, tp {report['tensor_parallel_size']}, "
             f"max_num_batched_tokens {report['max_num_batched_tokens']:,}, max_num_seqs {report['max_num_seqs']:,}): "
             f"{report['budget_bytes'] / GIB:.2f} GiB per GPU from {report['budget_source']}")
-    parts = (f"  weights {gib['weights']:.2f} + activations {gib['activations']:.2f}"
-             + (f" + non-torch {gib['non_torch']:.2f} + CUDA graphs {gib['cuda_graphs']:.2f}"
-                if report["engine"] != "sglang" else " (reserved)")
+    others = {"sglang": " (reserved)",      # TensorRT-LLM captures its CUDA graphs after the pool
+              "trtllm": f" + non-torch {gib['non_torch']:.2f}"}.get(
+        report["engine"], f" + non-torch {gib['non_torch']:.2f} + CUDA graphs {gib['cuda_graphs']:.2f}")
+    parts = (f"  weights {gib['weights']:.2f} + activations {gib['activations']:.2f}" + others
              + f" + KV cache {gib['kv_cache']:.2f} GiB")
     lines = [head, parts] + [f"  {line}" for line in report["log"]]
     if not report["log"]:

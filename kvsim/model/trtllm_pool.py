@@ -7,8 +7,8 @@ cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp: free memory x the fraction; t
 estimate is tensorrt_llm/_torch/pyexecutor/_util.py's KvCacheCreator). The rest stays for
 the CUDA graphs captured afterwards and for fragmentation. kvsim estimates the free
 memory as vLLM's accounting of the same parts does (kvsim.model.vllm_pool): the GPU's
-memory less the weights, the activation peak of a max_num_tokens step and the CUDA and
-NCCL buffers, no CUDA graphs.
+memory less the weights, the activation peak of a step of max_num_tokens tokens and
+max_batch_size sequences and the CUDA and NCCL buffers, no CUDA graphs.
 """
 from __future__ import annotations
 
