@@ -727,8 +727,9 @@ def test_keys_are_kept_in_proportion_to_the_pool_not_to_the_requests_seen():
     for i in range(400):            # the system prompt, then 8 tokens no other request has
         assert alloc.allocate(i, shaped(16, 0, tail=1000 + i), 16)
         alloc.free(i)
-    assert alloc._next_key > 800     # two keys for each request's own blocks
-    assert sum(map(len, alloc._runs.values())) + len(alloc._keys) <= (KEYS_SLACK + 2) * 8
+    names = alloc._names
+    assert names.next > 800     # two keys for each request's own blocks
+    assert sum(map(len, names.runs.values())) + len(names.ids) <= (KEYS_SLACK + 2) * 8
     assert alloc.match_prefix(shaped(16, 0, tail=1), 16) == 8          # the system prompt still hits
     assert alloc.match_prefix(shaped(16, 0, tail=1399), 16) == 12      # and the last request's blocks
     alloc.check_invariants()

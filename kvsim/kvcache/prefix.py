@@ -68,21 +68,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import not_
-from typing import NamedTuple
 
 from kvsim.kvcache.base import InvariantError, SeqShape
 from kvsim.kvcache.free_queue import LinkedFreeQueue
+from kvsim.kvcache.naming import ROOT, Chain, ContentNames
 from kvsim.kvcache.paged import PagedAllocator, _Seq, blocks_for
 
-_ROOT = -1   # the "parent key" of a table's first block
 CHAINS_KEPT = 256   # shapes whose key chains are kept for lookups
 
-
-class Chain(NamedTuple):
-    """The keys of a shape's first full blocks, and whether a block holding unique
-    content (-1) ended them (no later block is cacheable, however long the shape grows)."""
-    keys: list[int]
-    ended: bool
 KEYS_SLACK = 4      # keys made between two prunings: at least this many per block of the pool
 
 
@@ -108,16 +101,13 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # the few keys with more, key -> the later copies in the order they were cached.
         self._first: dict[int, int] = {}
         self._more: dict[int, list[int]] = {}
-        # (parent key, runs) -> key of a block that straddles content pieces, and
-        # (parent key, content, offset) -> keys of a stretch of whole blocks inside one
-        # piece (_make_chain). Content gets the same key for as long as anything holds
-        # it: once they have grown by more than they held after the last pruning (and by
-        # KEYS_SLACK keys per block of the pool at least), entries whose keys nothing
-        # holds are forgotten (_forget_keys); a prefix seen again then gets a new key.
-        self._keys: dict[tuple, int] = {}
-        self._runs: dict[tuple[int, int, int], list[int]] = {}
-        self._next_key = 0
-        self._forget_after = self._next_key + KEYS_SLACK * num_blocks    # free() forgets past it
+        # The blocks' keys (kvsim.kvcache.naming). Content gets the same key for as long
+        # as anything holds it: once they have grown by more than they held after the
+        # last pruning (and by KEYS_SLACK keys per block of the pool at least), entries
+        # whose keys nothing holds are forgotten (_forget_keys); a prefix seen again then
+        # gets a new key.
+        self._names = ContentNames(block_size)
+        self._forget_after = KEYS_SLACK * num_blocks    # free() forgets past it
         self._chains: dict[SeqShape, Chain] = {}   # shape -> _make_chain's answer, by recency
         # The last lookup's answer, good while no key it read has changed its first copy:
         # admitting a request looks its prefix up three times (its need, whether it fits,
@@ -156,50 +146,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         return kept.keys
 
     def _make_chain(self, shape: SeqShape, total: int) -> Chain:
-        """The keys of the shape's first `total` full blocks, in one walk over its content
-        pieces (its segments, then the tail from offset 0), and whether a block holding
-        content -1 ended them first (no later block is cacheable).
-
-        A block that straddles pieces is keyed by (parent key, its runs), interned. A
-        stretch of whole blocks inside one piece is keyed as a run: (parent key, content,
-        offset where the stretch starts) names a list of fresh keys, one per block, that
-        grows when a longer stretch is seen, so n blocks cost one lookup. Keys stay
-        canonical: whether a block lies inside one piece, and where such a stretch
-        starts, follow from the tokens before and in it (an offset restarts at 0 with each
-        piece), so equal prefixes get equal keys and unequal ones unequal keys."""
-        bs = self.block_size
-        pieces = [(content, length) for content, length in shape.segments if length]
-        pieces.append((shape.tail_id, max(shape.final_tokens, total * bs)))   # the tail runs on
-        chain: list[int] = []
-        block: list[tuple[int, int, int]] = []
-        room, key = bs, _ROOT
-        for content, length in pieces:
-            offset = 0
-            while offset < length and len(chain) < total:
-                if content == -1:
-                    return Chain(chain, True)      # this block and every later one stay uncached
-                if not block and length - offset >= bs:    # whole blocks of one piece
-                    n = min((length - offset) // bs, total - len(chain))
-                    run = self._runs.setdefault((key, content, offset), [])
-                    if len(run) < n:
-                        run.extend(range(self._next_key, self._next_key + n - len(run)))
-                        self._next_key = run[-1] + 1
-                    chain.extend(run[:n])
-                    key, offset = chain[-1], offset + n * bs
-                    continue
-                take = min(room, length - offset)
-                block.append((content, offset, take))
-                offset, room = offset + take, room - take
-                if not room:
-                    ident = (key, tuple(block))
-                    found = self._keys.get(ident)
-                    if found is None:
-                        found = self._keys[ident] = self._next_key
-                        self._next_key += 1
-                    key = found
-                    chain.append(key)
-                    block, room = [], bs
-        return Chain(chain, False)
+        """The keys of the shape's first `total` full blocks, and whether a block holding
+        content -1 ended them first (kvsim.kvcache.naming: one walk over its content)."""
+        return self._names.walk(shape, total)
 
     def _hits(self, shape: SeqShape, num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, at most num_tokens - 1 tokens. The
@@ -319,16 +268,17 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         answer go too (a waiting request's chain is made again, from what is kept, when
         it is next looked up)."""
         held = self._held_keys()
-        self._runs = {ident: run for ident, run in self._runs.items() if not held.isdisjoint(run)}
-        self._keys = {ident: key for ident, key in self._keys.items() if key in held}
-        held.add(_ROOT)
-        orphans = [ident for ident in [*self._runs, *self._keys] if ident[0] not in held]
+        names = self._names
+        names.runs = {ident: run for ident, run in names.runs.items() if not held.isdisjoint(run)}
+        names.ids = {ident: key for ident, key in names.ids.items() if key in held}
+        held.add(ROOT)
+        orphans = [ident for ident in [*names.runs, *names.ids] if ident[0] not in held]
         if orphans:
             raise InvariantError(f"key entries {orphans[:3]} are kept, but not the keys they hang below")
         self._chains.clear()
         self._touched, self._last_hits = set(), (None, 0, set(), ())
-        kept = sum(map(len, self._runs.values())) + len(self._keys)
-        self._forget_after = self._next_key + max(KEYS_SLACK * self.num_blocks, kept)
+        kept = sum(map(len, names.runs.values())) + len(names.ids)
+        self._forget_after = names.next + max(KEYS_SLACK * self.num_blocks, kept)
 
     def free(self, seq_id: int) -> None:
         """Release the table deepest block first (BlockPool.free_blocks, vLLM 0.33.0): of the
@@ -345,7 +295,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         partial = len(table) - seq.tokens // self.block_size    # leading entries of `table`
         self._free.put_front([b for b, n in zip(table[:partial], left) if not n])
         self._free.put(compress(table[partial:], map(not_, left[partial:])))
-        if self._next_key > self._forget_after:
+        if self._names.next > self._forget_after:
             self._forget_keys()
 
     def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:

@@ -40,8 +40,9 @@ block id by block id.
 from __future__ import annotations
 
 from kvsim.kvcache.base import InvariantError, SeqShape
+from kvsim.kvcache.naming import ROOT
 from kvsim.kvcache.paged import PagedAllocator, _Seq, blocks_for
-from kvsim.kvcache.prefix import PrefixCachingPagedAllocator, _CachedSeq, _ROOT
+from kvsim.kvcache.prefix import PrefixCachingPagedAllocator, _CachedSeq
 
 
 def admission_cap(window: int, block_size: int, in_flight_tokens: int, max_model_len: int) -> int:
@@ -191,21 +192,21 @@ class SlidingWindowPrefixCache(PrefixCachingPagedAllocator):
 
     def free(self, seq_id: int) -> None:
         self._free_deepest_first(self._seqs.pop(seq_id).table[::-1])
-        if self._next_key > self._forget_after:
+        if self._names.next > self._forget_after:
             self._forget_keys()
 
     def _held_keys(self) -> set[int]:
         """Keys held, with every key they hang below: a block hashed here may be the only
         one of its prefix that is, and its key must outlive its prefix's to be met again."""
         held = super()._held_keys()
-        parent: dict[int, int] = {key: ident[0] for ident, key in self._keys.items()}
-        for (above, _, _), run in self._runs.items():
+        parent: dict[int, int] = {key: ident[0] for ident, key in self._names.ids.items()}
+        for (above, _, _), run in self._names.runs.items():
             for key in run:
                 parent[key], above = above, key
         todo = list(held)
         while todo:
-            up = parent.get(todo.pop(), _ROOT)
-            if up != _ROOT and up not in held:
+            up = parent.get(todo.pop(), ROOT)
+            if up != ROOT and up not in held:
                 held.add(up)
                 todo.append(up)
         return held

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from itertools import filterfalse, islice, takewhile
 
 from kvsim.kvcache.base import InvariantError, SeqShape
+from kvsim.kvcache.naming import ContentNames
 from kvsim.kvcache.tier_policies import POLICIES
 
 NAMES_SLACK = 8          # names made between two prunings: at least this many per chunk held
@@ -116,13 +117,10 @@ class Tier:
         return new
 
 
-class ChunkNames:
-    """Ints naming chunk contents, so that equal names mean equal prefixes in every
-    replica that shares the namer. Exact (interned, no collisions), as the GPU prefix
-    cache's keys (kvsim.kvcache.prefix `_make_chain`, whose scheme this is): a chunk
-    that straddles content pieces is named by (name before it, its token runs); a
-    stretch of whole chunks inside one piece by (name before it, content, offset where
-    the stretch starts) and its place in the stretch, so n chunks cost one lookup.
+class ChunkNames(ContentNames):
+    """Ints naming chunk contents (kvsim.kvcache.naming, the GPU prefix cache's scheme),
+    so that equal names mean equal prefixes in every replica that shares the namer, with
+    each name's parent recorded, for pruning.
 
     Names take memory in proportion to what the tiers hold: once more names were made
     than NAMES_SLACK per chunk held since the last pruning, the ones no tier holds (and
@@ -130,11 +128,9 @@ class ChunkNames:
     name, and since nothing holds the old one, nothing can tell."""
 
     def __init__(self, chunk_tokens: int):
+        super().__init__(chunk_tokens)
         self.chunk_tokens = chunk_tokens
-        self._ids: dict[tuple, int] = {}          # (parent name, runs) -> name
-        self._runs: dict[tuple, list[int]] = {}   # (parent name, content, offset) -> names
         self._parent: dict[int, int] = {}         # name -> the name before it (-1: none)
-        self._next = 0
         self._shapes: OrderedDict[SeqShape, list[int]] = OrderedDict()
         self._prune_after = MIN_NAMES
 
@@ -142,53 +138,15 @@ class ChunkNames:
         """Names of the shape's whole chunks, up to the first holding content -1."""
         names = self._shapes.pop(shape, None)
         if names is None:
-            names = self._make(shape)
+            names = self.walk(shape, shape.final_tokens // self.chunk_tokens)[0]
         self._shapes[shape] = names
         if len(self._shapes) > SHAPES_KEPT:
             del self._shapes[next(iter(self._shapes))]
         return names
 
-    def _new(self, parent: int) -> int:
-        name = self._next
-        self._next += 1
-        self._parent[name] = parent
-        return name
-
-    def _make(self, shape: SeqShape) -> list[int]:
-        """One walk over the shape's content pieces (its segments, then its tail)."""
-        c = self.chunk_tokens
-        pieces = [(content, length) for content, length in shape.segments if length]
-        pieces.append((shape.tail_id, shape.final_tokens))
-        total = shape.final_tokens // c
-        names: list[int] = []
-        runs: list[tuple[int, int, int]] = []
-        room, parent = c, -1
-        for content, length in pieces:
-            offset = 0
-            while offset < length and len(names) < total:
-                if content == -1:
-                    return names        # this chunk and every later one stay unnamed
-                if not runs and length - offset >= c:       # whole chunks of one piece
-                    n = min((length - offset) // c, total - len(names))
-                    run = self._runs.setdefault((parent, content, offset), [])
-                    if len(run) < n:
-                        fresh = range(self._next, self._next + n - len(run))
-                        self._parent.update(zip(fresh, [run[-1] if run else parent, *fresh[:-1]]))
-                        run.extend(fresh)
-                        self._next = fresh[-1] + 1
-                    names.extend(run[:n])
-                    parent, offset = names[-1], offset + n * c
-                    continue
-                take = min(room, length - offset)
-                runs.append((content, offset, take))
-                offset, room = offset + take, room - take
-                if not room:
-                    ident = (parent, tuple(runs))
-                    name = self._ids.get(ident)
-                    if name is None:
-                        name = self._ids[ident] = self._new(parent)
-                    names.append(name)
-                    parent, runs, room = name, [], c
+    def fresh(self, n: int, parent: int) -> range:
+        names = super().fresh(n, parent)
+        self._parent.update(zip(names, [parent, *names[:-1]]))
         return names
 
     def known(self, name: int) -> bool:
@@ -196,7 +154,7 @@ class ChunkNames:
 
     def due(self) -> bool:
         """Whether enough names were made since the last pruning to prune again."""
-        return self._next >= self._prune_after
+        return self.next >= self._prune_after
 
     def prune(self, held: set[int]) -> None:
         """Forget names unless a tier holds them or a held one hangs below them."""
@@ -207,15 +165,15 @@ class ChunkNames:
                 keep.add(name)
                 stack.append(self._parent[name])
         self._parent = {n: self._parent[n] for n in keep}     # lookups only: the order is free
-        self._ids = {i: n for i, n in self._ids.items() if n in keep}
+        self.ids = {i: n for i, n in self.ids.items() if n in keep}
         runs = {}
-        for ident, run in self._runs.items():
+        for ident, run in self.runs.items():
             kept = list(map(keep.__contains__, reversed(run)))
             if True in kept:            # the names before a kept one are kept: its ancestors
                 runs[ident] = run[:len(run) - kept.index(True)]
-        self._runs = runs
+        self.runs = runs
         self._shapes.clear()
-        self._prune_after = self._next + max(MIN_NAMES, NAMES_SLACK * len(keep))
+        self._prune_after = self.next + max(MIN_NAMES, NAMES_SLACK * len(keep))
 
 
 class TierStore:
