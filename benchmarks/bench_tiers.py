@@ -8,7 +8,9 @@ simulation is timed (run_scenario: no files, no figures), in CPU seconds of this
 process, which other jobs on a shared machine disturb less than wall time; read the
 ratio of medians. The cases: retrieval-augmented prompts of ~5,600 tokens over a host
 tier (LRU, ARC) and a host tier with a disk behind it, multi-turn chat and a shared
-system prompt, each with its chunks of 16 tokens (vLLM's default: the GPU's block).
+system prompt, each with its chunks of 16 tokens (vLLM's default: the GPU's block), and
+the retrieval prompts under SGLang with HiCache's default host pool (2x the GPU's) behind
+its radix cache in pages of 16.
 
     python benchmarks/bench_tiers.py [--repeats 5] [--num-requests 1000]
     python benchmarks/bench_tiers.py --scenario scenarios/rag_offload.yaml --policy cpu-16g
@@ -28,12 +30,14 @@ from kvsim.config.scenario import validate_scenario
 
 TARGET = 1.5
 ROOT = Path(__file__).parents[1]
-CASES = [   # (scenario, policy, kv_offload to give it: None keeps its own)
+SGLANG = ({"engine": "sglang"}, {"prefix_cache": "radix"})   # SGLang's radix cache, HiCache behind it
+CASES = [   # (scenario, policy, kv_offload to give it: None keeps its own[, scenario and policy changes])
     ("scenarios/rag_offload.yaml", "cpu-16g", None),
     ("scenarios/rag_offload.yaml", "cpu-16g-arc", None),
     ("scenarios/rag_offload.yaml", "cpu-4g-disk-64g", None),
     ("scenarios/chat_multiturn.yaml", "paged-16-prefix", {"cpu_gib": 16}),
     ("scenarios/shared_system_prompt.yaml", "paged-16-prefix", {"cpu_gib": 4, "disk_gib": 64}),
+    ("scenarios/rag_offload.yaml", "gpu-only", {"hicache_ratio": 2.0}, *SGLANG),
 ]
 
 
@@ -44,11 +48,12 @@ def timed(doc: dict, base: Path) -> float:
     return time.process_time() - start
 
 
-def case(scenario: str, policy: str, offload: dict | None, repeats: int, num_requests: int) -> dict:
+def case(scenario: str, policy: str, offload: dict | None, repeats: int, num_requests: int,
+         top: dict | None = None, changes: dict | None = None) -> dict:
     path = ROOT / scenario if not Path(scenario).is_absolute() else Path(scenario)
-    doc = yaml.safe_load(path.read_text())
+    doc = {**yaml.safe_load(path.read_text()), **(top or {})}
     doc["workload"]["num_requests"] = num_requests
-    tiered = next(p for p in doc["policies"] if p["name"] == policy)
+    tiered = {**next(p for p in doc["policies"] if p["name"] == policy), **(changes or {})}
     if offload is not None:
         tiered = {**tiered, "kv_offload": offload}
     plain = {k: v for k, v in tiered.items() if k != "kv_offload"}
@@ -73,8 +78,8 @@ def main() -> int:
     cases = ([(args.scenario, args.policy, yaml.safe_load(args.offload) if args.offload else None)]
              if args.scenario else CASES)
     rows = []
-    for scenario, policy, offload in cases:
-        rows.append(case(scenario, policy, offload, args.repeats, args.num_requests))
+    for scenario, policy, offload, *changes in cases:
+        rows.append(case(scenario, policy, offload, args.repeats, args.num_requests, *changes))
         r = rows[-1]
         print(f"{r['case']}: plain {r['plain_s']:.2f} s, tiered {r['tiered_s']:.2f} s, {r['ratio']:.2f}x", flush=True)
     worst = max(r["ratio"] for r in rows)

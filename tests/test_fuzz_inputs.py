@@ -70,6 +70,8 @@ BASE = {
         {"name": "paged", "allocator": "paged", "block_size": 16},
         {"name": "offload", "allocator": "paged", "block_size": 16, "enable_prefix_caching": True,
          "kv_offload": {"cpu_gib": 0.05, "disk_gib": 0.1, "policy": "arc", "chunk_tokens": 32}},
+        {"name": "hicache", "allocator": "paged", "prefix_cache": "radix",
+         "kv_offload": {"hicache_ratio": 0.5, "write_policy": "write_back"}},
     ],
 }
 

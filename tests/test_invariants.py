@@ -42,6 +42,8 @@ from kvsim.kvcache import ALLOCATORS, Breakdown, InvariantError, SeqShape, make_
 from kvsim.kvcache import contiguous
 from kvsim.kvcache.paged import PagedAllocator
 from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
+from kvsim.kvcache.hiradix import HiCacheSpec
+from kvsim.kvcache.host_tree import WRITE_THRESHOLD
 from kvsim.kvcache.tiers import TierSpec, TierStore
 from kvsim.cli.app import main
 from kvsim.config import scenario
@@ -132,11 +134,15 @@ def allocator_variants() -> list[tuple[str, str, dict, int | None]]:
     for kind in ALLOCATORS:
         if not any(v[1] == kind for v in out.values()):
             out[kind] = (kind, kind, {}, None)
-    for vid, kind, options, _ in list(out.values()):     # KV tiers behind a hash cache
+    for vid, kind, options, _ in list(out.values()):     # KV tiers behind a hash cache ...
         if options.get("prefix_caching"):
             for policy in ("lru", "arc"):
                 tiered = {**options, "tiers": (6, 10, policy)}
                 out[f"{vid}-tiers-{policy}"] = (f"{vid}-tiers-{policy}", kind, tiered, None)
+        elif kind == "radix":                            # ... and SGLang's host pool behind a radix one
+            for policy in WRITE_THRESHOLD:
+                tiered = {**options, "tiers": (48, policy)}
+                out[f"{vid}-hicache-{policy}"] = (f"{vid}-hicache-{policy}", kind, tiered, None)
     for vid, kind, options, _ in list(out.values()):
         try:
             windowed = getattr(build(kind, options, WINDOW), "window", None) is not None
@@ -149,7 +155,9 @@ def allocator_variants() -> list[tuple[str, str, dict, int | None]]:
 
 def build(kind: str, options: dict, window: int | None = None):
     kv = KV_WINDOWED if window else KV
-    if "tiers" in options:     # (host chunks, disk chunks, policy): a fresh store per allocator
+    if kind == "radix" and "tiers" in options:      # (host slots, write policy)
+        options = {**options, "tiers": HiCacheSpec(*options["tiers"], 1e10)}
+    elif "tiers" in options:   # (host chunks, disk chunks, policy): a fresh store per allocator
         cpu, disk, policy = options["tiers"]
         chunk = options["block_size"]
         store = TierStore([TierSpec("cpu", cpu, policy), TierSpec("disk", disk, "lru", 1e9)],

@@ -57,11 +57,15 @@ def test_a_host_tier_gives_back_what_the_gpu_evicted():
     assert ts[ts.policy == "disk"].tier_disk_occupancy.max() <= 1
 
 
-def test_a_tier_of_zero_bytes_writes_what_no_tier_writes(tmp_path):
+RADIX = {"name": "radix", "allocator": "paged"}      # under engine: sglang, SGLang's radix cache
+
+
+@pytest.mark.parametrize("policy, top", [(PREFIX, {}), (RADIX, {"engine": "sglang"})], ids=["hash", "hicache"])
+def test_a_tier_of_zero_bytes_writes_what_no_tier_writes(tmp_path, policy, top):
     paths = []
-    for name, policy in (("none", PREFIX), ("zero", {**PREFIX, "kv_offload": {"cpu_gib": 0}})):
+    for name, policy in (("none", policy), ("zero", {**policy, "kv_offload": {"cpu_gib": 0}})):
         scn = tmp_path / f"{name}.yaml"
-        scn.write_text(yaml.safe_dump(scenario([policy])))
+        scn.write_text(yaml.safe_dump(scenario([policy], **top)))
         out = tmp_path / name
         assert kvsim("run", scn, "--out", out, "--quiet")[0] == 0
         paths.append(out)
@@ -104,18 +108,29 @@ def test_a_shared_tier_serves_every_replica():
     assert per.loc["shared"].tier_cpu_written_gib.nunique() == 1     # one store, counted once
 
 
-@pytest.mark.parametrize("policy, message", [
-    ({**PREFIX, "kv_offload": {"cpu_gib": -1}}, "greater than or equal to 0"),
-    ({"name": "c", "allocator": "contiguous", "kv_offload": {"cpu_gib": 1}}, "contiguous allocation cannot share"),
-    ({**PREFIX, "enable_prefix_caching": False, "kv_offload": {"cpu_gib": 1}}, "set enable_prefix_caching"),
-    ({"name": "r", "allocator": "paged", "prefix_cache": "radix", "kv_offload": {"cpu_gib": 1}}, "radix"),
-    ({**PREFIX, "kv_offload": {"cpu_gib": 1, "chunk_tokens": 24}}, "multiple of block_size"),
-    ({**PREFIX, "kv_offload": {"cpu_gb": 1}}, "cpu_gib"),
-    ({**PREFIX, "kv_offload": {"cpu_gib": 1, "policy": "mru"}}, "lru"),
+SGLANG = {"engine": "sglang"}
+
+
+@pytest.mark.parametrize("policy, message, top", [
+    ({**RADIX, "kv_offload": {"cpu_gib": 1, "disk_gib": 4}}, "disk_gib: SGLang HiCache", SGLANG),
+    ({**RADIX, "kv_offload": {"cpu_gib": 1, "shared": True}}, "shared: SGLang HiCache", SGLANG),
+    ({**RADIX, "prefix_cache": "radix", "kv_offload": {"cpu_gib": 1, "policy": "arc"}}, "policy: SGLang HiCache", {}),
+    ({**RADIX, "prefix_cache": "hash", "kv_offload": {"hicache_ratio": 2}}, "hicache_ratio and write_policy", SGLANG),
+    ({**PREFIX, "kv_offload": {"cpu_gib": 1, "write_policy": "write_back"}}, "hicache_ratio and write_policy", {}),
+    ({**RADIX, "kv_offload": {"hicache_ratio": -1}}, "greater than 0", SGLANG),
+    ({**RADIX, "kv_offload": {"cpu_gib": 1, "write_policy": "write_around"}}, "write_through", SGLANG),
+    ({**PREFIX, "kv_offload": {"cpu_gib": -1}}, "greater than or equal to 0", {}),
+    ({"name": "c", "allocator": "contiguous", "kv_offload": {"cpu_gib": 1}}, "contiguous allocation cannot share", {}),
+    ({**PREFIX, "enable_prefix_caching": False, "kv_offload": {"cpu_gib": 1}}, "set enable_prefix_caching", {}),
+    ({"name": "r", "allocator": "paged", "prefix_cache": "radix", "kv_offload": {"cpu_gib": 1, "disk_gib": 1}},
+     "disk_gib: SGLang HiCache", {}),
+    ({**PREFIX, "kv_offload": {"cpu_gib": 1, "chunk_tokens": 24}}, "multiple of block_size", {}),
+    ({**PREFIX, "kv_offload": {"cpu_gb": 1}}, "cpu_gib", {}),
+    ({**PREFIX, "kv_offload": {"cpu_gib": 1, "policy": "mru"}}, "lru", {}),
 ])
-def test_bad_tiers_are_one_line_errors_and_nothing_is_written(tmp_path, policy, message):
+def test_bad_tiers_are_one_line_errors_and_nothing_is_written(tmp_path, policy, message, top):
     scn = tmp_path / "bad.yaml"
-    scn.write_text(yaml.safe_dump(scenario([policy])))
+    scn.write_text(yaml.safe_dump(scenario([policy], **top)))
     out = tmp_path / "out"
     line = one_error_line(*kvsim("run", scn, "--out", out))
     assert "kv_offload" in line and message in line

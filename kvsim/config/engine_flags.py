@@ -143,7 +143,8 @@ SGLANG: dict[str, Flag] = {
     "--schedule-conservativeness": refuse("a scheduling conservativeness other than the default", "1.0"),
     "--cuda-graph-max-bs": refuse("a CUDA-graph batch limit other than the default"),
     "--disable-cuda-graph": refuse("running without CUDA graphs", "false"),
-    "--enable-hierarchical-cache": refuse("hierarchical (CPU) KV caching", "false"),
+    "--enable-hierarchical-cache": refuse("hierarchical caching set by flags (give the policy's kv_offload: "
+                                          "cpu_gib or hicache_ratio, write_policy)", "false"),
     "--enable-lora": refuse("LoRA adapters", "false"),
     "--enable-mixed-chunk": refuse("mixing decodes into chunked-prefill steps", "false"),
     "--enable-priority-scheduling": refuse("priority scheduling", "false"),

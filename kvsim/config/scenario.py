@@ -297,7 +297,9 @@ class KVOffload(Strict):
     """KV tiers behind the GPU's prefix cache (kvsim.kvcache.tiers): host memory and
     local disk, per replica (vLLM's kv_offloading_size: the sum over the replica's GPUs)
     or, `shared`, one store for the whole fleet reached over the network. A tier of 0
-    bytes is no tier; both at 0 is no kv_offload at all."""
+    bytes is no tier; both at 0 is no kv_offload at all. Behind the radix cache, SGLang's
+    HiCache (kvsim.kvcache.hiradix): a host pool of cpu_gib (its --hicache-size) or of
+    hicache_ratio times the GPU pool, with its write_policy (--hicache-write-policy)."""
     cpu_gib: float = Field(0.0, ge=0)
     disk_gib: float = Field(0.0, ge=0)
     policy: Literal["lru", "arc"] = "lru"          # host memory's (vLLM's eviction_policy); disk: LRU
@@ -307,10 +309,27 @@ class KVOffload(Strict):
     shared: bool = False
     # one 200 Gb/s port (InfiniBand HDR, or 200GbE) per GPU: 25 GB/s
     network_gb_s: float = Field(25.0, gt=0)
+    hicache_ratio: float | None = Field(None, gt=0)     # radix cache only; SGLang's default 2.0
+    write_policy: Literal["write_through", "write_through_selective", "write_back"] | None = None
 
     @property
     def empty(self) -> bool:
-        return self.cpu_gib == 0 and self.disk_gib == 0
+        return self.cpu_gib == 0 and self.disk_gib == 0 and self.hicache_ratio is None
+
+    def refusal(self, cache: str) -> str | None:
+        """Why these tiers cannot sit behind a `cache` (radix or hash) prefix cache, if so."""
+        given = self.model_fields_set
+        if cache == "radix":
+            wrong = [f for f in ("disk_gib", "policy", "chunk_tokens", "shared") if f in given
+                     and getattr(self, f) not in (0, False, "lru")]
+            if wrong:
+                return (f"{wrong[0]}: SGLang HiCache (behind the radix cache) is modelled with host "
+                        "memory only, LRU, in the GPU's pages, per replica; give cpu_gib or hicache_ratio "
+                        "and write_policy")
+        elif "hicache_ratio" in given or "write_policy" in given:
+            return ("hicache_ratio and write_policy are SGLang HiCache's (the radix cache: prefix_cache: "
+                    "radix or engine: sglang); vLLM's offloading takes cpu_gib, disk_gib and policy")
+        return None
 
 
 class PolicyBase(Strict):
@@ -373,9 +392,8 @@ class Paged(PolicyBase):
         if self.enable_prefix_caching is False:
             raise ValueError("kv_offload: tiers hold what a prefix cache shares; "
                              "set enable_prefix_caching: true")
-        if self.prefix_cache == "radix":
-            raise ValueError("kv_offload: tiers are modelled behind vLLM's hash prefix cache, not "
-                             "the radix cache (SGLang HiCache is not modelled); use prefix_cache: hash")
+        if self.prefix_cache is not None and (why := t.refusal(self.prefix_cache)):
+            raise ValueError(f"kv_offload: {why}")
         if t.chunk_tokens is not None and t.chunk_tokens % self.block_size:
             raise ValueError(f"kv_offload: chunk_tokens ({t.chunk_tokens}) must be a multiple of "
                              f"block_size ({self.block_size})")

@@ -7,8 +7,9 @@ here turn bytes into slots with the frozen KVSpec, so allocators only count slot
               true: vLLM's automatic prefix caching of full blocks, vllm_in_flight_tokens:
               given, a model's sliding window follows vLLM V1's rules with that many
               tokens in flight, kvsim.kvcache.sliding)
-  radix       prefix cache on a radix tree (SGLang's RadixAttention; option: page_size,
-              SGLang's default 1)
+  radix       prefix cache on a radix tree (SGLang's RadixAttention; options: page_size,
+              SGLang's default 1; tiers: a HiCacheSpec, SGLang's host pool behind it,
+              kvsim.kvcache.hiradix)
   contiguous  one region per sequence (options: reserve = max | pow2 | oracle,
               placement = first-fit | buddy)
   trtllm      TensorRT-LLM's block manager: block reuse, partial reuse, a host pool
@@ -25,6 +26,7 @@ from typing import Callable
 from kvsim.kvcache.base import (BulkBlockAllocator, Breakdown, CountedAllocator, InvariantError, KVAllocator,
                                 NextSeq, SeqShape)
 from kvsim.kvcache.contiguous import ContiguousAllocator
+from kvsim.kvcache.hiradix import HiCacheSpec, HiRadixCacheAllocator
 from kvsim.kvcache.paged import PagedAllocator
 from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
 from kvsim.kvcache.radix import RadixCacheAllocator
@@ -56,9 +58,11 @@ def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 
 
 
 def _radix(pool_bytes: float, kv: KVSpec, max_model_len: int,
-           page_size: int = 1) -> RadixCacheAllocator:
+           page_size: int = 1, tiers: HiCacheSpec | None = None) -> RadixCacheAllocator:
     # Whole pages only, as SGLang rounds its token pool down to pages (model_runner.py).
     pages = int(pool_bytes // (page_size * kv.bytes_per_token))
+    if tiers is not None:
+        return HiRadixCacheAllocator(pages * page_size, page_size, tiers, kv.bytes_per_token)
     return RadixCacheAllocator(pages * page_size, page_size)
 
 
@@ -99,7 +103,7 @@ def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
 
 __all__ = [
     "ALLOCATORS", "Breakdown", "BulkBlockAllocator", "ContiguousAllocator", "CountedAllocator",
-    "InvariantError", "KVAllocator",
+    "HiRadixCacheAllocator", "InvariantError", "KVAllocator",
     "NextSeq", "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
     "SlidingWindowPagedAllocator", "SlidingWindowPrefixCache",
     "TieredPrefixCachingAllocator", "TierStore", "TrtllmBlockManager", "make_allocator",

@@ -125,7 +125,7 @@ class RadixCacheAllocator:
     def _cache(self, seq: _Seq, runs: Runs) -> None:
         """Insert the sequence's first tokens `runs` (whole pages) and lock it there
         (cache_unfinished_req): its copies of tokens the tree had are freed."""
-        node, known = self._tree.insert(runs)
+        node, known = self._tree.insert(runs, seq.offered)
         self._tree.lock(node, +1)
         self._tree.lock(seq.node, -1)
         inserted = runs_length(runs)
@@ -229,7 +229,7 @@ class RadixCacheAllocator:
         of its pages and release its lock."""
         seq = self._seqs.pop(seq_id)
         runs = self._tree.whole_pages(cacheable_runs(seq.shape, seq.tokens))
-        _, known = self._tree.insert(runs)
+        _, known = self._tree.insert(runs, seq.offered)
         held = self._pages(seq.tokens) - seq.matched
         self._private -= held
         self._free += held - (runs_length(runs) - known)

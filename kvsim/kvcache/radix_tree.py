@@ -36,7 +36,7 @@ from kvsim.kvcache.runs import Runs, common_length, runs_length, split_runs
 
 
 class Node:
-    __slots__ = ("id", "runs", "length", "parent", "children", "ref", "last_access")
+    __slots__ = ("id", "runs", "length", "parent", "children", "ref", "last_access", "gpu", "host", "hits")
 
     def __init__(self, node_id: int, runs: Runs, parent: Node | None, stamp: int):
         self.id, self.runs, self.parent = node_id, runs, parent
@@ -44,6 +44,9 @@ class Node:
         self.children: dict[Runs, Node] = {}   # by the first page of their edge
         self.ref = 0                           # running sequences whose path passes here
         self.last_access = stamp
+        # where a host pool backs the tree (kvsim.kvcache.host_tree): whether its KV is in
+        # the GPU pool, whether it has a host copy, and the inserts that counted it
+        self.gpu, self.host, self.hits = True, False, 0
 
 
 class Match(NamedTuple):
@@ -93,11 +96,14 @@ class RadixTree:
 
     # -- matching and inserting -----------------------------------------------------------
 
-    def walk(self, runs: Runs) -> Match:
-        """The longest cached prefix of `runs` (whole pages only), changing nothing."""
+    def walk(self, runs: Runs, everywhere: bool = False) -> Match:
+        """The longest cached prefix of `runs` (whole pages only), changing nothing: of
+        the nodes on the GPU, or (`everywhere`) of all the nodes, where a subclass keeps
+        some elsewhere (kvsim.kvcache.host_tree)."""
         node, path, into = self.root, [], 0
         runs = self.whole_pages(runs)
-        while runs and (child := node.children.get(self.key(runs))) is not None:
+        while runs and (child := node.children.get(self.key(runs))) is not None \
+                and (everywhere or self.on_gpu(child)):
             into = common_length(child.runs, runs) // self.page * self.page
             path.append(child)
             if into < child.length:
@@ -122,7 +128,7 @@ class RadixTree:
         head, tail = split_runs(node.runs, match.into)
         parent = node.parent
         upper = self._new_node(head, parent)          # replaces node under its key
-        upper.ref = node.ref
+        upper.ref, upper.gpu, upper.host, upper.hits = node.ref, node.gpu, node.host, node.hits
         node.runs, node.length, node.parent = tail, node.length - match.into, upper
         upper.children[self.key(tail)] = node
         return upper
@@ -133,9 +139,15 @@ class RadixTree:
         self.touch(match)
         return match
 
-    def insert(self, runs: Runs) -> tuple[Node, int]:
+    def on_gpu(self, node: Node) -> bool:
+        """Whether the node's KV is in the GPU pool (every node is, here)."""
+        return True
+
+    def insert(self, runs: Runs, inserted: int = 0) -> tuple[Node, int]:
         """Put `runs` (whole pages) in the tree; returns the node they end on and how
-        many of their tokens the tree had already. A new leaf is unlocked (evictable)."""
+        many of their tokens the tree had already. A new leaf is unlocked (evictable).
+        `inserted`: the tokens the same sequence inserted before (a subclass counts
+        hits beyond them)."""
         runs = self.whole_pages(runs)
         match = self.walk(runs)
         node = self.touch(match)
@@ -206,8 +218,9 @@ class RadixTree:
                 raise InvariantError(f"node {node.id} has stamp {node.last_access} "
                                      f"(clock {self._clock}, or shared with another node)")
             stamps.add(node.last_access)
-            size += node.length
-            evictable += node.length if node.ref == 0 else 0
+            slots = node.length if self.on_gpu(node) else 0
+            size += slots
+            evictable += slots if node.ref == 0 else 0
         if (size, evictable) != (self.size, self.evictable):
             raise InvariantError(f"counted tree/evictable {size}/{evictable}, "
                                  f"kept {self.size}/{self.evictable}")

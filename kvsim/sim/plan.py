@@ -23,6 +23,7 @@ from kvsim.config.scenario import KvCacheConfig, Scenario
 from kvsim.config.trtllm import allocator_options, host_bytes_per_gpu
 from kvsim.cost.model import CostModel, make_cost_model
 from kvsim.kvcache import make_allocator
+from kvsim.kvcache.hiradix import HiCacheSpec, host_slots
 from kvsim.kvcache.tiers import TierStore, build_stores
 from kvsim.model import sglang_pool, trtllm_pool, vllm_pool
 from kvsim.model.memory import PoolSizing, no_room
@@ -46,9 +47,13 @@ class TierPlan:
     link_bytes_s: float
     network_bytes_s: float
     disk_bytes_s: float
+    hicache: tuple[int, str] | None = None   # behind the radix cache: (host slots, write policy)
 
-    def stores(self, replicas: int, bytes_per_token: float) -> list[TierStore]:
-        """Fresh stores for one run, one per replica (kvsim.kvcache.tiers.build_stores)."""
+    def stores(self, replicas: int, bytes_per_token: float) -> list[TierStore | HiCacheSpec]:
+        """Fresh stores for one run, one per replica (kvsim.kvcache.tiers.build_stores),
+        or each replica's HiCache host pool (kvsim.kvcache.hiradix)."""
+        if self.hicache is not None:
+            return [HiCacheSpec(*self.hicache, self.link_bytes_s)] * replicas
         return build_stores(replicas=replicas, shared=self.shared, cpu_bytes=self.cpu_gib * GIB,
                             disk_bytes=self.disk_gib * GIB, policy=self.policy,
                             chunk_tokens=self.chunk_tokens, bytes_per_token=bytes_per_token,
@@ -62,7 +67,8 @@ def offload_columns(t: TierPlan | None) -> dict:
         return {"kv_offload_cpu_gib": 0.0, "kv_offload_disk_gib": 0.0, "kv_offload_policy": "",
                 "kv_offload_chunk_tokens": 0, "kv_offload_shared": False}
     return {"kv_offload_cpu_gib": t.cpu_gib, "kv_offload_disk_gib": t.disk_gib,
-            "kv_offload_policy": t.policy, "kv_offload_chunk_tokens": t.chunk_tokens,
+            "kv_offload_policy": t.policy if t.hicache is None else t.hicache[1],
+            "kv_offload_chunk_tokens": t.chunk_tokens,
             "kv_offload_shared": t.shared}
 
 
@@ -248,8 +254,16 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
             swap = SwapSpace(scn.scheduler.swap_space_gib * GIB * tp, kv.bytes_per_token,
                              gpu.pcie_gb_s * 1e9 * tp)
         if kind != "trtllm" and (t := policy.tiers) is not None:
-            tiers = TierPlan(t.cpu_gib, t.disk_gib, t.policy, t.chunk_tokens or options["block_size"],
-                             t.shared, gpu.pcie_gb_s * 1e9 * tp, t.network_gb_s * 1e9 * tp, t.disk_gb_s * 1e9)
+            if why := t.refusal("radix" if kind == "radix" else "hash"):
+                raise InputError(src, f"policies[{i}].kv_offload", why)
+            cpu_gib, hicache = t.cpu_gib, None
+            if kind == "radix":       # SGLang's host pool, sized by its own rules
+                slots = host_slots(capacity, options.get("page_size", 1), kv.bytes_per_token,
+                                   t.cpu_gib * GIB, t.hicache_ratio)
+                cpu_gib, hicache = slots * kv.bytes_per_token / GIB, (slots, t.write_policy or "write_through")
+            tiers = TierPlan(cpu_gib, t.disk_gib, t.policy, t.chunk_tokens or options.get("block_size", 1),
+                             t.shared, gpu.pcie_gb_s * 1e9 * tp, t.network_gb_s * 1e9 * tp, t.disk_gb_s * 1e9,
+                             hicache)
         policies.append(PolicyPlan(policy.name, policy.allocator, kind, MappingProxyType(dict(options)),
                                    capacity, kv, settings, swap, cost, tiers))
     replicas, router = scn.fleet
