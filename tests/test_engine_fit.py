@@ -150,6 +150,27 @@ def test_kvsim_fit_and_validate_on_the_command_line(made_runs, tmp_path):
     assert (tmp_path / "v" / "validation.png").stat().st_size > 0
 
 
+def test_the_objective_counts_errors_in_targets_huber_beyond_one_and_past_capacity_by_answered():
+    from kvsim.calibrate.replay import PredictedStage
+    from kvsim.calibrate.runs import MeasuredStage
+
+    def measured(e2e, ttft, completed):
+        return MeasuredStage(0, 4.0, 600.0, 100, completed, 100 - completed,
+                             (("e2e", (("mean", e2e),)), ("ttft", (("p50", ttft),))))
+    within = measured(2.0, 0.02, 100)
+    # E2E 8% x e^0.5 long (half a target), TTFT 3 targets long, all answered
+    guess = PredictedStage(0, 100, 100, 0, {"e2e": {"mean": 2.0 * math.exp(0.04)},
+                                            "ttft": {"p50": 0.02 * math.exp(0.45)}})
+    r = engine_fit.residuals([within], [guess])
+    assert r[0] == pytest.approx(0.5) and r[1] == pytest.approx(math.sqrt(2 * 3 - 1)) and r[2] == 0
+    # past capacity (70% failed): only the share answered counts
+    r = engine_fit.residuals([measured(150.0, 90.0, 30)], [guess])
+    assert r[0] == r[1] == 0 and r[2] == pytest.approx(math.sqrt(2 * (0.7 / 0.15) - 1))
+    # two stages: each weighs half
+    r = engine_fit.residuals([within, within], [guess, guess])
+    assert r[0] == pytest.approx(0.5 / math.sqrt(2))
+
+
 def test_run_check_rows_and_summary():
     class Stage:
         def __init__(self, e2e, ttft, answered):

@@ -83,6 +83,7 @@ def test_a_graph_overhead_file_reads_back(tmp_path):
     o = load_overhead(str(write(tmp_path)))
     assert o.graphs == GraphTerms("vllm-0.33.0", 1e-5) and o.kernels == (("attention_decode", 0.8),)
     assert o.api == ApiServer(6e-3, 1e-6) and o.launch_per_layer_s == 5e-5 and o.label == "overhead:mine"
+    assert o.linear == "measured" and load_overhead(str(write(tmp_path, linear="envelope"))).linear == "envelope"
 
 
 @pytest.mark.parametrize("part, words", [
@@ -90,6 +91,7 @@ def test_a_graph_overhead_file_reads_back(tmp_path):
     ({"kernels": {"attention": 0.8}}, "unknown part 'attention'"),
     ({"kernels": {"linear": 0}}, "kernels.linear must be > 0"),
     ({"api": {"request_ms": -1}}, "request_ms must be a number >= 0"),
+    ({"linear": "smooth"}, "linear must be one of measured, envelope"),
 ])
 def test_a_bad_graph_overhead_file_is_an_input_error(tmp_path, part, words):
     with pytest.raises(InputError) as info:

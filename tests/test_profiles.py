@@ -66,6 +66,24 @@ def test_interpolation_is_piecewise_linear_and_proportional_beyond_the_last_poin
     assert t == pytest.approx(6e-3) and "beyond 100 measured tokens" in why
 
 
+def test_the_envelope_takes_a_time_above_one_measured_at_more_tokens_as_that_one():
+    """A GEMM over fewer tokens can run as the kernel measured at more (an overhead's
+    `linear: envelope`); as measured is the default."""
+    rows = [{"tp": 1, "num_tokens": n, **{op: v for op in ("emb", "input_layernorm", "attn_pre_proj",
+            "attn_rope", "attn_post_proj", "post_attention_layernorm", "mlp_up_proj", "mlp_act",
+            "mlp_down_proj", "add", "lm_head")}} for n, v in ((1, 1.0), (64, 1.0), (80, 1.6), (104, 1.2),
+                                                             (128, 1.4))]
+    prof = Profile({"name": "bump", "gpu": "h100-80gb"}, pd.DataFrame(rows))
+    assert prof.op_time("attn_pre_proj", 80, 1)[0] == pytest.approx(1.6e-3)
+    assert prof.op_time("attn_pre_proj", 80, 1, envelope=True)[0] == pytest.approx(1.2e-3)   # as at 104
+    assert prof.op_time("attn_pre_proj", 72, 1, envelope=True)[0] == pytest.approx(1.1e-3)   # 64 to 80's
+    assert prof.op_time("attn_pre_proj", 128, 1, envelope=True)[0] == pytest.approx(1.4e-3)  # rises kept
+    assert prof.op_time("attn_pre_proj", 80, 1)[0] == pytest.approx(1.6e-3)     # the cache keeps both
+    h100 = load_profile("h100-llama-2-7b")
+    assert h100.op_time("attn_pre_proj", 88, 1)[0] > h100.op_time("attn_pre_proj", 104, 1)[0]
+    assert h100.op_time("attn_pre_proj", 88, 1, True)[0] <= h100.op_time("attn_pre_proj", 104, 1, True)[0]
+
+
 def test_unmeasured_tp_scales_sharded_ops_only_and_says_so():
     prof = tiny_profile(tps=(1, 2))
     t, why = prof.op_time("mlp_up_proj", 1, 4)

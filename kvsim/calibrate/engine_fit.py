@@ -22,15 +22,26 @@ shared by all runs (nothing per run):
   own fraction of the HBM peak (the kernel then reads KV at the datasheet bandwidth)
   and 1.5;
 - `api_ms`: what the API server adds to each request's time to first token.
+The profile's linear ops are read at their envelope (`linear: envelope`,
+kvsim.cost.profiles): the runs' 2026 engine does not share the H100 profile's 2024
+kernel picks (a QKV projection 60% slower at 72-96 tokens than at 104).
 
 Objective: the sum over runs of each run's mean over its stages of
-    (log(predicted / measured E2E mean) / 0.08)^2 + (log(predicted / measured TTFT p50) / 0.15)^2
-    + ((predicted - measured share answered within the client's timeout) / 0.15)^2,
+    H(log(predicted / measured E2E mean) / 0.08) + H(log(predicted / measured TTFT p50) / 0.15)
+    + H((predicted - measured share answered within the client's timeout) / 0.15),
 each error in units of its accuracy target, so every run weighs the same whatever its
-number of stages. Optimizer: projected Levenberg-Marquardt on the parameters scaled to
-their ranges, the Jacobian by forward differences (steps of 2% of a range: coarse enough
-that the simulations' discrete events do not make it noise), started from `START`, at
-most `MAX_ITERATIONS` iterations; a trial step is kept only if it lowers the objective.
+number of stages. A stage whose report shows more than 15% of its requests failed (past
+its capacity) counts by its share answered alone, the target for such a stage: its
+latencies are its survivors', the requests that came through a queue short enough,
+another population than kvsim's answered requests wherever the shares differ, and their
+mean moves steeply with any term that changes the capacity. H is Huber's loss, z^2
+within one target and 2|z| - 1 beyond, so that a stage the form cannot come near pulls
+on the terms every run shares in proportion to its error, not to its square.
+Optimizer: projected Levenberg-Marquardt on the parameters scaled to their ranges, the
+Jacobian by forward differences (steps of 2% of a range: coarse enough that the
+simulations' discrete events do not make it noise) carried between steps by Broyden's
+update and taken again when a step fails, started from `START`, at most
+`MAX_ITERATIONS` iterations; a trial step is kept only if it lowers the objective.
 Simulations are deterministic (fixed seeds), so the fit is too. `api_ms` changes no
 step, so its derivative costs no simulation; the runs' simulations are kept per run,
 so a fit over some of the same runs reuses them, and a fit may start from residuals
@@ -86,7 +97,7 @@ def overhead(theta: dict, label: str = "overhead:fitted", gpu: str = "h100-80gb"
                     launch_per_layer_s=t["launch_per_layer_us"] * 1e-6,
                     graphs=GraphTerms(piecewise_per_layer_s=t["piecewise_per_layer_us"] * 1e-6),
                     kernels=(("attention_decode", t["attention_decode"]),),
-                    api=ApiServer(request_s=t["api_ms"] * 1e-3))
+                    api=ApiServer(request_s=t["api_ms"] * 1e-3), linear="envelope")
 
 
 def document(theta: dict, name: str, gpu: str = "h100-80gb") -> dict:
@@ -99,20 +110,27 @@ def document(theta: dict, name: str, gpu: str = "h100-80gb") -> dict:
             "comm": {"latency_us": r(t["allreduce_us"]), "latency_per_hop_us": 0.0, "bus_gb_s": BUS_GB_S},
             "graphs": {"rule": "vllm-0.33.0", "piecewise_per_layer_ms": r(t["piecewise_per_layer_us"] / 1e3)},
             "kernels": {"attention_decode": r(t["attention_decode"])},
-            "api": {"request_ms": r(t["api_ms"]), "per_prompt_token_us": 0.0}}
+            "api": {"request_ms": r(t["api_ms"]), "per_prompt_token_us": 0.0}, "linear": "envelope"}
 
 
 def residuals(measured: Sequence[MeasuredStage], predicted: Sequence[PredictedStage]) -> np.ndarray:
-    """One run's errors in units of their targets, scaled so the run weighs 1 (see the
-    module docstring)."""
+    """One run's errors in units of their targets, each beyond one target made to count in
+    proportion (`huber`), scaled so the run weighs 1 (see the module docstring)."""
     out = []
     for m, p in zip(measured, predicted):
         for what, stat in (("e2e", "mean"), ("ttft", "p50")):
             mv, pv = m.get(what, stat), p.get(what, stat)
             if mv and mv > 0:
-                out.append(math.log(max(pv or 0.0, 1e-6) / mv) / TARGETS[what])
+                z = math.log(max(pv or 0.0, 1e-6) / mv) / TARGETS[what]
+                out.append(z if m.answered >= 1 - TARGETS["answered"] else 0.0)
         out.append((p.answered - m.answered) / TARGETS["answered"])
-    return np.array(out) / math.sqrt(len(measured))
+    return huber(np.array(out)) / math.sqrt(len(measured))
+
+
+def huber(z: np.ndarray) -> np.ndarray:
+    """Residuals whose squares are Huber's loss at 1: z^2 within 1, 2|z| - 1 beyond."""
+    a = np.abs(z)
+    return np.where(a <= 1, z, np.sign(z) * np.sqrt(np.maximum(2 * a - 1, 0.0)))
 
 
 class Objective:
@@ -165,13 +183,21 @@ class Objective:
 
 def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | None = None,
         max_iterations: int = MAX_ITERATIONS, on_iteration: Callable | None = None,
-        known: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+        known: tuple[np.ndarray, np.ndarray] | None = None, tolerance: float = 1e-3) -> dict:
     """Projected Levenberg-Marquardt over the `free` parameters (default FREE), the rest
     held at `start`; returns {"theta", "objective", "iterations", "evaluations",
-    "residuals", "jacobian"} (the last Jacobian, taken at or one step before the end).
+    "converged", "residuals", "jacobian"} (the Jacobian at the end, as last updated).
+
+    The Jacobian is taken by forward differences once, then carried from step to step by
+    Broyden's rank-one update (each kept step tells how the residuals moved along it), and
+    taken again by differences only when a step from the carried one fails: so an
+    iteration costs one simulation of every run where a Jacobian by differences would cost
+    one per parameter. The fit has converged when a kept step moves no parameter by more
+    than 0.1% of its range or lowers the objective by less than `tolerance` (a fraction),
+    or when no step lowers it from a Jacobian just taken by differences.
     known: (residuals, Jacobian) at `start` over the free parameters, already computed
     (a leave-one-out fit from the full fit's end takes the other runs' rows of the full
-    fit's): the first iteration then simulates only its trial steps."""
+    fit's): the fit then starts from them as from a carried Jacobian."""
     theta = {**START, **(start or {})}
     free = FREE if free is None else free
     params = [p for p in PARAMS if p.name in free]
@@ -182,33 +208,51 @@ def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | N
     def at(x: np.ndarray) -> dict:
         return {**theta, **{p.name: float(v) for p, v in zip(params, x)}}
 
+    def differences(x: np.ndarray, r: np.ndarray) -> np.ndarray:
+        jac = np.empty((len(r), len(params)))
+        # the parameters that change no step first, while the point's simulations are kept
+        for j in sorted(range(len(params)), key=lambda j: not params[j].post_hoc):
+            h = FD_STEP * span[j] * (1 if x[j] + FD_STEP * span[j] <= high[j] else -1)
+            xj = x.copy()
+            xj[j] += h
+            jac[:, j] = (objective(at(xj)) - r) / (h / span[j])
+        return jac
+
     x = np.clip(np.array([theta[p.name] for p in params]), low, high)
     r, jac = known if known is not None else (objective(at(x)), None)
-    cost, lam, it = float(r @ r), 1e-2, 0
-    for it in range(1, max_iterations + 1):
+    r = np.asarray(r, dtype=float)
+    cost, lam, it, converged = float(r @ r), 1e-2, 0, False
+    fresh, last = False, jac
+    while it < max_iterations:
+        it += 1
         if jac is None:
-            jac = np.empty((len(r), len(params)))
-            # the parameters that change no step first, while the point's simulations are kept
-            for j in sorted(range(len(params)), key=lambda j: not params[j].post_hoc):
-                h = FD_STEP * span[j] * (1 if x[j] + FD_STEP * span[j] <= high[j] else -1)
-                xj = x.copy()
-                xj[j] += h
-                jac[:, j] = (objective(at(xj)) - r) / (h / span[j])
-        last, jac = jac, None
-        improved = False
-        for _ in range(6):
-            a = last.T @ last
-            step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -last.T @ r)
+            jac, fresh = differences(x, r), True
+        jac = np.array(jac, dtype=float)
+        improved = small = False
+        for _ in range(6 if fresh else 2):     # a carried Jacobian that misses is taken again
+            a = jac.T @ jac
+            step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -jac.T @ r)
             trial = np.clip(x + step * span, low, high)
             rt = objective(at(trial))
             if float(rt @ rt) < cost:
-                x, r, cost, improved = trial, rt, float(rt @ rt), True
-                lam = max(lam / 3, 1e-6)
+                improved = True
                 break
             lam *= 4
+        if improved:
+            moved = (trial - x) / span
+            gain = 1 - float(rt @ rt) / cost
+            if moved @ moved > 0:        # Broyden: the residuals' change along the step
+                jac = jac + np.outer(rt - r - jac @ moved, moved) / float(moved @ moved)
+            x, r, cost = trial, rt, float(rt @ rt)
+            lam = max(lam / 3, 1e-6)
+            small = np.max(np.abs(moved)) < 1e-3 or gain < tolerance
         if on_iteration:
             on_iteration(it, at(x), cost)
-        if not improved or np.max(np.abs(step)) < 1e-3:
+        if small or (not improved and fresh):
+            converged = True
             break
+        if not improved:
+            last, jac = jac, None    # the carried Jacobian may be what failed: take it again
+        fresh = False
     return {"theta": at(x), "objective": cost, "iterations": it, "evaluations": objective.evaluations,
-            "residuals": r, "jacobian": last if it else None}
+            "converged": converged, "residuals": r, "jacobian": last if jac is None else jac}

@@ -270,7 +270,7 @@ class Profiled:
         self._lm_head: dict[int, tuple] = {}
 
     def _ops(self, tokens: int, ops) -> tuple[float, list[str]]:
-        return self.profile.ops_time(ops, tokens, self.tp)
+        return self.profile.ops_time(ops, tokens, self.tp, self.overhead.linear == "envelope")
 
     def _ramp(self, name: str, work: float, rate: float, extra: float = 0.0, why=None) -> float:
         f = (self.decode_fit if name == "decode" else self.att[name]) or self.att["prefill_fresh"]

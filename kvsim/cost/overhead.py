@@ -43,7 +43,11 @@ of a piecewise step (attention between the pieces); a full-graph step launches n
 per layer, an eager one (beyond the largest captured size) pays ``launch_per_layer_ms``
 as above; ``kernels`` {part: factor}, this engine's kernel time relative to the
 profile's for a part of the step; ``api`` {request_ms, per_prompt_token_us}, what the
-HTTP server adds to each request's time to first token (and so to its end-to-end time).
+HTTP server adds to each request's time to first token (and so to its end-to-end time);
+``linear`` "measured" (the default) or "envelope": whether this engine's kernel library
+runs the profile's linear ops as they were measured or at their envelope, every size no
+slower than a larger one (kvsim.cost.profiles.Profile.ops_time), for an engine whose
+library picks its GEMM kernels unlike the one the profile was measured with.
 """
 from __future__ import annotations
 
@@ -108,6 +112,7 @@ class Overhead:
     graphs: GraphTerms | None = None     # None: every step launches its kernels (no CUDA graphs)
     kernels: tuple[tuple[str, float], ...] = ()   # (part, factor) on the profile's kernel times
     api: ApiServer | None = None         # what the HTTP server adds to each request
+    linear: str = "measured"             # the profile's linear ops as measured, or their envelope
 
     def outside(self, tp: int, seqs: int, tokens: int) -> list[str]:
         """Why a step lies outside the measured steps (linear extrapolation), if it does."""
@@ -160,7 +165,17 @@ def from_file(data: dict) -> Overhead:
         launch_per_layer_s=host.get("launch_per_layer_ms", 0.0) * 1e-3,
         graphs=None if graphs is None else GraphTerms.from_doc(graphs),
         kernels=kernel_scales(data.get("kernels", {})),
-        api=None if api is None else ApiServer.from_doc(api))
+        api=None if api is None else ApiServer.from_doc(api), linear=_linear(data))
+
+
+LINEAR_READINGS = ("measured", "envelope")
+
+
+def _linear(data: dict) -> str:
+    value = data.get("linear", "measured")
+    if value not in LINEAR_READINGS:
+        raise ValueError(f"linear must be one of {', '.join(LINEAR_READINGS)}, got {value!r}")
+    return value
 
 
 def inline(step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0,

@@ -86,28 +86,34 @@ class Profile:
             self._tables["tps"] = sorted({int(t) for t in self._column("tp")})
         return self._tables["tps"]
 
-    def table(self, tp: int) -> tuple[list[int], dict[str, list[float]]]:
-        """Token grid and seconds per op for one measured tp (cached, plain lists for speed)."""
-        if tp not in self._tables:
-            rows = np.flatnonzero(self._column("tp") == tp)
-            rows = rows[np.argsort(self._column("num_tokens")[rows], kind="stable")]
-            self._tables[tp] = ([int(n) for n in self._column("num_tokens")[rows]],
-                                {op: [float(v) * 1e-3 for v in self._column(op)[rows]] for op in LINEAR_OPS})
-        return self._tables[tp]
+    def table(self, tp: int, envelope: bool = False) -> tuple[list[int], dict[str, list[float]]]:
+        """Token grid and seconds per op for one measured tp (cached, plain lists for speed),
+        as measured or as their envelope (`_envelope`)."""
+        if (tp, envelope) not in self._tables:
+            if tp not in self._tables:
+                rows = np.flatnonzero(self._column("tp") == tp)
+                rows = rows[np.argsort(self._column("num_tokens")[rows], kind="stable")]
+                self._tables[tp] = ([int(n) for n in self._column("num_tokens")[rows]],
+                                    {op: [float(v) * 1e-3 for v in self._column(op)[rows]] for op in LINEAR_OPS})
+            grid, table = self._tables[tp]
+            self._tables[tp, envelope] = (grid, {op: _envelope(ys) for op, ys in table.items()}) if envelope \
+                else (grid, table)
+        return self._tables[tp, envelope]
 
-    def op_time(self, op: str, tokens: float, tp: int) -> tuple[float, str | None]:
+    def op_time(self, op: str, tokens: float, tp: int, envelope: bool = False) -> tuple[float, str | None]:
         """Seconds of one op at `tokens` and `tp`, and why it was extrapolated (or None)."""
-        t, why = self.ops_time((op,), tokens, tp)
+        t, why = self.ops_time((op,), tokens, tp, envelope)
         return t, (why[0] if why else None)
 
-    def ops_time(self, ops, tokens: float, tp: int) -> tuple[float, list[str]]:
+    def ops_time(self, ops, tokens: float, tp: int, envelope: bool = False) -> tuple[float, list[str]]:
         """Seconds of several ops at `tokens` and `tp`, each op_time's added in order, and
-        each one's reason where it extrapolated: the grid is searched once for them all."""
+        each one's reason where it extrapolated: the grid is searched once for them all.
+        envelope: read the measured times as their envelope (`_envelope`)."""
         why, tps = None, self.tps
         measured = tp if tp in tps else min(tps, key=lambda t: (abs(np.log2(t / tp)), t))
         if measured != tp:
             why = f"tp {tp} not measured (scaled from tp {measured})"
-        grid, table = self.table(measured)
+        grid, table = self.table(measured, envelope)
         if tokens > grid[-1]:
             why = why or f"linear ops beyond {grid[-1]} measured tokens (scaled in proportion)"
         at = bisect.bisect_right(grid, tokens)
@@ -118,6 +124,20 @@ class Profile:
                 t *= measured / tp
             total += t
         return total, [why] * len(ops) if why else []
+
+
+def _envelope(ys: list[float]) -> list[float]:
+    """Each time at most every time measured at more tokens (the running minimum from the
+    largest size down): the times of a kernel library that picks, at every size, a kernel
+    no slower than one it runs at a larger size (which, padded, computes the smaller one).
+    Profiles record the picks of the library they were measured with: the H100 Llama-2-7B
+    profile's QKV projection (vidur's, a 2024 stack) takes 60% longer at 72-96 tokens than
+    at 104, where kvsim's own H200 calibration of that model (PyTorch 2.11, CUDA 13.0,
+    tests/data/h200-calibrate) rises smoothly through those sizes."""
+    out, low = list(ys), float("inf")
+    for i in range(len(out) - 1, -1, -1):
+        low = out[i] = min(out[i], low)
+    return out
 
 
 def _interp(xs: list[int], ys: list[float], x: float, i: int) -> float:
