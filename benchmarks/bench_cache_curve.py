@@ -16,6 +16,7 @@ The machine is shared and noisy: read the medians of --repeats runs.
 
     python benchmarks/bench_cache_curve.py [--repeats 5] [--block-size 16] [--trace FILE]
 """
+
 import argparse
 import itertools
 import random
@@ -31,7 +32,7 @@ from kvsim.workload.traces import trace_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
-TARGET = 1e6      # block references per second
+TARGET = 1e6  # block references per second
 
 
 def chains(n: int = 4000, depth: int = 30, seed: int = 0) -> list[RequestSpec]:
@@ -52,7 +53,7 @@ def chains(n: int = 4000, depth: int = 30, seed: int = 0) -> list[RequestSpec]:
 
 def conversation(turns: int = 40, talks: int = 150) -> list[RequestSpec]:
     specs = []
-    for t in range(turns):                    # turn t of every conversation, then turn t + 1
+    for t in range(turns):  # turn t of every conversation, then turn t + 1
         for c in range(talks):
             runs = tuple((10_000 + c * turns + k, 512) for k in range(t + 1))
             specs.append(RequestSpec(len(specs), float(len(specs)), 512 * (t + 1), 1, runs, -1))
@@ -71,8 +72,10 @@ def measure(name: str, requests, block: int, repeats: int) -> None:
             cache_curve(refs, caps, [policy])
             per_policy[policy].append(time.perf_counter() - t0)
     blocks, refs_prep = refs.blocks, statistics.median(prep)
-    print(f"{name}: {refs.num_requests:,} requests, {blocks:,} block references of {block} tokens, "
-          f"{len(refs.item):,} items, {len(caps)} capacities")
+    print(
+        f"{name}: {refs.num_requests:,} requests, {blocks:,} block references of {block} tokens, "
+        f"{len(refs.item):,} items, {len(caps)} capacities"
+    )
     print(f"  block references and items: {refs_prep:.3f} s ({blocks / refs_prep / 1e6:.1f}M/s)")
     for policy, times in per_policy.items():
         t = statistics.median(times)

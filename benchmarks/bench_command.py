@@ -14,6 +14,7 @@ shows the fixed cost of a run: imports, figures, the interpreter's exit.
 
 Not part of the test suite: it takes minutes.
 """
+
 import argparse
 import os
 import resource
@@ -37,12 +38,27 @@ def measure(repo: Path, name: str, jobs: int | None) -> tuple[float, float]:
     """(wall, CPU) seconds one `kvsim run` of workload `name` takes from `repo`; the CPU
     time, the process's and its workers', is less swayed by a loaded machine."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "kvsim.cli", "run", str(repo / WORKLOADS[name]), "--quiet",
-                   "--force", "--out", str(Path(tmp) / "out"), *(["--jobs", str(jobs)] if jobs else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "kvsim.cli",
+            "run",
+            str(repo / WORKLOADS[name]),
+            "--quiet",
+            "--force",
+            "--out",
+            str(Path(tmp) / "out"),
+            *(["--jobs", str(jobs)] if jobs else []),
+        ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp,
-                              env={**os.environ, "PYTHONPATH": str(repo), "KVSIM_CHECK_INVARIANTS": ""})
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+            env={**os.environ, "PYTHONPATH": str(repo), "KVSIM_CHECK_INVARIANTS": ""},
+        )
         seconds = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -61,13 +77,14 @@ def main() -> None:
     for name in opts.only or list(WORKLOADS):
         runs: dict[str, list[tuple[float, float]]] = {k: [] for k in repos}
         for i in range(opts.repeats):
-            for key in (list(repos) if i % 2 == 0 else list(reversed(repos))):
+            for key in list(repos) if i % 2 == 0 else list(reversed(repos)):
                 runs[key].append(measure(repos[key], name, opts.jobs))
         for what, k in (("wall", 0), ("cpu", 1)):
             times = {key: [r[k] for r in rs] for key, rs in runs.items()}
             line = f"{name:<8} {what:<4}" + "".join(
                 f"  {key} {statistics.median(t):7.3f} s (runs {', '.join(f'{x:.2f}' for x in t)})"
-                for key, t in times.items())
+                for key, t in times.items()
+            )
             if opts.against:
                 line += f"  ratio this/other {statistics.median(times['this']) / statistics.median(times['other']):.3f}"
             print(line, flush=True)

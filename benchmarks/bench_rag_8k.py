@@ -6,6 +6,7 @@ Machines here are shared and noisy: read the median, not one run.
 
     python benchmarks/bench_rag_8k.py [--repeats 5] [--scenario scenarios/rag_8k.yaml]
 """
+
 import argparse
 import statistics
 import subprocess
@@ -24,12 +25,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "kvsim.cli", "run", args.scenario, "--quiet",
-                            "--out", str(Path(tmp) / "out")], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "kvsim.cli", "run", args.scenario, "--quiet", "--out", str(Path(tmp) / "out")],
+                check=True,
+            )
             times.append(time.perf_counter() - start)
             print(f"run {i + 1}: {times[-1]:.2f} s", flush=True)
-    print(f"median {statistics.median(times):.2f} s  min {min(times):.2f}  max {max(times):.2f}"
-          f"  over {len(times)} runs of {args.scenario}")
+    print(
+        f"median {statistics.median(times):.2f} s  min {min(times):.2f}  max {max(times):.2f}"
+        f"  over {len(times)} runs of {args.scenario}"
+    )
 
 
 if __name__ == "__main__":

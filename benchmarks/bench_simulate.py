@@ -12,6 +12,7 @@ printed, of wall time and of the process's CPU time (less swayed by a loaded mac
 
 Not part of the test suite: it takes minutes.
 """
+
 import argparse
 import json
 import os
@@ -58,9 +59,13 @@ print(json.dumps({"seconds": time.perf_counter() - start, "cpu": time.process_ti
 
 def measure(repo: Path, name: str) -> dict:
     scenario, n, bucket = WORKLOADS[name]
-    done = subprocess.run([sys.executable, "-c", CHILD, str(repo / scenario), str(n or "-"), str(bucket or "-")],
-                          capture_output=True, text=True, cwd=repo,
-                          env={**os.environ, "PYTHONPATH": str(repo), "KVSIM_CHECK_INVARIANTS": ""})
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(repo / scenario), str(n or "-"), str(bucket or "-")],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo), "KVSIM_CHECK_INVARIANTS": ""},
+    )
     if done.returncode != 0:
         raise SystemExit(f"{name} in {repo} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -83,7 +88,9 @@ def main() -> None:
             times = {key: [r[what] for r in rs] for key, rs in runs.items()}
             line = f"{name:<14} {'wall' if what == 'seconds' else 'cpu':<4}" + "".join(
                 f"  {key} {statistics.median(t):7.3f} s (steps {runs[key][-1]['steps']:,}; "
-                f"runs {', '.join(f'{x:.3f}' for x in t)})" for key, t in times.items())
+                f"runs {', '.join(f'{x:.3f}' for x in t)})"
+                for key, t in times.items()
+            )
             if opts.against:
                 line += f"  ratio this/other {statistics.median(times['this']) / statistics.median(times['other']):.3f}"
             print(line, flush=True)

@@ -24,6 +24,7 @@ the tables give medians, every run's wall time, and ratios of medians.
 --write regenerates benchmarks/RESULTS.md from the runs just made (never edit it by
 hand). Not part of the test suite: it takes many minutes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,12 +51,12 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 class Workload:
     scenario: str
     requests: int
-    blis: bool = False          # BLIS runs the same requests (others.BLIS_WORKLOAD)
+    blis: bool = False  # BLIS runs the same requests (others.BLIS_WORKLOAD)
 
     def kvsim_args(self) -> list[str]:
         args = ["--num-requests", str(self.requests)]
         if self.requests > 10_000 or self.scenario.startswith("sharegpt"):
-            args += ["--timeseries-bucket", "10"]    # the step series in sums per 10 s
+            args += ["--timeseries-bucket", "10"]  # the step series in sums per 10 s
         return args
 
 
@@ -86,20 +87,41 @@ def timed(cmd: list[str], cwd: Path, env: dict | None = None) -> dict:
         stdout, stderr = out.read().decode(), err.read().decode()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mb": usage.ru_maxrss / 1024, "stdout": stdout}
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "stdout": stdout,
+    }
 
 
 def run_kvsim(name: str, extra: list[str], tmp: Path) -> dict:
     w = WORKLOADS[name]
     out = tmp / name
-    cmd = [sys.executable, "-m", "kvsim.cli", "run", str(SCENARIOS / f"{w.scenario}.yaml"), "--quiet",
-           "--force", "--out", str(out), *w.kvsim_args(), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvsim.cli",
+        "run",
+        str(SCENARIOS / f"{w.scenario}.yaml"),
+        "--quiet",
+        "--force",
+        "--out",
+        str(out),
+        *w.kvsim_args(),
+        *extra,
+    ]
     run = timed(cmd, ROOT, {**os.environ, "PYTHONPATH": str(ROOT)})
     import pandas as pd
+
     s = pd.read_csv(out / "summary.csv").iloc[0]
-    return {**run, "requests": int(s.requests_completed), "steps": int(s.steps),
-            "makespan_s": float(s.makespan_s), "mean_batch": float(s.mean_batch_size)}
+    return {
+        **run,
+        "requests": int(s.requests_completed),
+        "steps": int(s.steps),
+        "makespan_s": float(s.makespan_s),
+        "mean_batch": float(s.mean_batch_size),
+    }
 
 
 def run_blis(name: str, variant: str, source: Path) -> dict:
@@ -111,8 +133,9 @@ def contenders(name: str, blis: Path | None, variants: list[str]) -> list[str]:
     return ["kvsim"] + (variants if blis and WORKLOADS[name].blis else [])
 
 
-def measure(names: list[str], repeats: int, extra: list[str], blis: Path | None,
-            million_repeats: int, variants: list[str]) -> dict:
+def measure(
+    names: list[str], repeats: int, extra: list[str], blis: Path | None, million_repeats: int, variants: list[str]
+) -> dict:
     """{(workload, simulator): [run, ...]}, the runs made round-robin."""
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
@@ -121,34 +144,52 @@ def measure(names: list[str], repeats: int, extra: list[str], blis: Path | None,
                 if round_ >= (million_repeats if name in MILLION else repeats):
                     continue
                 for who in contenders(name, blis, variants):
-                    r = (run_kvsim(name, extra, Path(tmp)) if who == "kvsim"
-                         else run_blis(name, who, blis))
+                    r = run_kvsim(name, extra, Path(tmp)) if who == "kvsim" else run_blis(name, who, blis)
                     r.pop("stdout")
                     runs.setdefault((name, who), []).append(r)
-                    print(f"round {round_ + 1}  {name:<22} {who:<20} {r['wall_s']:7.2f} s wall "
-                          f"{r['cpu_s']:7.2f} s cpu {r['peak_rss_mb']:7.0f} MB", flush=True)
+                    print(
+                        f"round {round_ + 1}  {name:<22} {who:<20} {r['wall_s']:7.2f} s wall "
+                        f"{r['cpu_s']:7.2f} s cpu {r['peak_rss_mb']:7.0f} MB",
+                        flush=True,
+                    )
     return runs
 
 
 def summarize(runs: list[dict]) -> dict:
     first = runs[0]
-    return {"runs": len(runs), "walls": [r["wall_s"] for r in runs],
-            "wall_s": statistics.median(r["wall_s"] for r in runs),
-            "cpu_s": statistics.median(r["cpu_s"] for r in runs),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-            **{k: first[k] for k in ("requests", "steps", "makespan_s", "mean_batch")}}
+    return {
+        "runs": len(runs),
+        "walls": [r["wall_s"] for r in runs],
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+        **{k: first[k] for k in ("requests", "steps", "makespan_s", "mean_batch")},
+    }
 
 
 def profile(name: str, extra: list[str]) -> None:
     """Where the time of one run goes, in one process (cProfile inflates small
     functions: read shares, not seconds)."""
     from kvsim.cli.app import main
+
     w = WORKLOADS[name]
     with tempfile.TemporaryDirectory() as tmp:
         prof = cProfile.Profile()
         prof.enable()
-        main(["run", str(SCENARIOS / f"{w.scenario}.yaml"), "--quiet", "--force", "--out", str(Path(tmp) / "o"),
-              "--jobs", "1", *w.kvsim_args(), *extra])
+        main(
+            [
+                "run",
+                str(SCENARIOS / f"{w.scenario}.yaml"),
+                "--quiet",
+                "--force",
+                "--out",
+                str(Path(tmp) / "o"),
+                "--jobs",
+                "1",
+                *w.kvsim_args(),
+                *extra,
+            ]
+        )
         prof.disable()
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(30)
@@ -165,15 +206,23 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=list(WORKLOADS))
     ap.add_argument("--million", action="store_true", help="also the million-request workloads")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--million-repeats", type=int, help="runs of each million-request workload "
-                    "(default: --repeats)")
+    ap.add_argument("--million-repeats", type=int, help="runs of each million-request workload (default: --repeats)")
     ap.add_argument("--exact-steps", action="store_true", help="kvsim's plain path, for comparison")
     ap.add_argument("--jobs", help="kvsim run --jobs (default: one worker per core)")
-    ap.add_argument("--blis", type=Path, default=default_blis(),
-                    help="BLIS's built source folder (build_blis.sh; default $BLIS or benchmarks/blis)")
+    ap.add_argument(
+        "--blis",
+        type=Path,
+        default=default_blis(),
+        help="BLIS's built source folder (build_blis.sh; default $BLIS or benchmarks/blis)",
+    )
     ap.add_argument("--no-blis", action="store_true")
-    ap.add_argument("--blis-variants", nargs="+", choices=list(others.BLIS_VARIANTS), default=list(others.BLIS_VARIANTS),
-                    help="the BLIS runs to make (default: all; the targets are judged on its snapshot off)")
+    ap.add_argument(
+        "--blis-variants",
+        nargs="+",
+        choices=list(others.BLIS_VARIANTS),
+        default=list(others.BLIS_VARIANTS),
+        help="the BLIS runs to make (default: all; the targets are judged on its snapshot off)",
+    )
     ap.add_argument("--write", action="store_true", help="regenerate benchmarks/RESULTS.md")
     ap.add_argument("--profile", choices=list(WORKLOADS))
     opts = ap.parse_args()
@@ -187,8 +236,13 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M")
     runs = measure(names, opts.repeats, extra, blis, opts.million_repeats or opts.repeats, opts.blis_variants)
     table = {key: summarize(r) for key, r in runs.items()}
-    text = report.render(table, command=" ".join(["python", "benchmarks/bench_speed.py", *sys.argv[1:]]),
-                         started=started, loads=(load_before, os.getloadavg()), extra=extra)
+    text = report.render(
+        table,
+        command=" ".join(["python", "benchmarks/bench_speed.py", *sys.argv[1:]]),
+        started=started,
+        loads=(load_before, os.getloadavg()),
+        extra=extra,
+    )
     print(text)
     if opts.write:
         (ROOT / "benchmarks" / "RESULTS.md").write_text(text)

@@ -16,6 +16,7 @@ its radix cache in pages of 16.
     python benchmarks/bench_tiers.py --scenario scenarios/rag_offload.yaml --policy cpu-16g
                                      [--offload '{cpu_gib: 16}']
 """
+
 import argparse
 import copy
 import statistics
@@ -30,8 +31,8 @@ from kvsim.config.scenario import validate_scenario
 
 TARGET = 1.5
 ROOT = Path(__file__).parents[1]
-SGLANG = ({"engine": "sglang"}, {"prefix_cache": "radix"})   # SGLang's radix cache, HiCache behind it
-CASES = [   # (scenario, policy, kv_offload to give it: None keeps its own[, scenario and policy changes])
+SGLANG = ({"engine": "sglang"}, {"prefix_cache": "radix"})  # SGLang's radix cache, HiCache behind it
+CASES = [  # (scenario, policy, kv_offload to give it: None keeps its own[, scenario and policy changes])
     ("scenarios/rag_offload.yaml", "cpu-16g", None),
     ("scenarios/rag_offload.yaml", "cpu-16g-arc", None),
     ("scenarios/rag_offload.yaml", "cpu-4g-disk-64g", None),
@@ -48,8 +49,15 @@ def timed(doc: dict, base: Path) -> float:
     return time.process_time() - start
 
 
-def case(scenario: str, policy: str, offload: dict | None, repeats: int, num_requests: int,
-         top: dict | None = None, changes: dict | None = None) -> dict:
+def case(
+    scenario: str,
+    policy: str,
+    offload: dict | None,
+    repeats: int,
+    num_requests: int,
+    top: dict | None = None,
+    changes: dict | None = None,
+) -> dict:
     path = ROOT / scenario if not Path(scenario).is_absolute() else Path(scenario)
     doc = {**yaml.safe_load(path.read_text()), **(top or {})}
     doc["workload"]["num_requests"] = num_requests
@@ -63,8 +71,12 @@ def case(scenario: str, policy: str, offload: dict | None, repeats: int, num_req
         for name, d in runs.items():
             times[name].append(timed(d, path.parent))
     med = {name: statistics.median(t) for name, t in times.items()}
-    return {"case": f"{path.stem} {policy} {yaml.safe_dump(tiered['kv_offload'], default_flow_style=True).strip()}",
-            "plain_s": med["plain"], "tiered_s": med["tiered"], "ratio": med["tiered"] / med["plain"]}
+    return {
+        "case": f"{path.stem} {policy} {yaml.safe_dump(tiered['kv_offload'], default_flow_style=True).strip()}",
+        "plain_s": med["plain"],
+        "tiered_s": med["tiered"],
+        "ratio": med["tiered"] / med["plain"],
+    }
 
 
 def main() -> int:
@@ -75,16 +87,21 @@ def main() -> int:
     ap.add_argument("--policy")
     ap.add_argument("--offload", help="kv_offload to give the policy, as YAML (default: its own)")
     args = ap.parse_args()
-    cases = ([(args.scenario, args.policy, yaml.safe_load(args.offload) if args.offload else None)]
-             if args.scenario else CASES)
+    cases = (
+        [(args.scenario, args.policy, yaml.safe_load(args.offload) if args.offload else None)]
+        if args.scenario
+        else CASES
+    )
     rows = []
     for scenario, policy, offload, *changes in cases:
         rows.append(case(scenario, policy, offload, args.repeats, args.num_requests, *changes))
         r = rows[-1]
         print(f"{r['case']}: plain {r['plain_s']:.2f} s, tiered {r['tiered_s']:.2f} s, {r['ratio']:.2f}x", flush=True)
     worst = max(r["ratio"] for r in rows)
-    print(f"medians of {args.repeats} alternated runs each, {args.num_requests} requests, CPU seconds; "
-          f"largest ratio {worst:.2f}x (target at most {TARGET}x)")
+    print(
+        f"medians of {args.repeats} alternated runs each, {args.num_requests} requests, CPU seconds; "
+        f"largest ratio {worst:.2f}x (target at most {TARGET}x)"
+    )
     return 0 if worst <= TARGET else 1
 
 

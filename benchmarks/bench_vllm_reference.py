@@ -14,6 +14,7 @@ in wall time and in CPU time (less swayed by a loaded machine).
 Needs the kvsim[vllm] extra and vLLM (kvsim.engines.vllm_reference.INSTALL).
 Not part of the test suite.
 """
+
 import argparse
 import statistics
 import time
@@ -35,7 +36,7 @@ def main() -> None:
     load_vllm()
     if args.runs:
         return time_runs(args)
-    stream, setup = scenario_stream(args.scenario, n=args.requests, max_output=10 ** 9)
+    stream, setup = scenario_stream(args.scenario, n=args.requests, max_output=10**9)
     times = {"kvsim vllm-v1": [], "vLLM 0.33.0 scheduler": []}
     steps = 0
     for _ in range(args.repeats):
@@ -45,14 +46,17 @@ def main() -> None:
             times[name].append(time.perf_counter() - t)
     native, ref = (statistics.median(v) for v in times.values())
     print(f"{Path(args.scenario).name}: {len(stream)} requests, {steps} steps, {setup.num_blocks} blocks")
-    print(f"kvsim vllm-v1 {native:.2f} s ({steps / native:,.0f} steps/s); vLLM's scheduler {ref:.2f} s "
-          f"({steps / ref:,.0f} steps/s): {ref / native:.1f}x slower (medians of {args.repeats})")
+    print(
+        f"kvsim vllm-v1 {native:.2f} s ({steps / native:,.0f} steps/s); vLLM's scheduler {ref:.2f} s "
+        f"({steps / ref:,.0f} steps/s): {ref / native:.1f}x slower (medians of {args.repeats})"
+    )
 
 
 def time_runs(args) -> None:
     import yaml
     from kvsim.analysis.results import run_scenario
     from kvsim.config.scenario import validate_scenario
+
     path = Path(args.scenario)
     raw = yaml.safe_load(path.read_text())
     raw["workload"] = {**raw["workload"], "num_requests": args.requests}
@@ -63,14 +67,16 @@ def time_runs(args) -> None:
         for engine in times:
             scn = validate_scenario({**raw, "engine": engine}, str(path))
             t, c = time.perf_counter(), time.process_time()
-            run_scenario(scn, path.parent, str(path), workers=1)    # in this process: its CPU time counts all
+            run_scenario(scn, path.parent, str(path), workers=1)  # in this process: its CPU time counts all
             times[engine].append(time.perf_counter() - t)
             cpu[engine].append(time.process_time() - c)
     print(f"{path.name}: {args.requests} requests, {len(raw['policies'])} paged policies, one worker")
     for what, got in (("wall", times), ("cpu", cpu)):
         native, ref = (statistics.median(v) for v in got.values())
-        print(f"{what}: kvsim run, engine vllm-v1 {native:.2f} s; engine vllm-reference {ref:.2f} s: "
-              f"{ref / native:.1f}x slower (medians of {args.repeats})")
+        print(
+            f"{what}: kvsim run, engine vllm-v1 {native:.2f} s; engine vllm-reference {ref:.2f} s: "
+            f"{ref / native:.1f}x slower (medians of {args.repeats})"
+        )
 
 
 if __name__ == "__main__":

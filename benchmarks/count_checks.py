@@ -10,6 +10,7 @@
 
     python benchmarks/count_checks.py [--scenario scenarios/rag_8k.yaml] [--repeats 3] [--no-timing]
 """
+
 import argparse
 import os
 import statistics
@@ -66,13 +67,28 @@ def wall(scenario: Path, repeats: int) -> None:
         for i in range(repeats):
             for mode, flag in (("without", []), ("with", ["--check-invariants"])):
                 start = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "kvsim.cli", "run", str(scenario), "--quiet",
-                                "--out", str(Path(tmp) / mode), *flag], check=True, env=env)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "kvsim.cli",
+                        "run",
+                        str(scenario),
+                        "--quiet",
+                        "--out",
+                        str(Path(tmp) / mode),
+                        *flag,
+                    ],
+                    check=True,
+                    env=env,
+                )
                 times[mode].append(time.perf_counter() - start)
                 print(f"run {i + 1} {mode:<7} --check-invariants: {times[mode][-1]:.1f} s", flush=True)
     plain, checked = (statistics.median(times[m]) for m in ("without", "with"))
-    print(f"median without {plain:.1f} s, with {checked:.1f} s: the check mode costs "
-          f"{checked / plain:.1f}x over {repeats} runs each")
+    print(
+        f"median without {plain:.1f} s, with {checked:.1f} s: the check mode costs "
+        f"{checked / plain:.1f}x over {repeats} runs each"
+    )
 
 
 def main() -> None:

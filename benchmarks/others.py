@@ -24,6 +24,7 @@ local copy laid out as the hub's cache
 Llama-2-7B on A100 are at hand, but not its attention timings nor the network profiles,
 so that copy cannot be made and the figure used is the one recorded below.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,18 +34,47 @@ from pathlib import Path
 # with kvsim), for the simulators or workloads that cannot run here.
 RECORDED = [
     {"tool": "Vidur 0.0.26 (vLLM scheduler)", "workload": "vidur_10k", "wall_s": 20.6, "peak_rss_mb": 403},
-    {"tool": "BLIS f90a1e3 (roofline), as shipped", "workload": "sharegpt_1m", "wall_s": 689.0,
-     "peak_rss_mb": 18 * 1024, "note": "its run overloaded: 835k preemptions"},
+    {
+        "tool": "BLIS f90a1e3 (roofline), as shipped",
+        "workload": "sharegpt_1m",
+        "wall_s": 689.0,
+        "peak_rss_mb": 18 * 1024,
+        "note": "its run overloaded: 835k preemptions",
+    },
 ]
 VIDUR_10K_S = 20.6
 
-BLIS_WORKLOAD = ["--model", "meta-llama/llama-2-7b-hf", "--hardware", "A100-80", "--tp", "1",
-                 "--latency-model", "roofline", "--rate", "10", "--seed", "42",
-                 "--prompt-tokens", "512", "--prompt-tokens-stdev", "0", "--prompt-tokens-min", "512",
-                 "--prompt-tokens-max", "512", "--output-tokens", "128", "--output-tokens-stdev", "0",
-                 "--output-tokens-min", "128", "--output-tokens-max", "128"]
-BLIS_VARIANTS = {"BLIS": [], "BLIS, snapshot off": ["--snapshot-refresh-interval", "0",
-                                                        "--cache-signal-delay", "0"]}
+BLIS_WORKLOAD = [
+    "--model",
+    "meta-llama/llama-2-7b-hf",
+    "--hardware",
+    "A100-80",
+    "--tp",
+    "1",
+    "--latency-model",
+    "roofline",
+    "--rate",
+    "10",
+    "--seed",
+    "42",
+    "--prompt-tokens",
+    "512",
+    "--prompt-tokens-stdev",
+    "0",
+    "--prompt-tokens-min",
+    "512",
+    "--prompt-tokens-max",
+    "512",
+    "--output-tokens",
+    "128",
+    "--output-tokens-stdev",
+    "0",
+    "--output-tokens-min",
+    "128",
+    "--output-tokens-max",
+    "128",
+]
+BLIS_VARIANTS = {"BLIS": [], "BLIS, snapshot off": ["--snapshot-refresh-interval", "0", "--cache-signal-delay", "0"]}
 
 
 def blis_command(source: Path, requests: int, variant: str) -> list[str]:
@@ -57,5 +87,9 @@ def blis_work(stdout: str) -> dict:
     """The simulated work BLIS reports on stdout: requests done and simulated seconds."""
     text = stdout.split("=== Simulation Metrics ===", 1)[1]
     metrics = json.JSONDecoder().raw_decode(text.strip())[0]
-    return {"requests": int(metrics["completed_requests"]), "steps": None,
-            "makespan_s": float(metrics["vllm_estimated_duration_s"]), "mean_batch": None}
+    return {
+        "requests": int(metrics["completed_requests"]),
+        "steps": None,
+        "makespan_s": float(metrics["vllm_estimated_duration_s"]),
+        "mean_batch": None,
+    }

@@ -1,5 +1,6 @@
 """benchmarks/RESULTS.md from bench_speed.py's medians: the runs, the ratios of each
 pair, and where each speed target stands."""
+
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ GIB_MB = 1024
 def _commit() -> str:
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
     dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
     return (git("rev-parse", "--short", "HEAD") or "unknown") + dirty
 
@@ -25,14 +27,18 @@ def _num(x, fmt="{:,.0f}") -> str:
 
 
 def _runs_table(table: dict) -> list[str]:
-    lines = ["| workload | simulator | requests | steps | simulated s | mean batch | runs | wall s (median) "
-             "| CPU s (median) | peak RSS MB (max) | wall s of each run |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| workload | simulator | requests | steps | simulated s | mean batch | runs | wall s (median) "
+        "| CPU s (median) | peak RSS MB (max) | wall s of each run |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for (name, who), m in table.items():
         walls = ", ".join(f"{w:.2f}" for w in m["walls"])
-        lines.append(f"| {name} | {who} | {m['requests']:,} | {_num(m['steps'])} | {m['makespan_s']:,.1f} "
-                     f"| {_num(m['mean_batch'], '{:.1f}')} | {m['runs']} | {m['wall_s']:.2f} | {m['cpu_s']:.2f} "
-                     f"| {m['peak_rss_mb']:,.0f} | {walls} |")
+        lines.append(
+            f"| {name} | {who} | {m['requests']:,} | {_num(m['steps'])} | {m['makespan_s']:,.1f} "
+            f"| {_num(m['mean_batch'], '{:.1f}')} | {m['runs']} | {m['wall_s']:.2f} | {m['cpu_s']:.2f} "
+            f"| {m['peak_rss_mb']:,.0f} | {walls} |"
+        )
     return lines
 
 
@@ -47,10 +53,12 @@ def _targets(table: dict) -> list[str]:
     k = get(("vidur_10k", "kvsim"))
     if k:
         ratio = others.VIDUR_10K_S / k["wall_s"]
-        lines.append(f"- Vidur's 10k workload at least 10x faster than Vidur: Vidur {others.VIDUR_10K_S} s "
-                     f"(recorded in another hour) / kvsim {k['wall_s']:.2f} s = {ratio:.1f}x: {_verdict(ratio >= 10)}. "
-                     f"Against kvsim's CPU time ({k['cpu_s']:.2f} s; Vidur simulates in one Python process, whose "
-                     f"wall time on an idle core is about its CPU time): {others.VIDUR_10K_S / k['cpu_s']:.1f}x.")
+        lines.append(
+            f"- Vidur's 10k workload at least 10x faster than Vidur: Vidur {others.VIDUR_10K_S} s "
+            f"(recorded in another hour) / kvsim {k['wall_s']:.2f} s = {ratio:.1f}x: {_verdict(ratio >= 10)}. "
+            f"Against kvsim's CPU time ({k['cpu_s']:.2f} s; Vidur simulates in one Python process, whose "
+            f"wall time on an idle core is about its CPU time): {others.VIDUR_10K_S / k['cpu_s']:.1f}x."
+        )
     for name in ("vidur_10k", "vidur_100k"):
         k, b, off = get((name, "kvsim")), get((name, "BLIS")), get((name, "BLIS, snapshot off"))
         if not (k and off):
@@ -59,34 +67,42 @@ def _targets(table: dict) -> list[str]:
             continue
         wall, cpu = off["wall_s"] / k["wall_s"], off["cpu_s"] / k["cpu_s"]
         shipped = f"; BLIS as shipped {b['wall_s'] / k['wall_s']:.2f}x" if b else ""
-        lines.append(f"- Faster than BLIS with its snapshot off on {name}: BLIS {off['wall_s']:.2f} s / kvsim "
-                     f"{k['wall_s']:.2f} s = {wall:.2f}x wall ({cpu:.2f}x CPU: {off['cpu_s']:.2f} / "
-                     f"{k['cpu_s']:.2f} s){shipped}: "
-                     f"{_verdict(wall > 1)}. Peak RSS kvsim {k['peak_rss_mb']:,.0f} MB against BLIS's "
-                     f"{off['peak_rss_mb']:,.0f} MB: {_verdict(k['peak_rss_mb'] < off['peak_rss_mb'])}.")
+        lines.append(
+            f"- Faster than BLIS with its snapshot off on {name}: BLIS {off['wall_s']:.2f} s / kvsim "
+            f"{k['wall_s']:.2f} s = {wall:.2f}x wall ({cpu:.2f}x CPU: {off['cpu_s']:.2f} / "
+            f"{k['cpu_s']:.2f} s){shipped}: "
+            f"{_verdict(wall > 1)}. Peak RSS kvsim {k['peak_rss_mb']:,.0f} MB against BLIS's "
+            f"{off['peak_rss_mb']:,.0f} MB: {_verdict(k['peak_rss_mb'] < off['peak_rss_mb'])}."
+        )
     m = get(("sharegpt_1m", "kvsim"))
     if m:
-        lines.append(f"- A million ShareGPT requests in under 60 s and 1 GiB: {m['wall_s']:.1f} s "
-                     f"({m['cpu_s']:.1f} s of CPU), {m['peak_rss_mb']:,.0f} MB: "
-                     f"{_verdict(m['wall_s'] < 60 and m['peak_rss_mb'] < GIB_MB)}.")
+        lines.append(
+            f"- A million ShareGPT requests in under 60 s and 1 GiB: {m['wall_s']:.1f} s "
+            f"({m['cpu_s']:.1f} s of CPU), {m['peak_rss_mb']:,.0f} MB: "
+            f"{_verdict(m['wall_s'] < 60 and m['peak_rss_mb'] < GIB_MB)}."
+        )
     else:
         lines.append(f"- A million ShareGPT requests in under 60 s and 1 GiB: {_verdict(None)} (run with --million).")
     sizes = [s for s in (get((f"sharegpt_{n}", "kvsim")) for n in ("10k", "100k", "1m")) if s]
     if len(sizes) >= 2:
         n = [s["requests"] for s in sizes]
         per = ", ".join(f"{s['cpu_s'] / r * 1e6:,.0f} µs" for s, r in zip(sizes, n))
-        text = (f"- Growth linear from 10k to 1M requests: CPU time per request {per} at "
-                f"{', '.join(f'{r:,}' for r in n)}")
+        text = (
+            f"- Growth linear from 10k to 1M requests: CPU time per request {per} at {', '.join(f'{r:,}' for r in n)}"
+        )
         if len(sizes) == 3:
             # the cost of each further request, so that the fixed start-up and figures do not
             # count; CPU time, as a busy minute of the shared machine stretches wall time alone
             def marginal(key, a, b):
                 return (sizes[b][key] - sizes[a][key]) / (n[b] - n[a])
+
             low, high = marginal("cpu_s", 0, 1), marginal("cpu_s", 1, 2)
-            text += (f"; each request beyond 10k costs {low * 1e6:,.0f} µs of CPU up to 100k and "
-                     f"{high * 1e6:,.0f} µs beyond (wall: {marginal('wall_s', 0, 1) * 1e6:,.0f} and "
-                     f"{marginal('wall_s', 1, 2) * 1e6:,.0f} µs; judged linear when the second is at most "
-                     f"1.25x the first): {_verdict(high <= 1.25 * low)}.")
+            text += (
+                f"; each request beyond 10k costs {low * 1e6:,.0f} µs of CPU up to 100k and "
+                f"{high * 1e6:,.0f} µs beyond (wall: {marginal('wall_s', 0, 1) * 1e6:,.0f} and "
+                f"{marginal('wall_s', 1, 2) * 1e6:,.0f} µs; judged linear when the second is at most "
+                f"1.25x the first): {_verdict(high <= 1.25 * low)}."
+            )
         else:
             text += f": {_verdict(None)} (run with --million)."
         lines.append(text)
@@ -94,16 +110,20 @@ def _targets(table: dict) -> list[str]:
         on, off = get((f"sharegpt_{size}_prefix", "kvsim")), get((f"sharegpt_{size}", "kvsim"))
         if on and off:
             ratio = on["wall_s"] / off["wall_s"]
-            lines.append(f"- Prefix caching on at most 1.5x the time without it, {size}: {on['wall_s']:.2f} / "
-                         f"{off['wall_s']:.2f} s = {ratio:.2f}x ({on['cpu_s'] / off['cpu_s']:.2f}x in CPU time): "
-                         f"{_verdict(ratio <= 1.5)}.")
+            lines.append(
+                f"- Prefix caching on at most 1.5x the time without it, {size}: {on['wall_s']:.2f} / "
+                f"{off['wall_s']:.2f} s = {ratio:.2f}x ({on['cpu_s'] / off['cpu_s']:.2f}x in CPU time): "
+                f"{_verdict(ratio <= 1.5)}."
+            )
     return lines
 
 
 def _recorded() -> list[str]:
     lines = ["| simulator | workload | wall s | peak RSS MB | note |", "| --- | --- | ---: | ---: | --- |"]
     for r in others.RECORDED:
-        lines.append(f"| {r['tool']} | {r['workload']} | {r['wall_s']:.1f} | {r['peak_rss_mb']:,} | {r.get('note', '')} |")
+        lines.append(
+            f"| {r['tool']} | {r['workload']} | {r['wall_s']:.1f} | {r['peak_rss_mb']:,} | {r.get('note', '')} |"
+        )
     return lines
 
 

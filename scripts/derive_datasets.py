@@ -25,6 +25,7 @@ Output is deterministic: sorted keys, floats rounded, quantiles as ints.
 
 Usage: python scripts/derive_datasets.py [TRACES_DIR] [OUTPUT_JSON]
 """
+
 from __future__ import annotations
 
 import json
@@ -43,36 +44,46 @@ DEFAULT_OUTPUT = REPO / "kvsim" / "data" / "datasets.json"
 # 99.5% point and the maximum would otherwise overstate heavy-tailed means (by 9% for
 # azure-code outputs with a plain 201-point grid).
 QUANTILE_PROBS = [round(p, 6) for p in np.linspace(0.0, 0.99, 199)] + [
-    0.9925, 0.995, 0.9975, 0.999, 0.9995, 0.99975, 0.9999, 1.0]
+    0.9925,
+    0.995,
+    0.9975,
+    0.999,
+    0.9995,
+    0.99975,
+    0.9999,
+    1.0,
+]
 
 VIDUR = "microsoft/vidur data/processed_traces (MIT licence)"
-AZURE = ("Azure Public Dataset LLM inference trace 2023 (CC-BY-4.0), "
-         "as processed in microsoft/vidur data/processed_traces (MIT licence)")
+AZURE = (
+    "Azure Public Dataset LLM inference trace 2023 (CC-BY-4.0), "
+    "as processed in microsoft/vidur data/processed_traces (MIT licence)"
+)
 
 # name -> (file, origin, description)
 FILE_DATASETS = {
     "sharegpt-multiturn": (
-        "sharegpt_8k_filtered_stats_llama2_tokenizer.csv", VIDUR,
-        "ShareGPT conversations, multi-turn context accumulated into the prompt, "
-        "Llama-2 tokenizer, total <= 8k tokens"),
+        "sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+        VIDUR,
+        "ShareGPT conversations, multi-turn context accumulated into the prompt, Llama-2 tokenizer, total <= 8k tokens",
+    ),
     "arxiv-summarization": (
-        "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", VIDUR,
-        "arXiv paper summarization: long prompts, short outputs (RAG-like), "
-        "Llama-2 tokenizer"),
-    "azure-conv": (
-        "splitwise_conv.csv", AZURE,
-        "Azure conversation service, one hour of real arrivals"),
+        "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
+        VIDUR,
+        "arXiv paper summarization: long prompts, short outputs (RAG-like), Llama-2 tokenizer",
+    ),
+    "azure-conv": ("splitwise_conv.csv", AZURE, "Azure conversation service, one hour of real arrivals"),
     "azure-code": (
-        "splitwise_code.csv", AZURE,
-        "Azure code-completion service, one hour of real arrivals: long prompts, "
-        "very short outputs"),
+        "splitwise_code.csv",
+        AZURE,
+        "Azure code-completion service, one hour of real arrivals: long prompts, very short outputs",
+    ),
 }
 
 # The vLLM paper publishes only means; these CVs are OUR ASSUMPTION (a lognormal with
 # CV 1 has sigma = 0.83: right-skewed with a long tail, as the paper describes).
 ASSUMED_CV = 1.0
-VLLM_PAPER = ("Kwon et al., Efficient Memory Management for Large Language Model "
-              "Serving with PagedAttention, SOSP 2023")
+VLLM_PAPER = "Kwon et al., Efficient Memory Management for Large Language Model Serving with PagedAttention, SOSP 2023"
 # vLLM benchmark scripts: drop prompt or output < 4, prompt > 1024, prompt+output > 2048.
 VLLM_FILTER = {"min_tokens": 4, "max_prompt": 1024, "max_total": 2048}
 PUBLISHED = {"sharegpt": (161.31, 337.99), "alpaca": (19.31, 58.45)}
@@ -113,11 +124,13 @@ def published_preset(name: str) -> dict:
         "output": {"mean": output_mean, "cv": ASSUMED_CV},
         "filter": VLLM_FILTER,
         "source": f"{name} means from {VLLM_PAPER}; filter from vLLM's benchmark scripts",
-        "note": (f"The paper gives only means (right-skewed, long tails). Each marginal "
-                 f"is a lognormal with that mean and an ASSUMED coefficient of variation "
-                 f"of {ASSUMED_CV}; prompt and output independent. Draws are rounded to "
-                 f"whole tokens and redrawn when the vLLM benchmark filter drops them, "
-                 f"so the sampled means differ from the published ones."),
+        "note": (
+            f"The paper gives only means (right-skewed, long tails). Each marginal "
+            f"is a lognormal with that mean and an ASSUMED coefficient of variation "
+            f"of {ASSUMED_CV}; prompt and output independent. Draws are rounded to "
+            f"whole tokens and redrawn when the vLLM benchmark filter drops them, "
+            f"so the sampled means differ from the published ones."
+        ),
     }
 
 
@@ -146,8 +159,7 @@ def main(argv: list[str]) -> int:
     traces = Path(argv[1]) if len(argv) > 1 else DEFAULT_TRACES
     output = Path(argv[2]) if len(argv) > 2 else DEFAULT_OUTPUT
     if not traces.is_dir():
-        print(f"{traces}: no such folder (pass the traces folder as the first argument)",
-              file=sys.stderr)
+        print(f"{traces}: no such folder (pass the traces folder as the first argument)", file=sys.stderr)
         return 2
     output.write_text(dumps(derive(traces)), encoding="utf-8")
     print(f"wrote {output} ({output.stat().st_size} bytes)")

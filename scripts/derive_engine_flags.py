@@ -26,6 +26,7 @@ Output is deterministic (sorted).
 Usage: python scripts/derive_engine_flags.py VLLM_DIR SGLANG_DIR [OUTPUT_JSON]
   (VLLM_DIR holds vllm/, SGLANG_DIR holds sglang/)
 """
+
 from __future__ import annotations
 
 import ast
@@ -61,9 +62,13 @@ def release(groups: list[list[str]], annotations: dict[str, str], switches=()) -
         longs = [n for n in names if n.startswith("--")]
         head = longs[0] if longs else names[0]
         out.setdefault(head, set()).update(n for n in names if n != head)
-    return {k: {"aliases": sorted(v),
-                "switch": k in switches or annotations.get(k) in ("bool", "bool|None", "Optional[bool]")}
-            for k, v in sorted(out.items())}
+    return {
+        k: {
+            "aliases": sorted(v),
+            "switch": k in switches or annotations.get(k) in ("bool", "bool|None", "Optional[bool]"),
+        }
+        for k, v in sorted(out.items())
+    }
 
 
 def main(vllm_dir: Path, sglang_dir: Path, out: Path) -> None:
@@ -73,11 +78,13 @@ def main(vllm_dir: Path, sglang_dir: Path, out: Path) -> None:
     vllm = add_argument_flags(engine) + add_argument_flags(frontend) + [[k] for k in front]
     vllm_types = fields(engine, ("EngineArgs", "AsyncEngineArgs")) | front
     server = (sglang_dir / "sglang/srt/server_args.py").read_text()
-    sglang = add_argument_flags(server[server.index("def add_cli_args"):])
-    data = {"format": "kvsim-engine-flags/2",
-            "source": "the releases' own argument parsers, read by scripts/derive_engine_flags.py",
-            "vllm 0.33.0": release(vllm, vllm_types, ("--headless", "--grpc")),
-            "sglang 0.5.10.post1": release(sglang, fields(server, ("ServerArgs",)))}
+    sglang = add_argument_flags(server[server.index("def add_cli_args") :])
+    data = {
+        "format": "kvsim-engine-flags/2",
+        "source": "the releases' own argument parsers, read by scripts/derive_engine_flags.py",
+        "vllm 0.33.0": release(vllm, vllm_types, ("--headless", "--grpc")),
+        "sglang 0.5.10.post1": release(sglang, fields(server, ("ServerArgs",))),
+    }
     out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"wrote {out}: {len(data['vllm 0.33.0'])} vLLM flags, {len(data['sglang 0.5.10.post1'])} SGLang flags")
 
@@ -85,5 +92,8 @@ def main(vllm_dir: Path, sglang_dir: Path, out: Path) -> None:
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    main(Path(sys.argv[1]), Path(sys.argv[2]),
-         Path(sys.argv[3]) if len(sys.argv) > 3 else Path(__file__).parent.parent / "kvsim/data/engine_flags.json")
+    main(
+        Path(sys.argv[1]),
+        Path(sys.argv[2]),
+        Path(sys.argv[3]) if len(sys.argv) > 3 else Path(__file__).parent.parent / "kvsim/data/engine_flags.json",
+    )

@@ -30,6 +30,7 @@ Usage: python scripts/derive_vllm_overhead.py [RUNS_DIR] [--jobs N] [--only RUN,
 (--only: just the leave-one-out fits without those runs, kept in build/ for a later run
 that writes the files, so that several processes can share the fits)
 """
+
 from __future__ import annotations
 
 import json
@@ -53,15 +54,24 @@ DOC = REPO / "docs" / "accuracy-vllm-h100.md"
 STATE = REPO / "build" / "derive_vllm_overhead.state.json"
 NAME, VERSION = "vllm-v1-h100-v1", 1
 MAX_ITERATIONS = LOO_ITERATIONS = 12
-TOLERANCE = 0.01     # a fit has converged when a step lowers its objective by under 1%
+TOLERANCE = 0.01  # a fit has converged when a step lowers its objective by under 1%
 WINDOW_S = 60.0
 # Where the all-runs fit starts, to save iterations: an earlier run of this fit (ten
 # iterations, from the coefficients of a fit with a squared-error objective and the linear
 # ops as measured, per_seq_us lowered from 24.95 to 8; its last steps gained 0.7%, 0.25%).
-START_FROM = {"step_us": 0.0, "per_seq_us": 12.4538, "piecewise_per_layer_us": 0.0, "launch_per_layer_us": 50.0,
-              "allreduce_us": 7.5089, "attention_decode": 0.8543, "api_ms": 5.2186}
-SOURCE = ("inference-sim/training, default_args/ (February 2026): vLLM V1 on NVIDIA H100 SXM 80GB, "
-          "inference-perf shared-prefix workloads at constant-rate stages, streaming completions")
+START_FROM = {
+    "step_us": 0.0,
+    "per_seq_us": 12.4538,
+    "piecewise_per_layer_us": 0.0,
+    "launch_per_layer_us": 50.0,
+    "allreduce_us": 7.5089,
+    "attention_decode": 0.8543,
+    "api_ms": 5.2186,
+}
+SOURCE = (
+    "inference-sim/training, default_args/ (February 2026): vLLM V1 on NVIDIA H100 SXM 80GB, "
+    "inference-perf shared-prefix workloads at constant-rate stages, streaming completions"
+)
 
 
 def log(*parts) -> None:
@@ -74,8 +84,19 @@ def validate(run_dirs: list[Path], theta: dict, name: str, jobs: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         f = Path(tmp) / f"{name}.json"
         f.write_text(json.dumps(engine_fit.document(theta, name)))
-        cmd = [sys.executable, "-m", "kvsim.cli", "validate", *map(str, run_dirs), "--cost-model", str(f),
-               "--out", str(Path(tmp) / "v"), "--jobs", str(jobs)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvsim.cli",
+            "validate",
+            *map(str, run_dirs),
+            "--cost-model",
+            str(f),
+            "--out",
+            str(Path(tmp) / "v"),
+            "--jobs",
+            str(jobs),
+        ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return json.loads((Path(tmp) / "v" / "validation.json").read_text())
 
@@ -83,8 +104,11 @@ def validate(run_dirs: list[Path], theta: dict, name: str, jobs: int) -> dict:
 def main(argv: list[str]) -> None:
     jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else 1
     only = set(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else None
-    args = [a for i, a in enumerate(argv) if a not in ("--jobs", "--only") and (i == 0 or argv[i - 1] not in
-                                                                               ("--jobs", "--only"))]
+    args = [
+        a
+        for i, a in enumerate(argv)
+        if a not in ("--jobs", "--only") and (i == 0 or argv[i - 1] not in ("--jobs", "--only"))
+    ]
     root = Path(args[0]) if args else DEFAULT_IN
     dirs = {p.name: p for p in sorted(root.iterdir()) if (p / "exp-config.yaml").is_file()}
     replays = {n: Replay(read_run(d), window_s=WINDOW_S) for n, d in dirs.items()}
@@ -100,15 +124,22 @@ def main(argv: list[str]) -> None:
     if "full" not in state:
         log(f"fitting on all {len(names)} runs from {START_FROM}")
         objective = engine_fit.Objective(list(replays.values()), workers=jobs)
-        full = engine_fit.fit(objective, start=START_FROM, max_iterations=MAX_ITERATIONS, on_iteration=progress,
-                              tolerance=TOLERANCE)
-        state["full"] = {"theta": full["theta"], "objective": full["objective"], "iterations": full["iterations"],
-                         "evaluations": full["evaluations"], "converged": full["converged"],
-                         "residuals": full["residuals"].tolist(), "jacobian": full["jacobian"].tolist()}
+        full = engine_fit.fit(
+            objective, start=START_FROM, max_iterations=MAX_ITERATIONS, on_iteration=progress, tolerance=TOLERANCE
+        )
+        state["full"] = {
+            "theta": full["theta"],
+            "objective": full["objective"],
+            "iterations": full["iterations"],
+            "evaluations": full["evaluations"],
+            "converged": full["converged"],
+            "residuals": full["residuals"].tolist(),
+            "jacobian": full["jacobian"].tolist(),
+        }
         save_state(state)
     full = state["full"]
     theta = full["theta"]
-    if "objective_whole_runs" not in full:     # the fit's objective with no stage shortened
+    if "objective_whole_runs" not in full:  # the fit's objective with no stage shortened
         whole = engine_fit.Objective([Replay(read_run(d)) for d in dirs.values()], workers=jobs)(theta)
         full["objective_whole_runs"] = float(whole @ whole)
         save_state(state)
@@ -130,20 +161,34 @@ def main(argv: list[str]) -> None:
         name = names[k]
         keep = np.concatenate([np.arange(edges[i], edges[i + 1]) for i in range(len(names)) if i != k])
         objective = engine_fit.Objective([replays[n] for n in names if n != name], workers=1)
-        loo = engine_fit.fit(objective, start=theta, max_iterations=LOO_ITERATIONS,
-                             known=(r_all[keep], j_all[keep]), tolerance=TOLERANCE,
-                             on_iteration=lambda i, t, c: log(f"  without {name}, iteration {i}: objective {c:.4g}"))
+        loo = engine_fit.fit(
+            objective,
+            start=theta,
+            max_iterations=LOO_ITERATIONS,
+            known=(r_all[keep], j_all[keep]),
+            tolerance=TOLERANCE,
+            on_iteration=lambda i, t, c: log(f"  without {name}, iteration {i}: objective {c:.4g}"),
+        )
         v = validate([dirs[name]], loo["theta"], f"{NAME}-without-{name}", 1)
-        return name, {"theta": loo["theta"], "iterations": loo["iterations"], "evaluations": loo["evaluations"],
-                      "converged": loo["converged"], "objective": loo["objective"],
-                      "summary": v["summary"], "stages": v["stages"]}
+        return name, {
+            "theta": loo["theta"],
+            "iterations": loo["iterations"],
+            "evaluations": loo["evaluations"],
+            "converged": loo["converged"],
+            "objective": loo["objective"],
+            "summary": v["summary"],
+            "stages": v["stages"],
+        }
 
     def done(_, result) -> None:
         name, held[name] = result
-        log(f"without {name}: {held[name]['iterations']} iterations, converged {held[name]['converged']}; "
-            f"held out: {held[name]['summary']}")
+        log(
+            f"without {name}: {held[name]['iterations']} iterations, converged {held[name]['converged']}; "
+            f"held out: {held[name]['summary']}"
+        )
         (STATE.parent / f"{STATE.stem}.without-{name}.json").write_text(json.dumps(clean(held[name])))
-    for name in names:          # fits finished by this or another run of the script
+
+    for name in names:  # fits finished by this or another run of the script
         kept = STATE.parent / f"{STATE.stem}.without-{name}.json"
         if name not in held and kept.is_file():
             held[name] = json.loads(kept.read_text())
@@ -168,23 +213,38 @@ def shipped(state: dict, free: list[str]) -> dict:
     rows = [r for n in state["runs"] for r in held[n]["stages"]]
     doc = engine_fit.document(full["theta"], NAME)
     doc.update(
-        version=VERSION, source=SOURCE, license="the runs' repository (public benchmark data)",
+        version=VERSION,
+        source=SOURCE,
+        license="the runs' repository (public benchmark data)",
         engine="vLLM V1 (release not recorded in the runs; kvsim follows vLLM 0.33.0's CUDA-graph capture "
-               "sizes and asynchronous scheduling)",
+        "sizes and asynchronous scheduling)",
         derived_with="scripts/derive_vllm_overhead.py",
-        fit={"method": engine_fit.__doc__.split("Objective:")[1].strip(), "runs": state["runs"],
-             "window_s": WINDOW_S, "objective_whole_runs": full["objective_whole_runs"],
-             "free": free, "start": START_FROM,
-             "theta": {k: round(v, 6) for k, v in full["theta"].items()},
-             **{k: full[k] for k in ("objective", "iterations", "evaluations", "converged")},
-             "max_iterations": MAX_ITERATIONS, "leave_one_out_max_iterations": LOO_ITERATIONS,
-             "tolerance": TOLERANCE},
-        error={"in_sample": state["in_sample"]["summary"], "leave_one_out": run_check.summary(rows),
-               "leave_one_out_runs": {n: {k: held[n][k] for k in ("theta", "iterations", "converged", "summary")}
-                                      for n in state["runs"]}},
-        points=[{**r, "in_sample": i} for i, r in
-                [(True, r) for r in state["in_sample"]["stages"]] + [(False, r) for r in rows]],
-        range={"gpu": ["h100-80gb"], "tp": [1, 2], "max_num_seqs": [128], "max_num_batched_tokens": [2048]})
+        fit={
+            "method": engine_fit.__doc__.split("Objective:")[1].strip(),
+            "runs": state["runs"],
+            "window_s": WINDOW_S,
+            "objective_whole_runs": full["objective_whole_runs"],
+            "free": free,
+            "start": START_FROM,
+            "theta": {k: round(v, 6) for k, v in full["theta"].items()},
+            **{k: full[k] for k in ("objective", "iterations", "evaluations", "converged")},
+            "max_iterations": MAX_ITERATIONS,
+            "leave_one_out_max_iterations": LOO_ITERATIONS,
+            "tolerance": TOLERANCE,
+        },
+        error={
+            "in_sample": state["in_sample"]["summary"],
+            "leave_one_out": run_check.summary(rows),
+            "leave_one_out_runs": {
+                n: {k: held[n][k] for k in ("theta", "iterations", "converged", "summary")} for n in state["runs"]
+            },
+        },
+        points=[
+            {**r, "in_sample": i}
+            for i, r in [(True, r) for r in state["in_sample"]["stages"]] + [(False, r) for r in rows]
+        ],
+        range={"gpu": ["h100-80gb"], "tp": [1, 2], "max_num_seqs": [128], "max_num_batched_tokens": [2048]},
+    )
     return doc
 
 
@@ -194,40 +254,54 @@ def markdown(doc: dict) -> str:
     n = len(doc["fit"]["runs"])
     stopped = [name for name, h in held.items() if not h["converged"]]
     lines = [
-        "# How close kvsim comes to real vLLM runs", "",
+        "# How close kvsim comes to real vLLM runs",
+        "",
         f"vLLM V1 on H100 SXM: {n} benchmark runs ({SOURCE}). kvsim replays each run as it was",
         "driven (its inference-perf config as `workload: {inference_perf: PATH}`, the server's settings, the",
         "client's 300 s timeout, requests aborted past it counted as failures) and compares every load",
         "stage with what inference-perf reported. Each run is predicted with the engine overhead fitted on",
         f"the other {n - 1} runs (leave one experiment out), so the held-out figures are predictions of runs",
-        "kvsim was not fitted to. Made by:", "",
-        "    python scripts/derive_vllm_overhead.py --jobs 2", "",
+        "kvsim was not fitted to. Made by:",
+        "",
+        "    python scripts/derive_vllm_overhead.py --jobs 2",
+        "",
         "which fits the overhead on all the runs, then for each run fits it again without that run and",
         "simulates the run with `kvsim validate RUN_DIR --cost-model FILE` (FILE: the overhead fitted",
         "without RUN_DIR); the shipped `vllm-v1-h100-v1` is the all-runs fit, checked the same way",
-        "(in sample).", "",
+        "(in sample).",
+        "",
         "Targets: E2E mean within 8% on average over stages and 20% at worst; TTFT p50 within 15% (median",
         "over stages); for a run past its capacity, the share of requests answered within the client's",
-        "timeout within 15 points.", "",
+        "timeout within 15 points.",
+        "",
         "| | stages | E2E mean: mean abs. error | worst stage | TTFT p50: median abs. error "
         "| answered (past capacity): worst |",
         "| --- | --- | --- | --- | --- | --- |",
         _summary_row("held out (leave one experiment out)", loo),
-        _summary_row("in sample (the shipped fit)", ins), "",
-        "Per stage, held out (measured / kvsim, error):", "",
+        _summary_row("in sample (the shipped fit)", ins),
+        "",
+        "Per stage, held out (measured / kvsim, error):",
+        "",
         "| run | stage | rate (req/s) | E2E mean (s) | TTFT p50 (ms) | ITL mean (ms) | answered |",
-        "| --- | --- | --- | --- | --- | --- | --- |"]
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, h in held.items():
         for r in [p for p in doc["points"] if not p["in_sample"] and p["run"] == name]:
-            lines.append(f"| {name} | {r['stage']} | {r['rate_per_s']:g} | {_cell(r, 'e2e_mean', 1)} | "
-                         f"{_cell(r, 'ttft_p50', 1e3)} | {_cell(r, 'itl_mean', 1e3)} | "
-                         f"{r['answered_measured']:.1%} / {r['answered_predicted']:.1%} |")
+            lines.append(
+                f"| {name} | {r['stage']} | {r['rate_per_s']:g} | {_cell(r, 'e2e_mean', 1)} | "
+                f"{_cell(r, 'ttft_p50', 1e3)} | {_cell(r, 'itl_mean', 1e3)} | "
+                f"{r['answered_measured']:.1%} / {r['answered_predicted']:.1%} |"
+            )
     lines += [
-        "", "ITL is inference-perf's inter-token latency: the gaps between the stream's lines, of which vLLM",
-        "sends two per token, so it is about half the time between tokens.", "",
-        "## What these runs do not decide", "",
+        "",
+        "ITL is inference-perf's inter-token latency: the gaps between the stream's lines, of which vLLM",
+        "sends two per token, so it is about half the time between tokens.",
+        "",
+        "## What these runs do not decide",
+        "",
         "Every run served a bf16 model with a bf16 KV cache in blocks of 16 tokens, prefix caching on,",
-        "max_num_seqs 128 and max_num_batched_tokens 2048, on H100 SXM GPUs. So the fit says nothing about:", "",
+        "max_num_seqs 128 and max_num_batched_tokens 2048, on H100 SXM GPUs. So the fit says nothing about:",
+        "",
         "- a quantized KV cache (fp8, int8): kvsim prices its decode attention by the bytes it reads (the",
         "  profile's bandwidth form); the shipped H100 profiles were measured with 16-bit KV only, so the",
         "  cost of dequantizing is not modelled there, and a quantized cache changes capacity and those",
@@ -238,34 +312,62 @@ def markdown(doc: dict) -> str:
         "- eager steps' launch cost (`launch_per_layer_ms`, held at its start): the runs' eager steps, whole",
         "  new prompts, are bound by the GPU, so none of them tells it;",
         "- other GPUs: vLLM V1 on an H200 takes this overhead too (the same host and NVLink generation), with",
-        "  its own kernel profile; other engines and GPUs keep `splitwise-a100-v2`.", "",
-        "## The fitted overhead", "",
+        "  its own kernel profile; other engines and GPUs keep `splitwise-a100-v2`.",
+        "",
+        "## The fitted overhead",
+        "",
         "Fitted by simulating every run with candidate coefficients (kvsim.calibrate.engine_fit), each stage "
         f"that ran within its capacity over its first {WINDOW_S:g} seconds of arrivals (a stage past its",
         "capacity whole), to cut the simulations' cost; every figure above is `kvsim validate` on the whole runs.",
-        "", doc["fit"]["method"], "",
+        "",
+        doc["fit"]["method"],
+        "",
         f"All-runs fit: {_iterations(doc['fit']['iterations'])} ({doc['fit']['evaluations']} simulations of every "
         f"run), objective {doc['fit']['objective']:.4g} ({doc['fit']['objective_whole_runs']:.4g} on the whole runs)"
-        + ("" if doc["fit"]["converged"] else f" (stopped at the cap of {doc['fit']['max_iterations']})") + ".",
+        + ("" if doc["fit"]["converged"] else f" (stopped at the cap of {doc['fit']['max_iterations']})")
+        + ".",
         "Each leave-one-out fit starts from the all-runs fit (whose start knew the held-out run) and runs until "
         f"a step lowers its objective by less than {doc['fit']['tolerance']:.0%} (converged), at "
         f"most {_iterations(doc['fit']['leave_one_out_max_iterations'])}"
-        + (f"; {', '.join(stopped)} stopped at that cap instead, so its start's knowledge of the held-out run is "
-           "not wholly gone" if stopped else "; every one converged before the cap") + ".", "",
+        + (
+            f"; {', '.join(stopped)} stopped at that cap instead, so its start's knowledge of the held-out run is "
+            "not wholly gone"
+            if stopped
+            else "; every one converged before the cap"
+        )
+        + ".",
+        "",
         "| coefficient | all runs | " + " | ".join(f"without {name}" for name in held) + " |",
         "| --- | --- | " + " | ".join("---" for _ in held) + " |",
-        f"| iterations | {doc['fit']['iterations']} | " + " | ".join(str(h["iterations"]) for h in held.values()) + " |"]
+        f"| iterations | {doc['fit']['iterations']} | "
+        + " | ".join(str(h["iterations"]) for h in held.values())
+        + " |",
+    ]
     for key in doc["fit"]["free"]:
-        lines.append(f"| {key} | {doc['fit']['theta'][key]:.4g} | "
-                     + " | ".join(f"{h['theta'][key]:.4g}" for h in held.values()) + " |")
+        lines.append(
+            f"| {key} | {doc['fit']['theta'][key]:.4g} | "
+            + " | ".join(f"{h['theta'][key]:.4g}" for h in held.values())
+            + " |"
+        )
     bounds = {q.name: q for q in engine_fit.PARAMS}
-    at_bound = [f"{k} at {doc['fit']['theta'][k]:.4g} (its {'lower' if doc['fit']['theta'][k] <= bounds[k].low else 'upper'} "
-                "bound)" for k in doc["fit"]["free"]
-                if doc["fit"]["theta"][k] <= bounds[k].low or doc["fit"]["theta"][k] >= bounds[k].high]
-    lines += ["", "Terms of the all-runs fit at a bound of their range: " + (", ".join(at_bound) or "none") + ".",
-              "(the objective may fall further beyond them, where the form does not allow).",
-              "", "As shipped:", "", "```json",
-              json.dumps({k: doc[k] for k in ("host", "comm", "graphs", "kernels", "api")}, indent=1), "```", ""]
+    at_bound = [
+        f"{k} at {doc['fit']['theta'][k]:.4g} (its {'lower' if doc['fit']['theta'][k] <= bounds[k].low else 'upper'} "
+        "bound)"
+        for k in doc["fit"]["free"]
+        if doc["fit"]["theta"][k] <= bounds[k].low or doc["fit"]["theta"][k] >= bounds[k].high
+    ]
+    lines += [
+        "",
+        "Terms of the all-runs fit at a bound of their range: " + (", ".join(at_bound) or "none") + ".",
+        "(the objective may fall further beyond them, where the form does not allow).",
+        "",
+        "As shipped:",
+        "",
+        "```json",
+        json.dumps({k: doc[k] for k in ("host", "comm", "graphs", "kernels", "api")}, indent=1),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -274,8 +376,10 @@ def _iterations(n: int) -> str:
 
 
 def _summary_row(label: str, s: dict) -> str:
-    return (f"| {label} | {s['stages']} | {s['e2e_mean_mae']:.1%} | {s['e2e_mean_worst']:.1%} | "
-            f"{s['ttft_p50_median_error']:.1%} | {_points(s['answered_worst_points'])} |")
+    return (
+        f"| {label} | {s['stages']} | {s['e2e_mean_mae']:.1%} | {s['e2e_mean_worst']:.1%} | "
+        f"{s['ttft_p50_median_error']:.1%} | {_points(s['answered_worst_points'])} |"
+    )
 
 
 def _cell(r, key, unit):

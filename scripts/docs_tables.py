@@ -16,6 +16,7 @@ cache curve of Mooncake's synthetic trace (`cache_curve_mooncake.md`).
 Rerun after any change that moves results; the suite checks that the flagship's table,
 the tutorial's run, the overhead's error table and the flag tables are current.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,24 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "generated"
-SCENARIOS = ["rag_8k", "rag_8k_overload", "vllm_paper_opt13b", "chat_sharegpt", "shared_system_prompt",
-             "chat_multiturn", "sampling_beam", "fp8_capacity"]
-LIMITS = {"limited_by_memory": "memory", "limited_by_watermark": "watermark",
-          "limited_by_max_num_seqs": "max_num_seqs", "limited_by_token_budget": "token budget",
-          "limited_by_preemption": "preemption", "limited_by_arrivals": "arrivals"}
+SCENARIOS = [
+    "rag_8k",
+    "rag_8k_overload",
+    "vllm_paper_opt13b",
+    "chat_sharegpt",
+    "shared_system_prompt",
+    "chat_multiturn",
+    "sampling_beam",
+    "fp8_capacity",
+]
+LIMITS = {
+    "limited_by_memory": "memory",
+    "limited_by_watermark": "watermark",
+    "limited_by_max_num_seqs": "max_num_seqs",
+    "limited_by_token_budget": "token budget",
+    "limited_by_preemption": "preemption",
+    "limited_by_arrivals": "arrivals",
+}
 
 
 def header(command: str) -> str:
@@ -70,6 +84,7 @@ def scenario_table(name: str) -> str:
     """One shipped scenario, every policy, as `kvsim run` computes it."""
     from kvsim.analysis.results import run_scenario
     from kvsim.config.scenario import load_scenario
+
     path = ROOT / "scenarios" / f"{name}.yaml"
     scn, base = load_scenario(path)
     return summary_table(name, run_scenario(scn, base, str(path), workers=1).summary)
@@ -77,18 +92,41 @@ def scenario_table(name: str) -> str:
 
 def summary_table(name: str, summary: pd.DataFrame) -> str:
     """The table of one shipped scenario's summary (as run, or read from summary.csv)."""
-    heads = ["policy", "limited by", "KV util", "internal", "external", "achievable batch",
-             "capacity (requests)", "mean batch", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "preemptions"]
+    heads = [
+        "policy",
+        "limited by",
+        "KV util",
+        "internal",
+        "external",
+        "achievable batch",
+        "capacity (requests)",
+        "mean batch",
+        "tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "preemptions",
+    ]
     caching = (summary.get("prefix_hit_rate", pd.Series([0])) > 0).any()
     if caching:
         heads.append("prefix hit")
     rows = []
     for r in summary.to_dict(orient="records"):
-        row = [str(r["policy"]), limits(r), _pct(r["kv_utilization"]), _pct(r["internal_fraction"]),
-               _pct(r["external_fraction"]), _num(r["achievable_batch_size"]),
-               _num(r["memory_capacity_requests"]), _num(r["mean_batch_size"]),
-               _num(r["throughput_tok_s"], "{:,.0f}"), _s(r["ttft_p50_s"]), _s(r["ttft_p99_s"]),
-               _s(r["tpot_p50_s"]), f"{r['preemptions']:,}"]
+        row = [
+            str(r["policy"]),
+            limits(r),
+            _pct(r["kv_utilization"]),
+            _pct(r["internal_fraction"]),
+            _pct(r["external_fraction"]),
+            _num(r["achievable_batch_size"]),
+            _num(r["memory_capacity_requests"]),
+            _num(r["mean_batch_size"]),
+            _num(r["throughput_tok_s"], "{:,.0f}"),
+            _s(r["ttft_p50_s"]),
+            _s(r["ttft_p99_s"]),
+            _s(r["tpot_p50_s"]),
+            f"{r['preemptions']:,}",
+        ]
         if caching:
             row.append(_pct(r["prefix_hit_rate"]))
         rows.append(row)
@@ -96,8 +134,7 @@ def summary_table(name: str, summary: pd.DataFrame) -> str:
 
 
 def kvsim(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "kvsim.cli", *args], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "kvsim.cli", *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
 def claims_table() -> str:
@@ -137,27 +174,53 @@ def sweep_routers_table() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         kvsim("sweep", "scenarios/sweeps/fleet_fewshot_routers.yaml", "--out", f"{tmp}/sw", "--quiet")
         summary = pd.read_csv(Path(tmp) / "sw" / "summary.csv")
-    params = [c for c in summary.columns[:summary.columns.get_loc("policy")]]
+    params = [c for c in summary.columns[: summary.columns.get_loc("policy")]]
     heads = [*params, "policy", "prefix hit", "TTFT p50", "TTFT p99", "TPOT p50"]
-    rows = [[str(r[p]) for p in params] + [str(r["policy"]), _pct(r["prefix_hit_rate"]), _mean_ci(r, "ttft_p50_s"),
-                                           _mean_ci(r, "ttft_p99_s"), _mean_ci(r, "tpot_p50_s")]
-            for r in summary.to_dict(orient="records")]
+    rows = [
+        [str(r[p]) for p in params]
+        + [
+            str(r["policy"]),
+            _pct(r["prefix_hit_rate"]),
+            _mean_ci(r, "ttft_p50_s"),
+            _mean_ci(r, "ttft_p99_s"),
+            _mean_ci(r, "tpot_p50_s"),
+        ]
+        for r in summary.to_dict(orient="records")
+    ]
     return header("kvsim sweep scenarios/sweeps/fleet_fewshot_routers.yaml") + markdown(rows, heads)
 
 
 def capacity_table() -> str:
-    command = ("kvsim capacity scenarios/rag_8k.yaml --slo ttft_p99_s=2,tpot_p50_s=0.1 --workers 1")
+    command = "kvsim capacity scenarios/rag_8k.yaml --slo ttft_p99_s=2,tpot_p50_s=0.1 --workers 1"
     with tempfile.TemporaryDirectory() as tmp:
-        kvsim("capacity", "scenarios/rag_8k.yaml", "--slo", "ttft_p99_s=2,tpot_p50_s=0.1", "--workers", "1",
-              "--out", f"{tmp}/cap", "--quiet")
+        kvsim(
+            "capacity",
+            "scenarios/rag_8k.yaml",
+            "--slo",
+            "ttft_p99_s=2,tpot_p50_s=0.1",
+            "--workers",
+            "1",
+            "--out",
+            f"{tmp}/cap",
+            "--quiet",
+        )
         table = pd.read_csv(Path(tmp) / "cap" / "capacity.csv")
-    rows = [[str(r["policy"]), _num(r["max_rate_per_s"], "{:.3g}"), _num(r["lowest_missed_rate_per_s"], "{:.3g}"),
-             str(r["note"]) if isinstance(r["note"], str) else ""] for r in table.to_dict(orient="records")]
+    rows = [
+        [
+            str(r["policy"]),
+            _num(r["max_rate_per_s"], "{:.3g}"),
+            _num(r["lowest_missed_rate_per_s"], "{:.3g}"),
+            str(r["note"]) if isinstance(r["note"], str) else "",
+        ]
+        for r in table.to_dict(orient="records")
+    ]
     return header(command) + markdown(rows, ["policy", "max rate/s", "lowest missed/s", "note"])
 
 
-TUTORIAL = (("run", "scenarios/tutorial_vllm_serve.yaml"),
-            ("capacity", "scenarios/tutorial_vllm_serve.yaml", "--workers", "1"))
+TUTORIAL = (
+    ("run", "scenarios/tutorial_vllm_serve.yaml"),
+    ("capacity", "scenarios/tutorial_vllm_serve.yaml", "--workers", "1"),
+)
 
 
 def printed(args: tuple[str, ...], stdout: str) -> str:
@@ -171,8 +234,13 @@ def tutorial_output() -> str:
     blocks = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, args in enumerate(TUTORIAL):
-            done = subprocess.run([sys.executable, "-m", "kvsim.cli", *args, "--out", f"{tmp}/{i}"], check=True,
-                                  cwd=ROOT, capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "kvsim.cli", *args, "--out", f"{tmp}/{i}"],
+                check=True,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
             blocks.append(printed(args, done.stdout))
     return header("kvsim run and kvsim capacity on scenarios/tutorial_vllm_serve.yaml") + "\n".join(blocks)
 
@@ -181,6 +249,7 @@ def engine_flags_table(engine: str) -> str:
     """Every flag of the engine's release as `vllm_args`/`sglang_args` reads it, from the
     table the parser itself uses (kvsim.config.engine_flags)."""
     from kvsim.config import engine_flags
+
     rows = engine_flags.table(engine)
     named = [r for r in rows if r["kind"] != "ignored"]
     flags = {**engine_flags.TABLES[engine], **(engine_flags.VLLM_V0 if engine == "vllm" else {})}
@@ -190,19 +259,26 @@ def engine_flags_table(engine: str) -> str:
             return "sets"
         default = flags[r["flag"]].default
         return "not modelled" + (f" (accepted at `{default}`)" if default is not None else "")
+
     def flag(name: str) -> str:
         aliases = engine_flags.known(engine).get(name, {}).get("aliases", [])
         return " ".join(f"`{n}`" for n in [name, *aliases])
-    table = markdown([[flag(r["flag"]), kind(r), f"`{r['field']}`" if r["field"] else "", r["note"]]
-                      for r in named], ["flag", "kvsim", "scenario field", "what"])
+
+    table = markdown(
+        [[flag(r["flag"]), kind(r), f"`{r['field']}`" if r["field"] else "", r["note"]] for r in named],
+        ["flag", "kvsim", "scenario field", "what"],
+    )
     ignored = [r for r in rows if r["kind"] == "ignored"]
     kernels = ", ".join(f"`{r['flag']}`" for r in ignored if r["note"].startswith("a kernel"))
     others = ", ".join(f"`{r['flag']}`" for r in ignored if not r["note"].startswith("a kernel"))
     release = engine_flags.RELEASES[engine]
-    return (header(f"from kvsim.config.engine_flags, {release}") + table
-            + f"\n??? note \"The other {len(ignored)} flags of {release}: accepted and ignored\"\n"
-            + f"    Kernel and backend choices kvsim's step costs do not tell apart: {kernels}.\n\n"
-            + f"    No simulated quantity: {others}.\n")
+    return (
+        header(f"from kvsim.config.engine_flags, {release}")
+        + table
+        + f"\n??? note \"The other {len(ignored)} flags of {release}: accepted and ignored\"\n"
+        + f"    Kernel and backend choices kvsim's step costs do not tell apart: {kernels}.\n\n"
+        + f"    No simulated quantity: {others}.\n"
+    )
 
 
 def overhead_accuracy_table() -> str:
@@ -211,18 +287,30 @@ def overhead_accuracy_table() -> str:
     data = ROOT / "kvsim" / "data" / "overheads"
     acc = json.loads((data / "accuracy.json").read_text())
     by_model = json.loads((data / "splitwise-a100-v2.json").read_text())["error"]["held_out_by_model"]
-    rows = [[*key.split()[:1], key.split()[1][2:], key.split()[2], _pct(acc["held_out"][key]),
-             _pct(acc["in_sample"][key]), _pct(acc["held_out_additive"][key]), _pct(acc["before_overhead"][key])]
-            for key in acc["held_out"]]
+    rows = [
+        [
+            *key.split()[:1],
+            key.split()[1][2:],
+            key.split()[2],
+            _pct(acc["held_out"][key]),
+            _pct(acc["in_sample"][key]),
+            _pct(acc["held_out_additive"][key]),
+            _pct(acc["before_overhead"][key]),
+        ]
+        for key in acc["held_out"]
+    ]
     heads = ["model", "tp", "phase", "held out", "in sample", "held out, additive (v1)", "kernels alone"]
-    return (header("from kvsim/data/overheads/accuracy.json and splitwise-a100-v2.json") + markdown(rows, heads)
-            + f"\nHeld out, the mean error is **{_pct(acc['held_out_mape'])}** (Llama-2-70B "
-            f"{_pct(by_model['llama-2-70b'])}, BLOOM-176B {_pct(by_model['bloom-176b'])}; "
-            f"{_pct(acc['held_out_additive_mape'])} with the additive form) against "
-            f"{_pct(acc['before_overhead_mape'])} for the kernels alone.\n")
+    return (
+        header("from kvsim/data/overheads/accuracy.json and splitwise-a100-v2.json")
+        + markdown(rows, heads)
+        + f"\nHeld out, the mean error is **{_pct(acc['held_out_mape'])}** (Llama-2-70B "
+        f"{_pct(by_model['llama-2-70b'])}, BLOOM-176B {_pct(by_model['bloom-176b'])}; "
+        f"{_pct(acc['held_out_additive_mape'])} with the additive form) against "
+        f"{_pct(acc['before_overhead_mape'])} for the kernels alone.\n"
+    )
 
 
-MOONCAKE = "mooncake_synthetic_trace.jsonl"   # Mooncake's synthetic trace (Qin et al., FAST 2025)
+MOONCAKE = "mooncake_synthetic_trace.jsonl"  # Mooncake's synthetic trace (Qin et al., FAST 2025)
 
 
 def cache_curve_table(trace: Path | None) -> str:
@@ -234,21 +322,25 @@ def cache_curve_table(trace: Path | None) -> str:
         table = pd.read_csv(Path(tmp) / "cc" / "cache_curve.csv")
     caps = list(dict.fromkeys(table["capacity_tokens"]))
     heads = ["capacity (tokens)"] + [("unlimited" if math.isinf(c) else f"{c:,.0f}") for c in caps]
-    rows = [[policy] + [_pct(float(group[group["capacity_tokens"] == c]["hit_rate"].iloc[0])) for c in caps]
-            for policy, group in table.groupby("policy", sort=False)]
+    rows = [
+        [policy] + [_pct(float(group[group["capacity_tokens"] == c]["hit_rate"].iloc[0])) for c in caps]
+        for policy, group in table.groupby("policy", sort=False)
+    ]
     return header(f"kvsim cache-curve {MOONCAKE}") + markdown(rows, heads)
 
 
-PARTS = {**{name: (f"scenario_{name}.md", lambda n=name: scenario_table(n)) for name in SCENARIOS},
-         "claims": ("claims.md", claims_table),
-         "sweep": ("sweep_rag_8k_grid.md", sweep_grid_table),
-         "routers": ("sweep_fleet_fewshot_routers.md", sweep_routers_table),
-         "capacity": ("capacity_rag_8k.md", capacity_table),
-         "tutorial": ("tutorial_output.md", tutorial_output),
-         "overhead_accuracy": ("overhead_accuracy.md", overhead_accuracy_table),
-         "flags_vllm": ("engine_flags_vllm.md", lambda: engine_flags_table("vllm")),
-         "flags_sglang": ("engine_flags_sglang.md", lambda: engine_flags_table("sglang")),
-         "cache_curve": ("cache_curve_mooncake.md", lambda: cache_curve_table(TRACE))}
+PARTS = {
+    **{name: (f"scenario_{name}.md", lambda n=name: scenario_table(n)) for name in SCENARIOS},
+    "claims": ("claims.md", claims_table),
+    "sweep": ("sweep_rag_8k_grid.md", sweep_grid_table),
+    "routers": ("sweep_fleet_fewshot_routers.md", sweep_routers_table),
+    "capacity": ("capacity_rag_8k.md", capacity_table),
+    "tutorial": ("tutorial_output.md", tutorial_output),
+    "overhead_accuracy": ("overhead_accuracy.md", overhead_accuracy_table),
+    "flags_vllm": ("engine_flags_vllm.md", lambda: engine_flags_table("vllm")),
+    "flags_sglang": ("engine_flags_sglang.md", lambda: engine_flags_table("sglang")),
+    "cache_curve": ("cache_curve_mooncake.md", lambda: cache_curve_table(TRACE)),
+}
 TRACE: Path | None = None
 
 

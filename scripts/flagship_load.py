@@ -11,6 +11,7 @@ and move the rate in the scenario if the answer moved:
     python scripts/flagship_load.py [--rates 1,2,3,4,5,6] [--scenario scenarios/rag_8k.yaml]
     python scripts/flagship_load.py --scenario scenarios/tutorial_vllm_serve.yaml --rates 3,3.5,4,4.5,5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-KEEPS_UP = 0.98      # the lowest throughput at least this share of the highest
+KEEPS_UP = 0.98  # the lowest throughput at least this share of the highest
 
 
 def main() -> None:
@@ -42,17 +43,23 @@ def main() -> None:
         met = [r["policy"] for r in rows if not misses(r, targets)]
         tput = summary["throughput_tok_s"]
         keeps_up = bool(tput.min() >= KEEPS_UP * tput.max())
-        print(f"{rate:g} req/s: {len(met)}/{len(rows)} meet every target: {', '.join(met) or '-'}"
-              f"{'' if keeps_up else ' (the server falls behind the arrivals under some policy)'}")
+        print(
+            f"{rate:g} req/s: {len(met)}/{len(rows)} meet every target: {', '.join(met) or '-'}"
+            f"{'' if keeps_up else ' (the server falls behind the arrivals under some policy)'}"
+        )
         for r in rows:
-            print(f"    {r['policy']:<20} TTFT p99 {r['ttft_p99_s']:8.3f} s  TPOT p50 {r['tpot_p50_s']:.4f} s  "
-                  f"{r['throughput_tok_s']:7.0f} tok/s")
+            print(
+                f"    {r['policy']:<20} TTFT p99 {r['ttft_p99_s']:8.3f} s  TPOT p50 {r['tpot_p50_s']:.4f} s  "
+                f"{r['throughput_tok_s']:7.0f} tok/s"
+            )
         if met and len(met) < len(rows) and keeps_up:
             parting = rate
         if not met:
             break
-    print("highest swept rate at which the policies part and the server keeps up: "
-          f"{parting if parting is not None else 'none'} req/s")
+    print(
+        "highest swept rate at which the policies part and the server keeps up: "
+        f"{parting if parting is not None else 'none'} req/s"
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ data folder) is recorded as skipped with kvsim's message.
 --exact-steps runs the scenarios on the plain step-by-step path instead. Takes about two
 minutes per checkout on two cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,17 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLES = ("summary.csv", "summary.json", "timeseries.parquet", "requests.parquet",
-          "replica_summary.csv", "replica_summary.json", "stages.csv", "stages.json", "results.parquet")
+TABLES = (
+    "summary.csv",
+    "summary.json",
+    "timeseries.parquet",
+    "requests.parquet",
+    "replica_summary.csv",
+    "replica_summary.json",
+    "stages.csv",
+    "stages.json",
+    "results.parquet",
+)
 
 
 def shipped(repo: Path) -> list[tuple[str, list[str]]]:
@@ -44,8 +54,9 @@ def shipped(repo: Path) -> list[tuple[str, list[str]]]:
 
 
 def digest_folder(folder: Path) -> dict[str, str]:
-    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
-            for name in TABLES if (folder / name).is_file()}
+    return {
+        name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in TABLES if (folder / name).is_file()
+    }
 
 
 def snapshot(repo: Path, exact_steps: bool = False) -> dict:
@@ -57,16 +68,20 @@ def snapshot(repo: Path, exact_steps: bool = False) -> dict:
         for i, (name, args) in enumerate(shipped(repo)):
             folder = Path(tmp) / str(i)
             extra = ["--exact-steps"] if exact_steps and args[0] == "run" else []
-            done = subprocess.run([sys.executable, "-m", "kvsim.cli", *args, *extra, "--force",
-                                   "--out", str(folder)], capture_output=True, text=True, cwd=repo, env=env)
+            done = subprocess.run(
+                [sys.executable, "-m", "kvsim.cli", *args, *extra, "--force", "--out", str(folder)],
+                capture_output=True,
+                text=True,
+                cwd=repo,
+                env=env,
+            )
             if done.returncode == 2 and "not found" in done.stderr:
                 out[name] = {"skipped": done.stderr.strip()}
             elif done.returncode != 0:
                 raise SystemExit(f"{name}: exit status {done.returncode}\n{done.stderr}")
             else:
                 out[name] = digest_folder(folder)
-            print(f"{name}: {', '.join(out[name]) if 'skipped' not in out[name] else 'skipped'}",
-                  file=sys.stderr)
+            print(f"{name}: {', '.join(out[name]) if 'skipped' not in out[name] else 'skipped'}", file=sys.stderr)
     return {"repo": str(repo), "exact_steps": exact_steps, "outputs": out}
 
 
@@ -94,8 +109,10 @@ def report(old: dict, new: dict) -> int:
     skipped = [k for k, v in new["outputs"].items() if "skipped" in v]
     for line in problems:
         print(line)
-    print(f"{'DIFFERENT' if problems else 'identical'}: {len(new['outputs'])} scenarios and sweeps, "
-          f"{tables} tables{f'; skipped (input absent): {skipped}' if skipped else ''}")
+    print(
+        f"{'DIFFERENT' if problems else 'identical'}: {len(new['outputs'])} scenarios and sweeps, "
+        f"{tables} tables{f'; skipped (input absent): {skipped}' if skipped else ''}"
+    )
     return 1 if problems else 0
 
 
@@ -105,8 +122,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="write the snapshot here")
     ap.add_argument("--exact-steps", action="store_true")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"))
-    ap.add_argument("--against", type=Path, metavar="OTHER_REPO",
-                    help="snapshot OTHER_REPO and --repo, then compare them")
+    ap.add_argument(
+        "--against", type=Path, metavar="OTHER_REPO", help="snapshot OTHER_REPO and --repo, then compare them"
+    )
     args = ap.parse_args()
     if args.compare:
         old, new = (json.loads(p.read_text()) for p in args.compare)

@@ -1,5 +1,6 @@
 """Shared test set-up: every `kvsim run` in the suite checks invariants after each step,
 except the flagship's whole run below, which two modules share."""
+
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ def flagship_run(tmp_path_factory):
     would make this the suite's longest run by minutes; the flagship's workload runs with
     them in tests/test_flagship.py and in the quick start's test."""
     from helpers import kvsim
+
     out = tmp_path_factory.mktemp("flagship") / "rag_8k"
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("KVSIM_CHECK_INVARIANTS", raising=False)

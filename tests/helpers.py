@@ -1,4 +1,5 @@
 """Small helpers shared by several test modules (tests/ is on sys.path under pytest)."""
+
 import contextlib
 import copy
 import io
@@ -13,8 +14,10 @@ from kvsim.cost.model import StepBatch
 @contextlib.contextmanager
 def wall_limit(seconds: int):
     """Fail, rather than hang the suite, if the block runs longer (SIGALRM: main thread only)."""
+
     def expire(signum, frame):
         raise TimeoutError(f"did not finish within {seconds} s of wall time")
+
     old = signal.signal(signal.SIGALRM, expire)
     signal.alarm(seconds)
     try:
@@ -27,6 +30,7 @@ def wall_limit(seconds: int):
 class OneSecondSteps:
     """A cost model whose every step takes one second, so every instant is predictable;
     it keeps the batches it priced."""
+
     label = "fixed"
     block_size = None
     api = None

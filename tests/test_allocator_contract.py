@@ -4,6 +4,7 @@ Only the KVAllocator Protocol is used here: whatever the allocator does inside, 
 breakdown must account for every slot, failures must change nothing, and freeing
 everything must give back an empty pool.
 """
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,7 +14,7 @@ from kvsim.kvcache.contiguous import PLACEMENTS, RESERVES
 from kvsim.model.specs import MODEL_PRESETS, KVSpec
 
 KV = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
-POOL_SLOTS = 200        # not a power of two: buddy gets arenas 128 + 64 + 8
+POOL_SLOTS = 200  # not a power of two: buddy gets arenas 128 + 64 + 8
 MAX_MODEL_LEN = 64
 
 CONFIGS = (
@@ -22,12 +23,14 @@ CONFIGS = (
     + [("radix", {}), ("radix", {"page_size": 16})]
     + [("contiguous", {"reserve": r, "placement": p}) for r in RESERVES for p in PLACEMENTS]
     # TensorRT-LLM's block manager: blocks of 8 split the pool exactly (it rounds blocks up)
-    + [("trtllm", {"block_size": 8}), ("trtllm", {"block_size": 8, "prefix_caching": False}),
-       ("trtllm", {"block_size": 4, "partial_reuse": False}),
-       ("trtllm", {"block_size": 8, "copy_on_partial_reuse": False, "host_cache_bytes": 48 * KV.bytes_per_token})]
+    + [
+        ("trtllm", {"block_size": 8}),
+        ("trtllm", {"block_size": 8, "prefix_caching": False}),
+        ("trtllm", {"block_size": 4, "partial_reuse": False}),
+        ("trtllm", {"block_size": 8, "copy_on_partial_reuse": False, "host_cache_bytes": 48 * KV.bytes_per_token}),
+    ]
 )
-IDS = ["-".join([kind, *(k if v is True else str(v) for k, v in opts.items())])
-       for kind, opts in CONFIGS]
+IDS = ["-".join([kind, *(k if v is True else str(v) for k, v in opts.items())]) for kind, opts in CONFIGS]
 
 
 def make(config):
@@ -117,13 +120,22 @@ def test_unfit_reason(alloc):
 # Prompts start with one of a few shared segments (none, a system prompt, the same
 # prompt with more after it) so that prefix caches hit; the rest is unique or shared.
 SEGMENTS = [(), ((1, 16),), ((1, 16), (2, 8)), ((1, 24),)]
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("allocate"), st.integers(0, 5), st.integers(1, 32), st.integers(0, 32),
-              st.sampled_from(SEGMENTS), st.sampled_from([-1, 7])),
-    st.tuples(st.just("grow"), st.integers(0, 5), st.integers(0, 24)),
-    st.tuples(st.just("free"), st.integers(0, 5)),
-    st.tuples(st.just("prefilled"), st.integers(0, 5), st.integers(0, 40)),
-), max_size=30)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("allocate"),
+            st.integers(0, 5),
+            st.integers(1, 32),
+            st.integers(0, 32),
+            st.sampled_from(SEGMENTS),
+            st.sampled_from([-1, 7]),
+        ),
+        st.tuples(st.just("grow"), st.integers(0, 5), st.integers(0, 24)),
+        st.tuples(st.just("free"), st.integers(0, 5)),
+        st.tuples(st.just("prefilled"), st.integers(0, 5), st.integers(0, 40)),
+    ),
+    max_size=30,
+)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
@@ -131,7 +143,7 @@ OPS = st.lists(st.one_of(
 @given(ops=OPS)
 def test_random_operations_keep_invariants(config, ops):
     alloc = make(config)
-    held: dict[int, int] = {}          # seq id -> tokens it holds
+    held: dict[int, int] = {}  # seq id -> tokens it holds
     for op, seq_id, *args in ops:
         before = checked(alloc)
         if op == "allocate" and seq_id not in held:
@@ -153,9 +165,9 @@ def test_random_operations_keep_invariants(config, ops):
             alloc.free(seq_id)
             del held[seq_id]
         elif op == "prefilled" and seq_id in held:
-            alloc.cache_prefilled(seq_id, args[0])     # the step that computed them ran
+            alloc.cache_prefilled(seq_id, args[0])  # the step that computed them ran
             assert alloc.tokens_of(seq_id) == held[seq_id]
-        b = checked(alloc)          # sharing: logical tokens = physical + shared
+        b = checked(alloc)  # sharing: logical tokens = physical + shared
         assert b.token + b.shared == sum(held.values())
     for seq_id in list(held):
         alloc.free(seq_id)

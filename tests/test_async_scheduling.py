@@ -2,6 +2,7 @@
 step after next (the engine planned the next one when this one started), and an idle
 engine plans at once. Exact timelines with one-second steps, on both simulation paths.
 """
+
 import pytest
 
 from kvsim.kvcache import PagedAllocator
@@ -13,9 +14,19 @@ from helpers import OneSecondSteps
 
 def timeline(async_scheduling, rows, exact_steps=False):
     requests = [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(rows)]
-    run = simulate("p", requests, PagedAllocator(100, 4), OneSecondSteps(), max_model_len=64,
-                   max_num_seqs=256, max_num_batched_tokens=64, chunked_prefill=True,
-                   check_invariants=True, exact_steps=exact_steps, async_scheduling=async_scheduling)
+    run = simulate(
+        "p",
+        requests,
+        PagedAllocator(100, 4),
+        OneSecondSteps(),
+        max_model_len=64,
+        max_num_seqs=256,
+        max_num_batched_tokens=64,
+        chunked_prefill=True,
+        check_invariants=True,
+        exact_steps=exact_steps,
+        async_scheduling=async_scheduling,
+    )
     return [(s.spec.id, s.admitted_s, s.first_token_s, s.finish_s) for s in run.seqs]
 
 
@@ -48,6 +59,7 @@ def test_an_idle_engine_plans_at_once():
 def test_async_scheduling_is_vllm_v1s_default_and_setting():
     from kvsim.config.engine_defaults import resolve
     from kvsim.config.scenario import SchedulerSettings
+
     big = dict(max_model_len=4096, gpu_name="h100-80gb", gpu_memory_gib=80)
     assert resolve("vllm-v1", SchedulerSettings(), **big).async_scheduling is True
     assert resolve("vllm-v1", SchedulerSettings(async_scheduling=False), **big).async_scheduling is False
@@ -62,13 +74,25 @@ def test_arrivals_a_drained_stage_moved_wait_as_any_other(exact_steps):
     # for [7,8], as it would without the move.
     from kvsim.workload.stages import StagePlan
     from kvsim.workload.requests import RequestTable
+
     plan = StagePlan((1.0, 1.0), (1.0, 2.0), (1, 2), drain=True, pause_s=2.0, poll_s=1.0)
     table = RequestTable([0.5, 3.0, 3.5], [4, 4, 4], [2, 6, 2], stage=[0, 1, 1], plan=plan)
 
     def ends(async_scheduling):
-        run = simulate("p", table, PagedAllocator(100, 4), OneSecondSteps(), max_model_len=64,
-                       max_num_seqs=8, max_num_batched_tokens=64, chunked_prefill=True, check_invariants=True,
-                       exact_steps=exact_steps, async_scheduling=async_scheduling)
+        run = simulate(
+            "p",
+            table,
+            PagedAllocator(100, 4),
+            OneSecondSteps(),
+            max_model_len=64,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            chunked_prefill=True,
+            check_invariants=True,
+            exact_steps=exact_steps,
+            async_scheduling=async_scheduling,
+        )
         return [(s.admitted_s, s.first_token_s, s.finish_s) for s in run.seqs]
+
     assert ends(False) == [(0.5, 1.5, 2.5), (5.0, 6.0, 11.0), (6.0, 7.0, 8.0)]
     assert ends(True) == [(0.5, 1.5, 2.5), (5.0, 6.0, 11.0), (7.0, 8.0, 9.0)]

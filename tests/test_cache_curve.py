@@ -3,6 +3,7 @@
 Each policy is checked against a plain block-by-block cache written here: LRU exactly on
 the given Mooncake trace (skipped when the reference data is absent), all three on
 random prefix trees; Belady never below LRU, every curve monotone in capacity."""
+
 from __future__ import annotations
 
 import collections
@@ -29,6 +30,7 @@ needs_mooncake = pytest.mark.skipif(not MOONCAKE.is_file(), reason="no Mooncake 
 # Each request: hits are its longest cached prefix; then all its blocks are offered, and
 # the cache keeps what the policy ranks highest (LRU: the request's blocks on top, its
 # first block topmost).
+
 
 def plain_lru(prompts: list[list], capacity: int) -> int:
     cache, hits = collections.OrderedDict(), 0
@@ -74,6 +76,7 @@ def plain_lfu(prompts, capacity):
     def rank(r, depth, key):
         uses[key] += 1
         return (uses[key], r, -depth)
+
     return plain_ranked(prompts, capacity, rank)
 
 
@@ -81,6 +84,7 @@ PLAIN = {"lru": plain_lru, "lfu": plain_lfu, "belady": plain_belady}
 
 
 # ------------------------------------------------------------------ traces as prompts
+
 
 def random_trace(rng: random.Random, n: int, block: int) -> tuple[list[RequestSpec], list[list]]:
     """Prompts that walk a random tree of hash blocks (a Mooncake trace in miniature), as
@@ -98,7 +102,7 @@ def random_trace(rng: random.Random, n: int, block: int) -> tuple[list[RequestSp
                 kids.append(node)
             runs.append(node)
         tokens = [4 * block] * len(runs)
-        tokens[-1] = rng.randint(1, 4 * block)              # a partly filled last hash block
+        tokens[-1] = rng.randint(1, 4 * block)  # a partly filled last hash block
         for h, t in zip(runs, tokens):
             keys += [(h, j) for j in range(t // block)]
         specs.append(RequestSpec(i, float(i), sum(tokens), 1, tuple(zip(runs, tokens)), -1))
@@ -119,10 +123,16 @@ def mooncake_prompts(block: int, n: int | None = None) -> tuple[list[list], int]
 
 # ------------------------------------------------------------------ checks
 
+
 @needs_mooncake
-@pytest.mark.parametrize("block, n, capacities", [
-    pytest.param(16, None, [3e6], marks=pytest.mark.slow),      # 3.8M blocks through the plain LRU
-    (128, None, [1e5, 1e6, 1e7]), (16, 500, [3e4, 1e6])])
+@pytest.mark.parametrize(
+    "block, n, capacities",
+    [
+        pytest.param(16, None, [3e6], marks=pytest.mark.slow),  # 3.8M blocks through the plain LRU
+        (128, None, [1e5, 1e6, 1e7]),
+        (16, 500, [3e4, 1e6]),
+    ],
+)
 def test_lru_equals_a_plain_lru_on_the_given_trace(block, n, capacities):
     prompts, tokens = mooncake_prompts(block, n)
     refs = block_references(trace_requests(MOONCAKE, n), block)
@@ -140,8 +150,8 @@ def test_on_the_given_trace_belady_bounds_lru_and_every_curve_rises():
         assert curve[policy].is_monotonic_increasing
     assert (curve["belady"] >= curve["lru"]).all() and (curve["belady"] >= curve["lfu"]).all()
     assert curve["lru"][math.inf] == curve["belady"][math.inf] == curve["lfu"][math.inf]
-    assert 0.64 < curve["lru"][math.inf] < 0.66       # the reference data's README: about 65%
-    assert len(refs.item) < refs.blocks / 100          # 3.8M blocks, a few thousand items
+    assert 0.64 < curve["lru"][math.inf] < 0.66  # the reference data's README: about 65%
+    assert len(refs.item) < refs.blocks / 100  # 3.8M blocks, a few thousand items
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -162,11 +172,14 @@ def test_three_prompts_by_hand():
     after the second request (d: one use, like b, but more recent), so the third finds a
     only; MIN keeps a and b, which come back soonest. With three, LRU and LFU drop c, MIN
     keeps a, b and c."""
-    specs = [RequestSpec(0, 0.0, 3, 1, ((10, 1), (11, 1), (12, 1)), -1),
-             RequestSpec(1, 1.0, 2, 1, ((10, 1), (13, 1)), -1),
-             RequestSpec(2, 2.0, 3, 1, ((10, 1), (11, 1), (12, 1)), -1)]
+    specs = [
+        RequestSpec(0, 0.0, 3, 1, ((10, 1), (11, 1), (12, 1)), -1),
+        RequestSpec(1, 1.0, 2, 1, ((10, 1), (13, 1)), -1),
+        RequestSpec(2, 2.0, 3, 1, ((10, 1), (11, 1), (12, 1)), -1),
+    ]
     curve = cache_curve(block_references(specs, 1), [2, 3, math.inf]).pivot(
-        index="capacity_tokens", columns="policy", values="hit_tokens")
+        index="capacity_tokens", columns="policy", values="hit_tokens"
+    )
     assert curve.loc[2].to_dict() == {"belady": 3, "lfu": 2, "lru": 2}
     assert curve.loc[3].to_dict() == {"belady": 4, "lfu": 3, "lru": 3}
     assert curve.loc[math.inf].to_dict() == {"belady": 4, "lfu": 4, "lru": 4}
@@ -174,8 +187,10 @@ def test_three_prompts_by_hand():
 
 def test_blocks_used_together_become_one_item():
     # two prompts share hash block 7 (512 tokens = 32 blocks), then each has its own block
-    specs = [RequestSpec(0, 0.0, 1024, 1, ((7, 512), (8, 512)), -1),
-             RequestSpec(1, 1.0, 600, 1, ((7, 512), (9, 88)), -1)]
+    specs = [
+        RequestSpec(0, 0.0, 1024, 1, ((7, 512), (8, 512)), -1),
+        RequestSpec(1, 1.0, 600, 1, ((7, 512), (9, 88)), -1),
+    ]
     refs = block_references(specs, 16)
     assert refs.request.tolist() == [0, 0, 1, 1]
     assert refs.weight.tolist() == [32, 32, 32, 5] and refs.depth.tolist() == [0, 32, 0, 32]
@@ -185,9 +200,12 @@ def test_blocks_used_together_become_one_item():
 
 # ------------------------------------------------------------------ the command
 
+
 def write_trace(tmp_path: Path) -> Path:
-    rows = [{"timestamp": 100 * i, "input_length": 1300, "output_length": 5, "hash_ids": [0, 1, 2 + i % 3]}
-            for i in range(12)]
+    rows = [
+        {"timestamp": 100 * i, "input_length": 1300, "output_length": 5, "hash_ids": [0, 1, 2 + i % 3]}
+        for i in range(12)
+    ]
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -210,20 +228,34 @@ def test_kvsim_cache_curve_writes_the_csv_and_the_figure(tmp_path):
 
 def test_capacities_in_gib_of_a_models_kv(tmp_path):
     out = tmp_path / "out"
-    code, _, err = kvsim("cache-curve", write_trace(tmp_path), "--model", "llama-3-8b", "--capacities",
-                         "0.0625,inf", "--policies", "lru", "--out", out, "--quiet")
+    code, _, err = kvsim(
+        "cache-curve",
+        write_trace(tmp_path),
+        "--model",
+        "llama-3-8b",
+        "--capacities",
+        "0.0625,inf",
+        "--policies",
+        "lru",
+        "--out",
+        out,
+        "--quiet",
+    )
     assert code == 0, err
     table = pd.read_csv(out / "cache_curve.csv")
     # llama-3-8b: 131,072 B of fp16 KV per token, so 1/16 GiB holds 512 tokens
     assert table.capacity_tokens.tolist() == [512, math.inf] and table.capacity_gib.tolist()[0] == 0.0625
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--capacities", "1e5,-3"], "--capacities: '-3'"),
-    (["--capacities", "lots"], "--capacities: 'lots'"),
-    (["--policies", "lru,arc"], "--policies: unknown policy 'arc'"),
-    (["--model", "gpt-9"], "--model: unknown model 'gpt-9'"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--capacities", "1e5,-3"], "--capacities: '-3'"),
+        (["--capacities", "lots"], "--capacities: 'lots'"),
+        (["--policies", "lru,arc"], "--policies: unknown policy 'arc'"),
+        (["--model", "gpt-9"], "--model: unknown model 'gpt-9'"),
+    ],
+)
 def test_bad_flags_are_one_line_errors_and_write_nothing(tmp_path, args, words):
     out = tmp_path / "out"
     line = one_error_line(*kvsim("cache-curve", write_trace(tmp_path), *args, "--out", out))
@@ -231,11 +263,14 @@ def test_bad_flags_are_one_line_errors_and_write_nothing(tmp_path, args, words):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("content, words", [
-    ("when,in,out\n0,1,1\n", "columns: missing column for arrival_s"),
-    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hashes": [1]}\n', "unknown field 'hashes'"),
-    ("", "columns"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("when,in,out\n0,1,1\n", "columns: missing column for arrival_s"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hashes": [1]}\n', "unknown field 'hashes'"),
+        ("", "columns"),
+    ],
+)
 def test_bad_traces_are_one_line_errors_and_write_nothing(tmp_path, content, words):
     (tmp_path / "t.jsonl").write_text(content)
     out = tmp_path / "out"
@@ -246,9 +281,11 @@ def test_bad_traces_are_one_line_errors_and_write_nothing(tmp_path, content, wor
 
 # ------------------------------------------------------------------ kvsim reproduce's Mooncake rows
 
+
 def test_without_the_trace_the_mooncake_rows_say_not_measured(tmp_path):
     from kvsim.reproduce import mooncake
     from kvsim.reproduce.claims import Context, default_scenarios
+
     for traces in (None, tmp_path):
         ctx = Context(default_scenarios(), quick=True, out=tmp_path, traces=traces)
         (t2,), (f9,), (f10,) = mooncake.table2(ctx), mooncake.fig9(ctx), mooncake.fig10(ctx)
@@ -260,13 +297,17 @@ def test_without_the_trace_the_mooncake_rows_say_not_measured(tmp_path):
 def test_the_mooncake_rows_report_the_cache_curve(tmp_path):
     from kvsim.reproduce import mooncake
     from kvsim.reproduce.claims import Context, default_scenarios
+
     ctx = Context(default_scenarios(), quick=True, out=tmp_path, traces=MOONCAKE.parent)
     (t2,), (f9,) = mooncake.table2(ctx), mooncake.fig9(ctx)
     curve = cache_curve(block_references(trace_requests(MOONCAKE), 16), [3e6, 50e6, math.inf], ["lru"])
     unlimited, local = curve.hit_rate.iloc[2], curve.hit_rate.iloc[0]
     assert t2.measured.startswith(f"synthetic {unlimited:.1%};") and "conversation and tool&agent not" in t2.measured
-    assert t2.verdict == ("holds for synthetic" if abs(unlimited - 0.66) <= 0.03 else "does not hold for synthetic") \
+    assert (
+        t2.verdict
+        == ("holds for synthetic" if abs(unlimited - 0.66) <= 0.03 else "does not hold for synthetic")
         + "; conversation and tool&agent not measured"
+    )
     assert f"3M {local:.1%} = {local / unlimited:.0%} of unlimited" in f9.measured
     assert f9.verdict.startswith("holds" if local / unlimited < 0.5 else "does not hold")
     assert [png.name for _, png in ctx.figures] == ["claim11_cache_curve.png"]
@@ -279,9 +320,10 @@ def test_the_fig10_row_compares_local_and_shared_tiers_of_equal_bytes(tmp_path):
     once per replica and once pooled; the verdict follows the measured ratios."""
     from kvsim.reproduce import mooncake
     from kvsim.reproduce.claims import Context, default_scenarios
+
     ctx = Context(default_scenarios(), quick=True, out=tmp_path, traces=MOONCAKE.parent)
     (row,) = mooncake.fig10(ctx)
-    (title, table), = ctx.tables
+    ((title, table),) = ctx.tables
     assert list(table.cpu_gib_per_replica) == [32, 128, 512]
     assert (table.shared > table.local).all() and table.local.is_monotonic_increasing
     assert table.shared_over_local.tolist() == pytest.approx((table.shared / table.local).tolist())

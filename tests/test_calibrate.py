@@ -1,5 +1,6 @@
 """`kvsim calibrate` on CPU with PyTorch (skipped without torch): a quick profile that
 loads, reports its held-out error and drives a run."""
+
 from __future__ import annotations
 
 import json
@@ -54,19 +55,35 @@ def test_quick_profile_reports_and_drives_a_run(quick_profile, tmp_path):
     res = json.loads(out)
     assert code == 0 and res["overall_mape"] > 0 and "attn_decode" in res["mape"]
     # vLLM V0: the engine whose default overhead (splitwise-a100-v2) was measured at tp 2-8
-    code, out, _ = kvsim("cost", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--decode-batch", "4",
-                         "--context", "100", "--profile", quick_profile, "--engine", "vllm-v0", "--json")
+    code, out, _ = kvsim(
+        "cost",
+        "--model",
+        "llama-3-8b",
+        "--gpu",
+        "h100-80gb",
+        "--decode-batch",
+        "4",
+        "--context",
+        "100",
+        "--profile",
+        quick_profile,
+        "--engine",
+        "vllm-v0",
+        "--json",
+    )
     # the quick profile measured shapes 8x narrower, so the real model's KV reads lie beyond it
     label = json.loads(out)["cost_model"]
     # the profile's all-reduce is measured (two gloo workers) unless this machine has one core
     assert label.startswith("profile:cpu-llama-3-8b-quick (measured on cpu) + overhead:splitwise-a100-v2 (")
-    assert label.endswith(") [extrapolated in 1/1 steps: decode attention beyond measured work; "
-                          "engine overhead at tp 1 (measured 2-8)]")
+    assert label.endswith(
+        ") [extrapolated in 1/1 steps: decode attention beyond measured work; engine overhead at tp 1 (measured 2-8)]"
+    )
     scn = tmp_path / "s.yaml"
     scn.write_text(
         "name: t\nmodel: llama-3-8b\ngpu: h100-80gb\nmax_model_len: 1024\nkv_cache_memory_gib: 1\n"
         "workload: {num_requests: 5, arrival: {process: burst}, prompt_tokens: {dist: fixed, value: 100},"
-        " output_tokens: {dist: fixed, value: 5}}\npolicies: [{name: p, allocator: paged}]\n")
+        " output_tokens: {dist: fixed, value: 5}}\npolicies: [{name: p, allocator: paged}]\n"
+    )
     code, _, err = kvsim("run", scn, "--out", tmp_path / "o", "--quiet", "--profile", quick_profile)
     assert code == 0, err
     label = pd.read_csv(tmp_path / "o" / "summary.csv").cost_model[0]
@@ -103,8 +120,15 @@ def test_forward_decode_attends_each_sequence_through_its_block_table():
     from kvsim.calibrate.validate import BLOCK, Forward
 
     torch.manual_seed(0)
-    shape = {"hidden_size": 32, "head_dim": 8, "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2,
-             "num_layers": 2, "vocab_size": 50}
+    shape = {
+        "hidden_size": 32,
+        "head_dim": 8,
+        "intermediate_size": 64,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "num_layers": 2,
+        "vocab_size": 50,
+    }
     net = Forward(torch, shape, "cpu", torch.float32, max_kv_tokens=40 * BLOCK)
     s = net.prepare(StepBatch.build([(20, 0)], [37] * 3))
     slots = s["slots"].tolist()
@@ -114,11 +138,11 @@ def test_forward_decode_attends_each_sequence_through_its_block_table():
     got = net._decode(kv, q, s["table"], 37)
     for i in range(3):
         at = [int(s["table"][i, t // BLOCK]) * BLOCK + t % BLOCK for t in range(37)]
-        assert at[-1] == slots[20 + i]           # the new token is written where it is read
-        k, v = (kv[j, at].repeat_interleave(2, dim=1).transpose(0, 1) for j in (0, 1))   # heads, 37, 8
-        ref = torch.softmax(q[i][:, None] @ k.transpose(1, 2) / 8 ** 0.5, -1) @ v
+        assert at[-1] == slots[20 + i]  # the new token is written where it is read
+        k, v = (kv[j, at].repeat_interleave(2, dim=1).transpose(0, 1) for j in (0, 1))  # heads, 37, 8
+        ref = torch.softmax(q[i][:, None] @ k.transpose(1, 2) / 8**0.5, -1) @ v
         assert torch.allclose(got[i], ref.reshape(-1), atol=1e-5)
-    assert net(s).shape == (4, 50)               # logits for the prompt's last token and 3 decodes
+    assert net(s).shape == (4, 50)  # logits for the prompt's last token and 3 decodes
 
 
 @pytest.mark.slow
@@ -132,8 +156,20 @@ def test_all_reduce_is_measured_across_cpu_processes_and_charged_per_layer(quick
     assert ar["source"].startswith("measured: torch.distributed all_reduce (gloo)")
     assert [p["num_tokens"] for p in ar["points"]] == [1, 4, 8, 64, 256] and all(p["time_s"] > 0 for p in ar["points"])
     assert fit(ar["points"], 512) == {k: ar[k] for k in ("latency_s", "bus_gb_s", "fit_mape")}
-    code, out, _ = kvsim("cost", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--tp", "2",
-                         "--prefill-tokens", "64", "--profile", quick_profile, "--json")
+    code, out, _ = kvsim(
+        "cost",
+        "--model",
+        "llama-3-8b",
+        "--gpu",
+        "h100-80gb",
+        "--tp",
+        "2",
+        "--prefill-tokens",
+        "64",
+        "--profile",
+        quick_profile,
+        "--json",
+    )
     expected = 32 * 2 * (ar["latency_s"] + 2 * (2 - 1) / 2 * 64 * 4096 * 2 / (ar["bus_gb_s"] * 1e9))
     assert code == 0 and json.loads(out)["parts_s"]["allreduce"] == pytest.approx(expected)
 
@@ -141,8 +177,11 @@ def test_all_reduce_is_measured_across_cpu_processes_and_charged_per_layer(quick
 def test_all_reduce_fit_recovers_a_known_ring():
     from kvsim.calibrate.allreduce import fit
 
-    rows = [{"tp": tp, "num_tokens": n, "time_s": 5e-6 + 2 * (tp - 1) / tp * n * 1024 * 2 / 100e9}
-            for tp in (2, 4) for n in (1, 64, 4096)]
+    rows = [
+        {"tp": tp, "num_tokens": n, "time_s": 5e-6 + 2 * (tp - 1) / tp * n * 1024 * 2 / 100e9}
+        for tp in (2, 4)
+        for n in (1, 64, 4096)
+    ]
     got = fit(rows, 1024)
     assert got["latency_s"] == pytest.approx(5e-6) and got["bus_gb_s"] == pytest.approx(100.0)
     assert got["fit_mape"] < 1e-9
@@ -178,7 +217,7 @@ class _FakeGPU:
         self.host = max(self.host, self.free)
 
     def call(self):
-        self.host += self.host_s          # the last kernel is enqueued when the host is done
+        self.host += self.host_s  # the last kernel is enqueued when the host is done
         self.free = max(self.free, self.host) + self.kernel_s
 
 
@@ -189,7 +228,7 @@ def test_cuda_timer_keeps_the_hosts_launch_latency_out():
     gpu = _FakeGPU(host_s=3e-3, kernel_s=0.5e-3)
     fed = Timer(SimpleNamespace(cuda=gpu), "cuda", warmup=0, reps=3)
     assert fed(gpu.call) == pytest.approx(0.5e-3)
-    assert fed.spin == 4 * Timer.SPIN_CYCLES      # 1 and 2 ms spins ended before the 3 ms enqueue
+    assert fed.spin == 4 * Timer.SPIN_CYCLES  # 1 and 2 ms spins ended before the 3 ms enqueue
     launched = Timer(SimpleNamespace(cuda=gpu), "cuda", warmup=0, reps=3, launched=True)
     assert launched(gpu.call) == pytest.approx(3.5e-3)
 
@@ -217,7 +256,7 @@ def test_against_prediction_reads_the_error_of_kvsims_prediction_before_a_gpu_wa
     assert vs["step"] == {k: {"median": 0.25, "mape": 0.25} for k in ("<= 128 tokens", "> 128 tokens")}
     code, out, _ = kvsim("calibrate", "--report", tmp_path / "mine")
     assert code == 0 and out.splitlines()[-1].split() == "a step's linear ops, > 128 tokens +25.0% 25.0%".split()
-    assert "against_prediction" not in report(load_profile("a100-llama-3-8b"))   # shipped: in-sample
+    assert "against_prediction" not in report(load_profile("a100-llama-3-8b"))  # shipped: in-sample
 
 
 @pytest.mark.parametrize("model", ["llama-3-8b", "llama-2-7b"])
@@ -248,10 +287,14 @@ def test_whole_steps_are_timed_only_where_the_models_weights_fit():
     from kvsim.model.specs import MODEL_PRESETS
 
     shape = model_shape(MODEL_PRESETS["llama-3-70b"])
-    gpu = lambda free_gib: SimpleNamespace(tensor=torch.tensor,                            # noqa: E731
-                                           cuda=SimpleNamespace(mem_get_info=lambda: (free_gib * 2**30, 0)))
-    assert no_room(gpu(139), shape, "cuda", torch.bfloat16) == \
-        "the model's 131 GiB of weights do not fit in 90% of the GPU's 139 GiB free"
+
+    def gpu(free_gib):
+        return SimpleNamespace(tensor=torch.tensor, cuda=SimpleNamespace(mem_get_info=lambda: (free_gib * 2**30, 0)))
+
+    assert (
+        no_room(gpu(139), shape, "cuda", torch.bfloat16)
+        == "the model's 131 GiB of weights do not fit in 90% of the GPU's 139 GiB free"
+    )
     assert no_room(gpu(147), shape, "cuda", torch.bfloat16) is None
     assert no_room(gpu(139), shape, "cpu", torch.bfloat16) is None
 

@@ -20,6 +20,7 @@ so a rate misses once 197 x 0.05 - 395 / rate + 0.01 > 0.2 (paged: rate > 40.89)
 highest met rate is at least mu / 1.02 (the lowest missed rate is at least mu) and at
 most those bounds: paged in [39.2, 41.0], contiguous in [19.6, 20.25].
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,18 +37,35 @@ from kvsim.cli.app import main
 from kvsim.sweep.capacity import Probe, Search
 
 CONSTANT = {
-    "name": "constant", "seed": 0,
-    "model": {"name": "flat", "num_layers": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64,
-              "hidden_size": 64, "intermediate_size": 64, "params": 1.0e10},
+    "name": "constant",
+    "seed": 0,
+    "model": {
+        "name": "flat",
+        "num_layers": 1,
+        "num_heads": 1,
+        "num_kv_heads": 1,
+        "head_dim": 64,
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "params": 1.0e10,
+    },
     "gpu": {"name": "slow", "memory_gib": 80, "hbm_tb_s": 2.0, "bf16_tflops": 1.0e9},
-    "max_model_len": 256, "kv_cache_memory_gib": 0.0001, "activation_memory_gib": 0,
+    "max_model_len": 256,
+    "kv_cache_memory_gib": 0.0001,
+    "activation_memory_gib": 0,
     "cost_model": "roofline",
-    "workload": {"num_requests": 400, "arrival": {"process": "gamma", "rate_per_s": 3.0, "cv": 0.001},
-                 "prompt_tokens": {"dist": "fixed", "value": 16}, "output_tokens": {"dist": "fixed", "value": 5}},
+    "workload": {
+        "num_requests": 400,
+        "arrival": {"process": "gamma", "rate_per_s": 3.0, "cv": 0.001},
+        "prompt_tokens": {"dist": "fixed", "value": 16},
+        "output_tokens": {"dist": "fixed", "value": 5},
+    },
     "scheduler": {"max_num_seqs": 2},
     "slo": {"ttft_p99_s": 0.2},
-    "policies": [{"name": "contiguous", "allocator": "contiguous", "reserve": "max"},
-                 {"name": "paged", "allocator": "paged", "block_size": 16}],
+    "policies": [
+        {"name": "contiguous", "allocator": "contiguous", "reserve": "max"},
+        {"name": "paged", "allocator": "paged", "block_size": 16},
+    ],
 }
 
 
@@ -85,7 +103,7 @@ def test_all_met_doubles_up_all_missed_halves_down():
 
 def test_a_bracket_is_split_geometrically():
     assert search(4, (2, True), (8, False)).next_rates(1) == pytest.approx([4])
-    assert search(4, (2, True), (8, False)).next_rates(3) == pytest.approx([2 * 2 ** 0.5, 4, 4 * 2 ** 0.5])
+    assert search(4, (2, True), (8, False)).next_rates(3) == pytest.approx([2 * 2**0.5, 4, 4 * 2**0.5])
 
 
 def test_it_stops_within_the_tolerance_and_reports_the_highest_met_rate():
@@ -101,19 +119,20 @@ def test_a_met_rate_above_a_missed_one_does_not_move_the_bracket_and_is_noted():
 
 
 def test_the_bracket_widens_at_most_2_to_the_20_either_way():
-    assert search(1, (2.0 ** 20, True)).done(0.05)
-    assert "met the targets at every rate tried" in search(1, (2.0 ** 20, True)).row()["note"]
-    assert search(1, (2.0 ** -20, False)).done(0.05)
-    row = search(1, (2.0 ** -20, False)).row()
+    assert search(1, (2.0**20, True)).done(0.05)
+    assert "met the targets at every rate tried" in search(1, (2.0**20, True)).row()["note"]
+    assert search(1, (2.0**-20, False)).done(0.05)
+    row = search(1, (2.0**-20, False)).row()
     assert row["max_rate_per_s"] == 0 and "missed the targets at every rate" in row["note"]
-    assert not search(1, (2.0 ** 19, True)).done(0.05)
+    assert not search(1, (2.0**19, True)).done(0.05)
 
 
 # --- a scenario with a known answer ----------------------------------------------
 def test_the_highest_rate_matches_the_hand_derived_bracket(tmp_path):
     out = tmp_path / "cap"
-    code, stdout, stderr = kvsim("capacity", write(tmp_path), "--out", out, "--workers", "2",
-                                 "--tolerance", "0.02", "--quiet")
+    code, stdout, stderr = kvsim(
+        "capacity", write(tmp_path), "--out", out, "--workers", "2", "--tolerance", "0.02", "--quiet"
+    )
     assert code == 0, stderr
     table = pd.read_csv(out / "capacity.csv").set_index("policy")
     assert list(table.columns) == ["max_rate_per_s", "lowest_missed_rate_per_s", "probes", "note"]
@@ -141,29 +160,51 @@ def test_the_fewest_gpus_for_a_rate(tmp_path):
     probes = pd.read_csv(out / "probes.csv")
     # paged: 1 GPU (met); contiguous: 1 GPU (missed), then both layouts of 2
     assert sorted(zip(probes.policy, probes.tensor_parallel_size, probes.replicas, probes.met)) == [
-        ("contiguous", 1, 1, False), ("contiguous", 1, 2, True), ("contiguous", 2, 1, True), ("paged", 1, 1, True)]
+        ("contiguous", 1, 1, False),
+        ("contiguous", 1, 2, True),
+        ("contiguous", 2, 1, True),
+        ("paged", 1, 1, True),
+    ]
 
 
 def test_slo_on_the_command_line_replaces_the_scenarios(tmp_path):
     # A 10 s TTFT target is met up to about 20 / (1 - 20 x 10 / 395) = 40.5/s contiguous, so
     # the lowest rate tried (3/s) meets it; --policy runs one policy.
     out = tmp_path / "cap"
-    code, stdout, _ = kvsim("capacity", write(tmp_path), "--slo", "ttft_p99_s=10", "--policy", "contiguous",
-                            "--out", out, "--workers", "1", "--tolerance", "0.1")
+    code, stdout, _ = kvsim(
+        "capacity",
+        write(tmp_path),
+        "--slo",
+        "ttft_p99_s=10",
+        "--policy",
+        "contiguous",
+        "--out",
+        out,
+        "--workers",
+        "1",
+        "--tolerance",
+        "0.1",
+    )
     assert code == 0
     table = pd.read_csv(out / "capacity.csv")
     assert list(table.policy) == ["contiguous"] and 20 < table.max_rate_per_s[0] <= 40.6
     assert "ttft_p99_s <= 10 s" in stdout
 
 
-@pytest.mark.parametrize("changes, args, message", [
-    ({"slo": None}, [], "command line: --slo: the scenario has no slo: block"),
-    ({}, ["--slo", "ttft=1"], "command line: --slo: 'ttft=1' is not NAME=SECONDS"),
-    ({"workload": {**CONSTANT["workload"], "arrival": {"process": "burst"}}}, [],
-     "workload.arrival: capacity varies the arrival rate"),
-    ({}, ["--policy", "nope"], "--policy: no policy 'nope'"),
-    ({"kv_cache_memory_gib": 1.0e-7}, [], "holds not even one block"),
-])
+@pytest.mark.parametrize(
+    "changes, args, message",
+    [
+        ({"slo": None}, [], "command line: --slo: the scenario has no slo: block"),
+        ({}, ["--slo", "ttft=1"], "command line: --slo: 'ttft=1' is not NAME=SECONDS"),
+        (
+            {"workload": {**CONSTANT["workload"], "arrival": {"process": "burst"}}},
+            [],
+            "workload.arrival: capacity varies the arrival rate",
+        ),
+        ({}, ["--policy", "nope"], "--policy: no policy 'nope'"),
+        ({"kv_cache_memory_gib": 1.0e-7}, [], "holds not even one block"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, changes, args, message):
     code, _, stderr = kvsim("capacity", write(tmp_path, **changes), "--out", tmp_path / "out", "--workers", "1", *args)
     assert code == 2 and message in stderr and stderr.count("\n") == 1
@@ -178,9 +219,19 @@ def test_a_tp_whose_weights_do_not_fit_is_a_miss_with_its_reason(tmp_path):
     # per token keeps the pool's blocks few.)
     model = {**CONSTANT["model"], "params": 6.0e10, "num_kv_heads": 64, "head_dim": 128}
     out = tmp_path / "gpus"
-    code, _, stderr = kvsim("capacity", write(tmp_path, model=model, kv_cache_memory_gib=None), "--rate", "1",
-                            "--out", out,
-                            "--workers", "2", "--policy", "paged", "--quiet")
+    code, _, stderr = kvsim(
+        "capacity",
+        write(tmp_path, model=model, kv_cache_memory_gib=None),
+        "--rate",
+        "1",
+        "--out",
+        out,
+        "--workers",
+        "2",
+        "--policy",
+        "paged",
+        "--quiet",
+    )
     assert code == 0, stderr
     probes = pd.read_csv(out / "probes.csv")
     first = probes[probes.tensor_parallel_size == 1].iloc[0]

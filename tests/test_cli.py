@@ -4,6 +4,7 @@ and bad input ending in one line on stderr, exit status 2 and nothing written.
 Most runs go through `kvsim.cli.app.main([...])` in-process (it returns the exit status);
 two go through the installed executable for real exit codes and stderr.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,14 +22,45 @@ from helpers import kvsim, kvsim_command, one_error_line
 from kvsim.config.errors import InputError
 from kvsim.config.scenario import load_scenario
 
-OUTPUT_FILES = {"summary.csv", "summary.json", "stages.csv", "stages.json", "timeseries.parquet", "requests.parquet", "run.json",
-                "scenario.yaml", "memory_breakdown.png", "utilization_batch.png", "latency.png",
-                "throughput_batch.png", "latency_percentiles.png"}
-SUMMARY_COLUMNS = ["policy", "requests_total", "requests_completed", "requests_rejected", "token_fraction",
-                   "reservation_fraction", "internal_fraction", "external_fraction", "free_fraction",
-                   "kv_utilization", "allocation_waste", "mean_batch_size", "max_batch_size",
-                   "achievable_batch_size", "throughput_tok_s", "request_throughput", "ttft_p50_s",
-                   "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "preemptions", "prefix_hit_rate"]
+OUTPUT_FILES = {
+    "summary.csv",
+    "summary.json",
+    "stages.csv",
+    "stages.json",
+    "timeseries.parquet",
+    "requests.parquet",
+    "run.json",
+    "scenario.yaml",
+    "memory_breakdown.png",
+    "utilization_batch.png",
+    "latency.png",
+    "throughput_batch.png",
+    "latency_percentiles.png",
+}
+SUMMARY_COLUMNS = [
+    "policy",
+    "requests_total",
+    "requests_completed",
+    "requests_rejected",
+    "token_fraction",
+    "reservation_fraction",
+    "internal_fraction",
+    "external_fraction",
+    "free_fraction",
+    "kv_utilization",
+    "allocation_waste",
+    "mean_batch_size",
+    "max_batch_size",
+    "achievable_batch_size",
+    "throughput_tok_s",
+    "request_throughput",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "e2e_p50_s",
+    "preemptions",
+    "prefix_hit_rate",
+]
 FRACTIONS = ["token_fraction", "reservation_fraction", "internal_fraction", "external_fraction", "free_fraction"]
 POLICIES = ["contiguous", "pow2", "paged-16"]
 
@@ -41,7 +73,7 @@ SCENARIO = {
     "gpu": "h100-80gb",
     "max_model_len": 4096,
     "kv_cache_memory_gib": 2,
-    "cost_model": "roofline",      # the commands' behaviour, not the step costs, is under test
+    "cost_model": "roofline",  # the commands' behaviour, not the step costs, is under test
     "workload": {
         "num_requests": 60,
         "arrival": {"process": "poisson", "rate_per_s": 20.0},
@@ -99,7 +131,7 @@ def in_scenario_folder(tmp_path, monkeypatch):
 def test_run_writes_every_output_into_results_name(full_run):
     work, out, stdout = full_run
     assert set(p.name for p in out.iterdir()) == OUTPUT_FILES
-    assert sorted(p.name for p in (work / "results").iterdir()) == ["small"]   # no leftover temp folders
+    assert sorted(p.name for p in (work / "results").iterdir()) == ["small"]  # no leftover temp folders
     for png in ("memory_breakdown.png", "utilization_batch.png", "latency.png", "throughput_batch.png"):
         assert (out / png).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert stdout.splitlines()[-1] == "wrote results/small/"
@@ -115,8 +147,10 @@ def test_summary_rows_and_columns(full_run):
     assert summary.requests_total.tolist() == [60, 60, 60]
     assert summary.kv_utilization.tolist() == summary.token_fraction.tolist()
     # summary.json holds the same values as summary.csv (NaN written as null)
-    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in summary.to_dict(orient="records")]
+    rows = [
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+        for r in summary.to_dict(orient="records")
+    ]
     assert json.loads((full_run[1] / "summary.json").read_text()) == rows
 
 
@@ -137,7 +171,7 @@ def test_paged_wastes_less_than_contiguous(full_run):
 def test_completed_plus_rejected_is_total(full_run):
     summary = pd.read_csv(full_run[1] / "summary.csv")
     assert (summary.requests_completed + summary.requests_rejected == summary.requests_total).all()
-    assert summary.requests_unfinished.tolist() == [0, 0, 0]      # no time limit: everything ends
+    assert summary.requests_unfinished.tolist() == [0, 0, 0]  # no time limit: everything ends
     requests = pd.read_parquet(full_run[1] / "requests.parquet")
     assert requests.groupby("policy", sort=False).size().to_dict() == dict.fromkeys(POLICIES, 60)
     timeseries = pd.read_parquet(full_run[1] / "timeseries.parquet")
@@ -181,13 +215,24 @@ def test_policy_option_runs_one_policy_with_the_same_row(full_run, in_scenario_f
     assert code == 0
     one = (in_scenario_folder / "one" / "summary.csv").read_text().splitlines()
     full = (full_run[1] / "summary.csv").read_text().splitlines()
-    assert one[0] == full[0]                              # same header
+    assert one[0] == full[0]  # same header
     assert one[1:] == [line for line in full[1:] if line.startswith("paged-16,")]
 
 
 def test_repeated_policy_options_keep_their_order(in_scenario_folder):
-    code, _, _ = kvsim("run", "small.yaml", "--policy", "paged-16", "--policy", "contiguous",
-                       "--policy", "paged-16", "--out", "two", "--quiet")
+    code, _, _ = kvsim(
+        "run",
+        "small.yaml",
+        "--policy",
+        "paged-16",
+        "--policy",
+        "contiguous",
+        "--policy",
+        "paged-16",
+        "--out",
+        "two",
+        "--quiet",
+    )
     assert code == 0
     assert pd.read_csv(in_scenario_folder / "two" / "summary.csv").policy.tolist() == ["paged-16", "contiguous"]
 
@@ -208,16 +253,20 @@ def test_quiet_prints_nothing(in_scenario_folder):
 # --- bad input: one line, exit 2, nothing written --------------------------------------
 def test_unknown_policy(in_scenario_folder):
     line = one_error_line(*kvsim("run", "small.yaml", "--policy", "paged16"))
-    assert line == ("kvsim: error: small.yaml: --policy: no policy 'paged16'; "
-                    "the scenario has: contiguous, pow2, paged-16")
+    assert line == (
+        "kvsim: error: small.yaml: --policy: no policy 'paged16'; the scenario has: contiguous, pow2, paged-16"
+    )
     assert not (in_scenario_folder / "results").exists()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--seed", "-1"], "--seed"),
-    (["--num-requests", "0"], "--num-requests"),
-    (["--bogus"], "--bogus"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--seed", "-1"], "--seed"),
+        (["--num-requests", "0"], "--num-requests"),
+        (["--bogus"], "--bogus"),
+    ],
+)
 def test_bad_run_flags(in_scenario_folder, args, needle):
     line = one_error_line(*kvsim("run", "small.yaml", *args))
     assert needle in line
@@ -232,12 +281,14 @@ def test_invalid_scenario_through_the_executable(tmp_path):
     assert proc.stderr.splitlines() == [
         "kvsim: error: small.yaml: policies[0].blok_size: unknown key 'blok_size' (did you mean "
         "'block_size'?); choose from: allocator, block_size, enable_prefix_caching, kv_cache_dtype, "
-        "kv_offload, kv_scale, kv_scale_group_size, name, prefix_cache"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.yaml"]     # no results/ folder
+        "kv_offload, kv_scale, kv_scale_group_size, name, prefix_cache"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.yaml"]  # no results/ folder
 
 
-@pytest.mark.parametrize("content", [b"name: [unclosed\n", b"", b"\xff\xfe\x00garbage"],
-                         ids=["yaml", "empty", "binary"])
+@pytest.mark.parametrize(
+    "content", [b"name: [unclosed\n", b"", b"\xff\xfe\x00garbage"], ids=["yaml", "empty", "binary"]
+)
 def test_unreadable_scenarios_write_nothing(tmp_path, monkeypatch, content):
     (tmp_path / "bad.yaml").write_bytes(content)
     monkeypatch.chdir(tmp_path)
@@ -259,15 +310,21 @@ def test_failing_run_leaves_an_existing_output_untouched(in_scenario_folder):
     # Llama-3-70B's 141 GB of weights leave an A100-40GB no KV pool: refused at load,
     # naming what would help and what cannot: at tp 4 each GPU's 32.9 GiB of weights and
     # about 4.6 GiB of activations, NCCL buffers and CUDA graphs exceed 90% of 40 GiB; tp 8 fits
-    write_scenario(in_scenario_folder, "broken.yaml", model="llama-3-70b", gpu="a100-40gb",
-                   kv_cache_memory_gib=None)
+    write_scenario(in_scenario_folder, "broken.yaml", model="llama-3-70b", gpu="a100-40gb", kv_cache_memory_gib=None)
     line = one_error_line(*kvsim("run", "broken.yaml", "--out", "out"))
     assert line.startswith("kvsim: error: broken.yaml: tensor_parallel_size: no memory left for the KV cache")
     assert "raising gpu_memory_utilization cannot help" in line and "tensor_parallel_size 8" in line
     # valid file, failing run: 80% of an A100-80GB (64 GiB) leaves no room beside Llama-3-70B's
     # 65.7 GiB of weights per GPU at tp 2, though all of it would
-    write_scenario(in_scenario_folder, "broken.yaml", model="llama-3-70b", gpu="a100-80gb",
-                   kv_cache_memory_gib=None, tensor_parallel_size=2, gpu_memory_utilization=0.8)
+    write_scenario(
+        in_scenario_folder,
+        "broken.yaml",
+        model="llama-3-70b",
+        gpu="a100-80gb",
+        kv_cache_memory_gib=None,
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.8,
+    )
     line = one_error_line(*kvsim("run", "broken.yaml", "--out", "out"))
     assert line.startswith("kvsim: error: broken.yaml: gpu_memory_utilization: no memory left for the KV cache")
     line = one_error_line(*kvsim("run", "small.yaml", "--out", "out", "--policy", "nope"))
@@ -322,8 +379,9 @@ def test_a_foreign_output_folder_is_refused_unless_forced(in_scenario_folder):
     out.mkdir()
     (out / "notes.txt").write_text("not kvsim's")
     line = one_error_line(*kvsim("run", "small.yaml", "--out", "mine"))
-    assert line == ("kvsim: error: command line: --out: mine holds files that are not kvsim results; "
-                    "pass --force to replace it")
+    assert line == (
+        "kvsim: error: command line: --out: mine holds files that are not kvsim results; pass --force to replace it"
+    )
     assert snapshot(out) == {"notes.txt": b"not kvsim's"}
     assert kvsim("run", "small.yaml", "--out", "mine", "--force", "--quiet", "--num-requests", "5")[0] == 0
     assert set(p.name for p in out.iterdir()) == OUTPUT_FILES
@@ -334,15 +392,16 @@ def test_time_limit_leaves_requests_unfinished(in_scenario_folder):
     assert kvsim("run", "small.yaml", "--quiet")[0] == 0
     summary = pd.read_csv(in_scenario_folder / "results" / "small" / "summary.csv")
     assert (summary.requests_unfinished > 0).all()
-    assert (summary.requests_completed + summary.requests_rejected + summary.requests_unfinished
-            == summary.requests_total).all()
+    assert (
+        summary.requests_completed + summary.requests_rejected + summary.requests_unfinished == summary.requests_total
+    ).all()
 
 
 def test_default_output_never_lands_on_the_results_folder_itself(tmp_path, monkeypatch):
     other = tmp_path / "results" / "other"
     other.mkdir(parents=True)
     (other / "keep.txt").write_text("keep")
-    write_scenario(tmp_path, name=".")          # results/. is results/
+    write_scenario(tmp_path, name=".")  # results/. is results/
     monkeypatch.chdir(tmp_path)
     one_error_line(*kvsim("run", "small.yaml", "--quiet", "--num-requests", "3"))
     assert (other / "keep.txt").read_text() == "keep"
@@ -364,5 +423,3 @@ def test_executable_end_to_end(tmp_path, full_run):
     assert set(p.name for p in out.iterdir()) == OUTPUT_FILES
     assert (out / "summary.csv").read_bytes() == (full_run[1] / "summary.csv").read_bytes()
     assert hidden_entries(tmp_path / "results") == []
-
-

@@ -1,5 +1,6 @@
 """`kvsim compare`, `kvsim reproduce`, `kvsim run --rates`, the terminal table, the
 progress bar, and what bare `kvsim` and `--help` print."""
+
 from __future__ import annotations
 
 import io
@@ -17,10 +18,16 @@ from test_cli import write_scenario
 def sweep(tmp_path_factory):
     """`kvsim run --rates` on a small scenario: 30 requests at 5 and 40 req/s."""
     work = tmp_path_factory.mktemp("sweep")
-    write_scenario(work, workload={"num_requests": 30, "arrival": {"process": "poisson", "rate_per_s": 5.0},
-                                   "prompt_tokens": {"dist": "fixed", "value": 800},
-                                   "output_tokens": {"dist": "fixed", "value": 100}},
-                   slo={"ttft_p99_s": 1.0})
+    write_scenario(
+        work,
+        workload={
+            "num_requests": 30,
+            "arrival": {"process": "poisson", "rate_per_s": 5.0},
+            "prompt_tokens": {"dist": "fixed", "value": 800},
+            "output_tokens": {"dist": "fixed", "value": 100},
+        },
+        slo={"ttft_p99_s": 1.0},
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         code, out, err = kvsim("run", "small.yaml", "--rates", "5,40", "--out", "sw")
@@ -30,8 +37,13 @@ def sweep(tmp_path_factory):
 
 def test_rates_write_a_run_per_rate_and_the_sweep(sweep):
     work, out = sweep
-    assert sorted(p.name for p in (work / "sw").iterdir()) == ["rate-40", "rate-5", "rate_sweep.png", "rates.csv",
-                                                              "scenario.yaml"]
+    assert sorted(p.name for p in (work / "sw").iterdir()) == [
+        "rate-40",
+        "rate-5",
+        "rate_sweep.png",
+        "rates.csv",
+        "scenario.yaml",
+    ]
     table = pd.read_csv(work / "sw" / "rates.csv")
     assert sorted(set(table.rate_per_s)) == [5.0, 40.0] and len(table) == 6
     assert "--- 5 req/s" in out and "sustains" in out
@@ -45,9 +57,9 @@ def test_compare_a_sweep_writes_a_self_contained_report(sweep, monkeypatch):
     assert (code, err) == (0, "") and out.endswith("\ncompared 2 run(s): wrote cmp/report.html\n")
     assert out.startswith("verdict: Pick pow2") and "- Rate sweep: " in out
     page = (work / "cmp" / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 6            # five figures and the sweep
-    assert not re.search(r'src="(?!data:)', page)                # nothing loaded from beside it
-    verdict = page[page.index("<h2>Verdict</h2>"):page.index("<h2>Memory")]
+    assert page.count("data:image/png;base64,") == 6  # five figures and the sweep
+    assert not re.search(r'src="(?!data:)', page)  # nothing loaded from beside it
+    verdict = page[page.index("<h2>Verdict</h2>") : page.index("<h2>Memory")]
     assert "Pick " in verdict and "Rate sweep: " in verdict
     for name in ("contiguous", "pow2", "paged-16"):
         assert f"<li>{name} at " in verdict and "latency target" in verdict
@@ -58,7 +70,7 @@ def test_compare_two_runs_side_by_side_renames_clashing_policies(sweep, monkeypa
     work, _ = sweep
     monkeypatch.chdir(work)
     code, _, err = kvsim("compare", "sw/rate-5", "sw/rate-40", "--out", "both")
-    assert (code, err) == (0, "")   # two runs at different rates of one scenario: a sweep again
+    assert (code, err) == (0, "")  # two runs at different rates of one scenario: a sweep again
     code, _, err = kvsim("compare", "sw/rate-5", "--out", "one")
     assert code == 0 and "rate_sweep" not in (work / "one" / "report.html").read_text()
 
@@ -74,13 +86,20 @@ def test_compare_refuses_what_is_not_a_run(tmp_path, monkeypatch):
 
 def test_rates_need_a_rate_to_sweep(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    write_scenario(tmp_path, workload={"num_requests": 5, "arrival": {"process": "burst"},
-                                       "prompt_tokens": {"dist": "fixed", "value": 8},
-                                       "output_tokens": {"dist": "fixed", "value": 8}})
+    write_scenario(
+        tmp_path,
+        workload={
+            "num_requests": 5,
+            "arrival": {"process": "burst"},
+            "prompt_tokens": {"dist": "fixed", "value": 8},
+            "output_tokens": {"dist": "fixed", "value": 8},
+        },
+    )
     line = one_error_line(*kvsim("run", "small.yaml", "--rates", "1,2"))
     assert "--rates: the scenario has 'burst' arrivals" in line
     assert one_error_line(*kvsim("run", "small.yaml", "--rates", "1:x:1")).endswith(
-        "'x' is not a positive number of requests per second")
+        "'x' is not a positive number of requests per second"
+    )
     assert list(tmp_path.iterdir()) == [tmp_path / "small.yaml"]
 
 
@@ -92,26 +111,45 @@ def test_reproduce_one_claim_writes_the_table(tmp_path, monkeypatch):
     assert list(csv.columns) == ["id", "claim", "source", "scenario", "measured", "expected", "verdict", "why"]
     assert csv.id.tolist() == ["1a", "1b"] and csv.verdict.tolist() == ["holds", "holds"]
     assert out.startswith("1a: holds: ") and (tmp_path / "claims" / "claims.md").read_text().startswith(
-        "Measured with `kvsim reproduce --claim 1`.")
+        "Measured with `kvsim reproduce --claim 1`."
+    )
     assert "<table" in (tmp_path / "claims" / "report.html").read_text()
     assert one_error_line(*kvsim("reproduce", "--claim", "42")).startswith(
-        "kvsim: error: command line: --claim: unknown claim 42")
+        "kvsim: error: command line: --claim: unknown claim 42"
+    )
 
 
 def test_the_wide_table_shows_tail_latency_prefix_hits_where_cached_and_each_cost_model():
     from kvsim.cli.table import print_run
-    summary = pd.DataFrame(dict(policy=["a", "b"], kv_utilization=[0.5, 0.6], internal_fraction=[0.1, 0.0],
-                                external_fraction=[0.0, 0.0], achievable_batch_size=[3.0, 4.0],
-                                throughput_tok_s=[100.0, 120.0], ttft_p50_s=[0.1, 0.1], ttft_p99_s=[1.5, 0.9],
-                                tpot_p50_s=[0.02, 0.03], prefix_hit_rate=[0.0, 0.25], preemptions=[0, 1],
-                                requests_rejected=[0, 0], fraction_basis=["waiting"] * 2,
-                                cost_model=["roofline", "profile:x"]))
+
+    summary = pd.DataFrame(
+        dict(
+            policy=["a", "b"],
+            kv_utilization=[0.5, 0.6],
+            internal_fraction=[0.1, 0.0],
+            external_fraction=[0.0, 0.0],
+            achievable_batch_size=[3.0, 4.0],
+            throughput_tok_s=[100.0, 120.0],
+            ttft_p50_s=[0.1, 0.1],
+            ttft_p99_s=[1.5, 0.9],
+            tpot_p50_s=[0.02, 0.03],
+            prefix_hit_rate=[0.0, 0.25],
+            preemptions=[0, 1],
+            requests_rejected=[0, 0],
+            fraction_basis=["waiting"] * 2,
+            cost_model=["roofline", "profile:x"],
+        )
+    )
     out = io.StringIO()
     sys_stdout, sys.stdout = sys.stdout, out
     try:
         print_run(summary, wide=True)
-        print_run(summary.assign(prefix_hit_rate=0.0, cost_model="roofline",
-                                 limited_by_memory=[0.9, 0.2], limited_by_arrivals=[0.1, 0.8]), wide=True)
+        print_run(
+            summary.assign(
+                prefix_hit_rate=0.0, cost_model="roofline", limited_by_memory=[0.9, 0.2], limited_by_arrivals=[0.1, 0.8]
+            ),
+            wide=True,
+        )
         print_run(summary.assign(cost_model="roofline"))
     finally:
         sys.stdout = sys_stdout
@@ -126,9 +164,10 @@ def test_the_wide_table_shows_tail_latency_prefix_hits_where_cached_and_each_cos
 
 def test_progress_bars_reach_their_total_one_per_policy(monkeypatch):
     from kvsim.cli.output import Progress
+
     bars = []
 
-    class Recorder:      # stands in for tqdm: what each bar was told
+    class Recorder:  # stands in for tqdm: what each bar was told
         def __init__(self, total, desc, **kw):
             self.total, self.desc, self.n, self.closed, self.delay = total, desc, 0, False, kw["delay"]
             bars.append(self)
@@ -138,17 +177,20 @@ def test_progress_bars_reach_their_total_one_per_policy(monkeypatch):
 
         def close(self):
             self.closed = True
+
     monkeypatch.setattr("tqdm.tqdm", Recorder)
     bar = Progress(["a", "b"], enabled=True)
     bar.update("a", 3, 10)
     bar.update("a", 7, 10)
-    bar.update("b", 5, 10)     # a finished: its last rejections took no step
+    bar.update("b", 5, 10)  # a finished: its last rejections took no step
     bar.close(finished=True)
     assert [(b.desc, b.n, b.total, b.closed, b.delay) for b in bars] == [
-        ("[1/2] a", 10, 10, True, 2), ("[2/2] b", 10, 10, True, 2)]
+        ("[1/2] a", 10, 10, True, 2),
+        ("[2/2] b", 10, 10, True, 2),
+    ]
     failed = Progress(["a"], enabled=True)
     failed.update("a", 4, 10)
-    failed.close(finished=False)     # an interrupted run's bar stops where it was
+    failed.close(finished=False)  # an interrupted run's bar stops where it was
     assert (bars[-1].n, bars[-1].closed) == (4, True)
 
 

@@ -3,6 +3,7 @@ reader's own tests are in test_traces.py).
 
 Checks against the real traces in /work/shared/data skip when that folder is absent;
 everything else runs from the package's own derived json."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,6 +40,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 # ------------------------------------------------------------------ presets
+
 
 def test_registry_holds_the_six_presets():
     assert sorted(DATASETS) == sorted(FILE_PRESETS + list(PUBLISHED))
@@ -85,23 +87,26 @@ def test_rank_correlation_is_kept(name):
 
 def test_arrival_stats_only_for_azure():
     conv, code = arrival_stats("azure-conv"), arrival_stats("azure-code")
-    assert conv[0] == pytest.approx(5.5, rel=0.02)   # README: ~5.5 req/s
-    assert code[0] == pytest.approx(2.6, rel=0.02)   # README: ~2.6 req/s
-    assert 1.0 < conv[1] < 1.2                        # close to Poisson
-    assert code[1] > 10                               # very bursty
+    assert conv[0] == pytest.approx(5.5, rel=0.02)  # README: ~5.5 req/s
+    assert code[0] == pytest.approx(2.6, rel=0.02)  # README: ~2.6 req/s
+    assert 1.0 < conv[1] < 1.2  # close to Poisson
+    assert code[1] > 10  # very bursty
     assert all(arrival_stats(n) is None for n in ("sharegpt", "alpaca", "arxiv-summarization"))
 
 
 # --------------------------------------------- published (lognormal) presets
 
+
 def filtered_means(mean_in: float, mean_out: float, cv: float = 1.0):
     """Exact means of the rounded, independent lognormals after vLLM's filter,
     summed over the integer grid (independent of the sampler's code)."""
+
     def pmf(mean, kmax):
         s = math.sqrt(math.log1p(cv * cv))
         mu, cdf = math.log(mean) - s * s / 2, NormalDist().cdf
         edges = [0.0] + [cdf((math.log(k + 0.5) - mu) / s) for k in range(kmax + 1)]
         return np.arange(kmax + 1), np.diff(edges)
+
     kp, pp = pmf(mean_in, 1024)
     ko, po = pmf(mean_out, 2048)
     keep = (kp[:, None] >= 4) & (ko[None, :] >= 4) & (kp[:, None] + ko[None, :] <= 2048)
@@ -141,6 +146,7 @@ def test_filter_lowers_sharegpt_means_and_raises_alpaca_prompts():
 
 # ------------------------------------------------- against the real traces
 
+
 @needs_traces
 @pytest.mark.parametrize("name", FILE_PRESETS)
 def test_presets_match_the_real_csv(name):
@@ -152,7 +158,8 @@ def test_presets_match_the_real_csv(name):
     assert p.mean() == pytest.approx(frame.num_prefill_tokens.mean(), rel=0.03)
     assert o.mean() == pytest.approx(frame.num_decode_tokens.mean(), rel=0.03)
     assert np.sign(spearman(p, o)) == np.sign(
-        spearman(frame.num_prefill_tokens.to_numpy(), frame.num_decode_tokens.to_numpy()))
+        spearman(frame.num_prefill_tokens.to_numpy(), frame.num_decode_tokens.to_numpy())
+    )
 
 
 @needs_traces

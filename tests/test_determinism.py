@@ -12,6 +12,7 @@
 Most runs are in-process with plots stubbed out (summary files never depend on them) and
 without the per-step checks (the test above shows they change nothing), to stay fast.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,8 @@ from helpers import kvsim_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
-RAG = ROOT / "scenarios" / "rag_8k_overload.yaml"   # rag_8k where memory is contended
-RAG_REQUESTS = "100"         # enough for a queue to form: fraction_basis is "waiting"
+RAG = ROOT / "scenarios" / "rag_8k_overload.yaml"  # rag_8k where memory is contended
+RAG_REQUESTS = "100"  # enough for a queue to form: fraction_basis is "waiting"
 SUMMARIES = ("summary.csv", "summary.json")
 
 
@@ -74,8 +75,8 @@ def test_same_seed_same_bytes(rag_all, tmp_path):
 def test_the_run_is_not_trivial(rag_all):
     summary = pd.read_csv(rag_all / "summary.csv")
     assert list(summary.policy) == rag_policies()
-    assert (summary.limited_by_memory > 0).any()                  # memory is contended
-    assert summary.mean_batch_size.nunique() > 1                  # and the policies differ
+    assert (summary.limited_by_memory > 0).any()  # memory is contended
+    assert summary.mean_batch_size.nunique() > 1  # and the policies differ
 
 
 @pytest.mark.parametrize("policy", rag_policies())
@@ -86,14 +87,24 @@ def test_a_policy_alone_gives_the_same_row(rag_all, tmp_path, policy):
     assert alone[0] == beside[0]
     assert alone[1:] == [row for row in beside[1:] if row.split(",")[0] == policy]
     requests = pd.read_parquet(rag_all / "requests.parquet")
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "one" / "requests.parquet"),
-                                  requests[requests.policy == policy].reset_index(drop=True))
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "one" / "requests.parquet"),
+        requests[requests.policy == policy].reset_index(drop=True),
+    )
 
 
 def test_policy_order_does_not_matter(rag_all, tmp_path):
     names = rag_policies()[::-1]
-    kvsim("run", RAG, "--out", tmp_path / "rev", "--quiet", "--num-requests", RAG_REQUESTS,
-          *[arg for name in names for arg in ("--policy", name)])
+    kvsim(
+        "run",
+        RAG,
+        "--out",
+        tmp_path / "rev",
+        "--quiet",
+        "--num-requests",
+        RAG_REQUESTS,
+        *[arg for name in names for arg in ("--policy", name)],
+    )
     rev = pd.read_csv(tmp_path / "rev" / "summary.csv").set_index("policy")
     fwd = pd.read_csv(rag_all / "summary.csv").set_index("policy")
     pd.testing.assert_frame_equal(rev.loc[fwd.index], fwd)
@@ -117,8 +128,14 @@ def test_check_mode_changes_nothing(tmp_path):
 def _fresh_interpreter(scenario: Path, out: Path, cwd: Path, **env_changes: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KVSIM_CHECK_INVARIANTS"}
     env.update(env_changes)
-    proc = subprocess.run([*kvsim_command(), "run", str(scenario), "--out", str(out), "--quiet"],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*kvsim_command(), "run", str(scenario), "--out", str(out), "--quiet"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
 
 
@@ -132,8 +149,16 @@ def test_another_machine_same_bytes(tmp_path):
     copy.parent.mkdir()
     shutil.copy(DATA / "golden_tiny.yaml", copy)
     kvsim("run", DATA / "golden_tiny.yaml", "--out", tmp_path / "here", "--quiet")
-    _fresh_interpreter(copy, tmp_path / "there", cwd=elsewhere, PYTHONHASHSEED="12345",
-                       TZ="Pacific/Chatham", LC_ALL="C", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    _fresh_interpreter(
+        copy,
+        tmp_path / "there",
+        cwd=elsewhere,
+        PYTHONHASHSEED="12345",
+        TZ="Pacific/Chatham",
+        LC_ALL="C",
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+    )
     _fresh_interpreter(copy, tmp_path / "there2", cwd=tmp_path, PYTHONHASHSEED="0", TZ="UTC")
     names = (*SUMMARIES, "timeseries.parquet", "requests.parquet")
     assert read(tmp_path / "there", *names) == read(tmp_path / "here", *names) == read(tmp_path / "there2", *names)
@@ -154,6 +179,11 @@ def test_golden_summary(tmp_path):
     if now != golden:
         a, b = now.decode().splitlines(), golden.decode().splitlines()
         head_a, head_b = a[0].split(","), b[0].split(",")
-        moved = sorted({h for ra, rb in zip(a[1:], b[1:]) for h, x, y in zip(head_a, ra.split(","), rb.split(","))
-                        if x != y}) if head_a == head_b else ["the columns themselves"]
+        moved = (
+            sorted(
+                {h for ra, rb in zip(a[1:], b[1:]) for h, x, y in zip(head_a, ra.split(","), rb.split(",")) if x != y}
+            )
+            if head_a == head_b
+            else ["the columns themselves"]
+        )
         pytest.fail(f"summary.csv differs from tests/data/golden_summary.csv in: {', '.join(moved)}")

@@ -14,6 +14,7 @@ command, flag, scenario or script breaks the suite rather than a reader's first 
   `benchmarks/...` and `bash scripts/...` names a file that exists and flags it reads;
   every scenario path they name exists.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,8 @@ from kvsim.config import engine_flags
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
-FEW = 24                    # requests per scenario and per --num-requests in the copies
-PARSE_ONLY = {("reproduce",), ("reproduce", "--quick")}     # every claim at full size: minutes
+FEW = 24  # requests per scenario and per --num-requests in the copies
+PARSE_ONLY = {("reproduce",), ("reproduce", "--quick")}  # every claim at full size: minutes
 TRACES = {"TRACE", "path/to/mooncake_synthetic_trace.jsonl"}
 
 
@@ -50,13 +51,15 @@ def block_commands(text: str) -> list[list[str]]:
 def readme_quick_start() -> list[list[str]]:
     text = (ROOT / "README.md").read_text()
     block = text.split("<!-- quick start", 1)[1]
-    return block_commands(block[block.index("\n") + 1:])[0]
+    return block_commands(block[block.index("\n") + 1 :])[0]
 
 
 def fenced() -> list[tuple[str, int, list[list[str]]]]:
     """(page, block number, commands) for every block not already run elsewhere."""
+
     def key(commands):
         return tuple(tuple(c) for c in commands if c[0] != "pip")
+
     seen, found = {key(readme_quick_start())}, []
     for page in PAGES:
         for i, commands in enumerate(block_commands(page.read_text())):
@@ -89,8 +92,10 @@ def small_copy(folder: Path) -> None:
 def small_trace(path: Path) -> None:
     """A few requests in Mooncake's published format, sharing their first blocks."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"timestamp": 250 * i, "input_length": 1500 + 100 * (i % 4), "output_length": 20,
-             "hash_ids": [0, 1, 2 + i % 5]} for i in range(40)]
+    rows = [
+        {"timestamp": 250 * i, "input_length": 1500 + 100 * (i % 4), "output_length": 20, "hash_ids": [0, 1, 2 + i % 5]}
+        for i in range(40)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -113,7 +118,7 @@ def parse(words: list[str]) -> None:
 def test_every_shell_block_runs_as_written(page, index, commands, tmp_path, monkeypatch):
     small_copy(tmp_path)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)     # what runs, not its steps
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)  # what runs, not its steps
     for words in commands:
         words = [("trace.jsonl" if w in TRACES else w) for w in words]
         if "trace.jsonl" in words and not (tmp_path / "trace.jsonl").exists():
@@ -155,8 +160,12 @@ def options(command: click.Command) -> set[str]:
 
 
 def named_commands() -> list[tuple[str, str]]:
-    return [(page.relative_to(ROOT).as_posix(), m.group(1)) for page in PAGES
-            for text in mentions(page.read_text()) if (m := KVSIM.match(text.strip()))]
+    return [
+        (page.relative_to(ROOT).as_posix(), m.group(1))
+        for page in PAGES
+        for text in mentions(page.read_text())
+        if (m := KVSIM.match(text.strip()))
+    ]
 
 
 def test_every_kvsim_command_named_exists_with_the_options_named():
@@ -169,7 +178,7 @@ def test_every_kvsim_command_named_exists_with_the_options_named():
             continue
         command = cli.commands.get(word)
         if command is None:
-            if word.isupper():                      # kvsim COMMAND --help
+            if word.isupper():  # kvsim COMMAND --help
                 continue
             wrong.append(f"{page}: kvsim {word} is no command")
             continue
@@ -190,10 +199,15 @@ def test_every_script_and_scenario_named_exists():
                     wrong.append(f"{page.name}: {m.group(1)} does not exist")
                     continue
                 source = path.read_text()
-                wrong += [f"{page.name}: {m.group(1)} reads no {f}"
-                          for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", m.group(2)) if f'"{f}"' not in source
-                          and f"'{f}'" not in source and f" {f}" not in source]
-            wrong += [f"{page.name}: {s} does not exist" for s in SCENARIO.findall(text)
-                      if not (ROOT / s).is_file() and "<" not in s]
+                wrong += [
+                    f"{page.name}: {m.group(1)} reads no {f}"
+                    for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", m.group(2))
+                    if f'"{f}"' not in source and f"'{f}'" not in source and f" {f}" not in source
+                ]
+            wrong += [
+                f"{page.name}: {s} does not exist"
+                for s in SCENARIO.findall(text)
+                if not (ROOT / s).is_file() and "<" not in s
+            ]
     assert not wrong, wrong
     assert scripts >= 10

@@ -2,6 +2,7 @@
 runs, the scenario reference names every key and preset, the quoted tables are what
 kvsim computes today, nothing speaks of how the project was developed, and the site
 builds with `mkdocs build --strict` (where the docs extra is installed)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,9 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 # words for a project's own history, which users cannot place
-HISTORY = re.compile(r"\bissues? \d+|\bsession \d|\bthe seeds'|\bseed [12]\b|shared/seeds|shared/guide|FACTS\.md|"
-                     r"\.\./shared|"
-                     r"\bnow fixed\b|\bas before\b|\bno longer\b", re.IGNORECASE)
+HISTORY = re.compile(
+    r"\bissues? \d+|\bsession \d|\bthe seeds'|\bseed [12]\b|shared/seeds|shared/guide|FACTS\.md|"
+    r"\.\./shared|"
+    r"\bnow fixed\b|\bas before\b|\bno longer\b",
+    re.IGNORECASE,
+)
 
 
 def pages() -> list[Path]:
@@ -39,8 +43,9 @@ def test_the_readme_is_short():
     assert len(README.read_text().splitlines()) <= 250
 
 
-@pytest.mark.parametrize("page", pages() + sorted((DOCS / "generated").glob("*.md")),
-                         ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "page", pages() + sorted((DOCS / "generated").glob("*.md")), ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_no_page_speaks_of_the_project_s_history(page):
     found = [m.group() for m in HISTORY.finditer(page.read_text())]
     assert not found, f"{page.name}: {found}"
@@ -53,22 +58,31 @@ OWN_HISTORY = re.compile(r"\bissues? \d+|\bsession \d", re.IGNORECASE)
 
 
 def sources() -> list[Path]:
-    return [f for d in ("kvsim", "scenarios", "notebooks", "scripts", "benchmarks", "tests")
-            for f in sorted((ROOT / d).rglob("*")) if f.suffix in {".py", ".yaml", ".ipynb", ".md", ".sh"}
-            and f.name != "test_docs.py"]
+    return [
+        f
+        for d in ("kvsim", "scenarios", "notebooks", "scripts", "benchmarks", "tests")
+        for f in sorted((ROOT / d).rglob("*"))
+        if f.suffix in {".py", ".yaml", ".ipynb", ".md", ".sh"} and f.name != "test_docs.py"
+    ]
 
 
 def test_no_source_cites_a_file_users_do_not_have():
     """Help texts, claim sources and scenario comments name public sources, not the files
     they were read from."""
-    found = [f"{f.relative_to(ROOT)}: {m.group()}" for f in sources()
-             for m in ELSEWHERE.finditer(f.read_text(errors="replace"))]
+    found = [
+        f"{f.relative_to(ROOT)}: {m.group()}"
+        for f in sources()
+        for m in ELSEWHERE.finditer(f.read_text(errors="replace"))
+    ]
     assert not found, found
 
 
 def test_no_source_speaks_of_the_project_s_history():
-    found = [f"{f.relative_to(ROOT)}: {m.group()}" for f in sources()
-             for m in OWN_HISTORY.finditer(f.read_text(errors="replace"))]
+    found = [
+        f"{f.relative_to(ROOT)}: {m.group()}"
+        for f in sources()
+        for m in OWN_HISTORY.finditer(f.read_text(errors="replace"))
+    ]
     assert not found, found
 
 
@@ -164,6 +178,7 @@ def test_every_serving_step_quoted_is_the_shipped_overhead_s_point():
     shipped overhead keeps: measured, kernel, fitted and held-out ms agree within the
     rounding of each (0.1 ms on the page, 4 significant digits in the file)."""
     import json
+
     page = (DOCS / "step-costs.md").read_text()
     table = page.split("<details><summary>Every A100 configuration", 1)[1].split("</details>", 1)[0]
     cell = re.compile(r"([\d,.]+) / ([\d,.]+) \(([\d,.]+) \+ [\d,.]+ \+ [\d,.]+\) / ([\d,.]+)( \(excluded\))?$")
@@ -191,6 +206,7 @@ def test_the_flag_tables_are_the_parser_s_own(tables, engine):
     parsed with, name every flag of the release once, and are current (else: run
     `python scripts/docs_tables.py --only flags_vllm flags_sglang`)."""
     from kvsim.config import engine_flags
+
     page = (DOCS / "generated" / f"engine_flags_{engine}.md").read_text()
     assert tables.engine_flags_table(engine) == page
     assert f'--8<-- "docs/generated/engine_flags_{engine}.md"' in (DOCS / "scenarios.md").read_text()
@@ -204,7 +220,12 @@ def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]') is not installed")
     pytest.importorskip("material", reason="the docs extra (mkdocs-material) is not installed")
     pytest.importorskip("mkdocstrings", reason="the docs extra (mkdocstrings) is not installed")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "tutorial" / "index.html").is_file()

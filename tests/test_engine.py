@@ -2,6 +2,7 @@
 
 A fixed cost model (every step takes one second) makes every instant predictable.
 """
+
 import math
 
 import pytest
@@ -20,14 +21,21 @@ def make_requests(*rows):
 
 
 def run(requests, allocator, *, max_model_len=64, max_num_seqs=256, budget=64, chunked=False, cost=None):
-    return simulate("p", requests, allocator, cost or OneSecondSteps(), max_model_len=max_model_len,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked,
-                    check_invariants=True)
+    return simulate(
+        "p",
+        requests,
+        allocator,
+        cost or OneSecondSteps(),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        chunked_prefill=chunked,
+        check_invariants=True,
+    )
 
 
 def timeline(result):
-    return [(s.spec.id, s.admitted_s, s.first_token_s, s.finish_s, s.preemptions, s.outcome)
-            for s in result.seqs]
+    return [(s.spec.id, s.admitted_s, s.first_token_s, s.finish_s, s.preemptions, s.outcome) for s in result.seqs]
 
 
 def test_continuous_batching_timeline():
@@ -85,12 +93,14 @@ def test_contiguous_max_reservation_never_preempts_but_holds_fewer():
 
 
 def test_rejections_on_arrival_with_reasons():
-    alloc = PagedAllocator(4, 4)     # 16 slots
+    alloc = PagedAllocator(4, 4)  # 16 slots
     result = run(make_requests((0, 10, 10), (0, 60, 10), (0, 4, 4)), alloc, max_model_len=64)
     outcomes = [(s.outcome, s.reason) for s in result.seqs]
-    assert outcomes == [("rejected", "final length exceeds KV pool"),
-                        ("rejected", "prompt + output exceeds max_model_len"),
-                        ("completed", "")]
+    assert outcomes == [
+        ("rejected", "final length exceeds KV pool"),
+        ("rejected", "prompt + output exceeds max_model_len"),
+        ("completed", ""),
+    ]
     table = request_table(result)
     row = summarize(result, table)
     assert (row["requests_completed"], row["requests_rejected"]) == (1, 2)
@@ -119,8 +129,9 @@ def test_summary_definitions_on_a_known_run():
     assert row["fraction_basis"] == "memory"
     assert (row["limited_by_memory"], row["limited_by_arrivals"], row["limited_by_token_budget"]) == (0.5, 0.5, 0)
     assert row["token_fraction"] == pytest.approx(0.25)
-    assert sum(row[f"{p}_fraction"] for p in ("token", "reservation", "internal", "external", "free")) \
-        == pytest.approx(1.0)
+    assert sum(row[f"{p}_fraction"] for p in ("token", "reservation", "internal", "external", "free")) == pytest.approx(
+        1.0
+    )
     assert row["achievable_batch_size"] == 2.0
     assert row["mean_batch_size"] == 1.5
     assert row["max_batch_size"] == 2
@@ -133,8 +144,11 @@ def test_summary_definitions_on_a_known_run():
 
 def test_every_policy_sees_the_same_stream_and_ends_empty():
     reqs = make_requests(*[(0.1 * i, 5 + i % 7, 1 + i % 5) for i in range(40)])
-    for alloc in (PagedAllocator(12, 4), ContiguousAllocator(48, 16, "pow2", "buddy"),
-                  ContiguousAllocator(48, 16, "oracle", "first-fit")):
+    for alloc in (
+        PagedAllocator(12, 4),
+        ContiguousAllocator(48, 16, "pow2", "buddy"),
+        ContiguousAllocator(48, 16, "oracle", "first-fit"),
+    ):
         result = run(reqs, alloc, max_model_len=16)
         assert all(s.outcome == "completed" for s in result.seqs)
         b = alloc.breakdown(None)

@@ -5,6 +5,7 @@ made by kvsim itself: a run simulated with known coefficients and reported the w
 inference-perf reports it, from which `fit` must recover the coefficients. The test on
 the published vLLM H100 runs skips where ../shared/data is absent.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,32 +24,62 @@ from helpers import kvsim
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm-h100"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/vllm-h100 not present")
 STATS = {"mean": "mean", "p50": "median", "p90": "p90", "p99": "p99"}
-NAMES = {"e2e": "request_latency", "ttft": "time_to_first_token", "itl": "inter_token_latency",
-         "tpot": "time_per_output_token"}
+NAMES = {
+    "e2e": "request_latency",
+    "ttft": "time_to_first_token",
+    "itl": "inter_token_latency",
+    "tpot": "time_per_output_token",
+}
 
 
 def report(stage) -> dict:
     """A PredictedStage as inference-perf's stage report."""
-    latency = {NAMES[w]: {theirs: stage.get(w, ours) for ours, theirs in STATS.items()}
-               for w in NAMES if stage.get(w) is not None}
-    return {"load_summary": {"count": stage.sent},
-            "successes": {"count": stage.completed, "latency": latency},
-            "failures": {"count": stage.failed}}
+    latency = {
+        NAMES[w]: {theirs: stage.get(w, ours) for ours, theirs in STATS.items()}
+        for w in NAMES
+        if stage.get(w) is not None
+    }
+    return {
+        "load_summary": {"count": stage.sent},
+        "successes": {"count": stage.completed, "latency": latency},
+        "failures": {"count": stage.failed},
+    }
 
 
 def write_run(d: Path, stages, *, model="llama-2-7b", output=24, reports=None) -> Path:
     d.mkdir(parents=True, exist_ok=True)
-    (d / "exp-config.yaml").write_text(yaml.safe_dump({"model": model, "tensor_parallelism": 1,
-                                                       "max_model_len": 1024, "max_num_batched_tokens": 512,
-                                                       "max_num_seqs": 32}))
-    (d / "inference-perf-config.yaml").write_text(yaml.safe_dump({
-        "api": {"type": "completion", "streaming": True},
-        "data": {"type": "shared_prefix", "shared_prefix": {
-            "num_groups": 2, "num_prompts_per_group": 5, "system_prompt_len": 32, "question_len": 96,
-            "output_len": output}},
-        "load": {"type": "constant", "stages": [{"rate": r, "duration": s} for r, s in stages]}}))
-    for i, doc in enumerate(reports or [{"load_summary": {"count": 1}, "successes": {"count": 1},
-                                         "failures": {"count": 0}}] * len(stages)):
+    (d / "exp-config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "model": model,
+                "tensor_parallelism": 1,
+                "max_model_len": 1024,
+                "max_num_batched_tokens": 512,
+                "max_num_seqs": 32,
+            }
+        )
+    )
+    (d / "inference-perf-config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "api": {"type": "completion", "streaming": True},
+                "data": {
+                    "type": "shared_prefix",
+                    "shared_prefix": {
+                        "num_groups": 2,
+                        "num_prompts_per_group": 5,
+                        "system_prompt_len": 32,
+                        "question_len": 96,
+                        "output_len": output,
+                    },
+                },
+                "load": {"type": "constant", "stages": [{"rate": r, "duration": s} for r, s in stages]},
+            }
+        )
+    )
+    for i, doc in enumerate(
+        reports or [{"load_summary": {"count": 1}, "successes": {"count": 1}, "failures": {"count": 0}}] * len(stages)
+    ):
         (d / f"stage_{i}_lifecycle_metrics.json").write_text(json.dumps(doc))
     return d
 
@@ -59,14 +90,17 @@ def test_a_run_folder_reads_back(tmp_path):
     assert [(s.rate_per_s, s.duration_s, s.sent) for s in run.stages] == [(2, 30, 1), (4, 30, 1)]
 
 
-@pytest.mark.parametrize("change, field, words", [
-    (lambda d: (d / "exp-config.yaml").write_text("tensor_parallelism: 1\n"), "model", "model name is required"),
-    (lambda d: (d / "exp-config.yaml").write_text("model: nobody/none\n"), "model", "no config.json"),
-    (lambda d: (d / "exp-config.yaml").write_text("model: llama-2-7b\nmax_num_seqs: 0\n"), "max_num_seqs", ">= 1"),
-    (lambda d: (d / "stage_1_lifecycle_metrics.json").unlink(), "load.stages", "2 stages configured, 1"),
-    (lambda d: (d / "stage_0_lifecycle_metrics.json").write_text("{}"), "file", "not an inference-perf"),
-    (lambda d: (d / "inference-perf-config.yaml").unlink(), "file", "missing"),
-])
+@pytest.mark.parametrize(
+    "change, field, words",
+    [
+        (lambda d: (d / "exp-config.yaml").write_text("tensor_parallelism: 1\n"), "model", "model name is required"),
+        (lambda d: (d / "exp-config.yaml").write_text("model: nobody/none\n"), "model", "no config.json"),
+        (lambda d: (d / "exp-config.yaml").write_text("model: llama-2-7b\nmax_num_seqs: 0\n"), "max_num_seqs", ">= 1"),
+        (lambda d: (d / "stage_1_lifecycle_metrics.json").unlink(), "load.stages", "2 stages configured, 1"),
+        (lambda d: (d / "stage_0_lifecycle_metrics.json").write_text("{}"), "file", "not an inference-perf"),
+        (lambda d: (d / "inference-perf-config.yaml").unlink(), "file", "missing"),
+    ],
+)
 def test_a_broken_run_folder_is_an_input_error(tmp_path, change, field, words):
     d = write_run(tmp_path / "r", [(2, 30), (4, 30)])
     change(d)
@@ -86,8 +120,11 @@ def test_other_data_types_are_refused(tmp_path):
 
 def test_a_run_is_replayed_as_the_scenario_its_files_describe(tmp_path):
     d = write_run(tmp_path / "r", [(2, 300), (4, 30)])
-    measured = {"load_summary": {"count": 600}, "successes": {"count": 600, "prompt_len": {"mean": 138.4}},
-                "failures": {"count": 0}}
+    measured = {
+        "load_summary": {"count": 600},
+        "successes": {"count": 600, "prompt_len": {"mean": 138.4}},
+        "failures": {"count": 0},
+    }
     past = {**measured, "failures": {"count": 3}}
     for i, doc in enumerate((measured, past)):
         (d / f"stage_{i}_lifecycle_metrics.json").write_text(json.dumps(doc))
@@ -99,7 +136,7 @@ def test_a_run_is_replayed_as_the_scenario_its_files_describe(tmp_path):
     assert (sp["system_prompt_len"], sp["question_len"]) == (34, 104)
     # the stage without failures shortened to the window, the one with failures kept whole
     assert [s["duration_s"] for s in scn["workload"]["arrival"]["stages"]] == [60.0, 30.0]
-    assert scn["workload"]["request_timeout_s"] == 300.0      # aiohttp's default: the config sets none
+    assert scn["workload"]["request_timeout_s"] == 300.0  # aiohttp's default: the config sets none
     replay = Replay(read_run(d), window_s=60)
     assert replay.settings.async_scheduling and len(replay.requests) == 120 + 120
 
@@ -127,8 +164,7 @@ def made_runs(tmp_path_factory):
 def test_fit_recovers_the_coefficients_of_runs_kvsim_made(made_runs):
     replays = [Replay(read_run(d)) for d in made_runs]
     objective = engine_fit.Objective(replays)
-    result = engine_fit.fit(objective, start={"step_us": 100.0, "per_seq_us": 5.0, "api_ms": 2.0},
-                            free=tuple(TRUE))
+    result = engine_fit.fit(objective, start={"step_us": 100.0, "per_seq_us": 5.0, "api_ms": 2.0}, free=tuple(TRUE))
     got = result["theta"]
     assert got["step_us"] == pytest.approx(TRUE["step_us"], rel=0.1)
     assert got["per_seq_us"] == pytest.approx(TRUE["per_seq_us"], rel=0.15)
@@ -155,12 +191,15 @@ def test_the_objective_counts_errors_in_targets_huber_beyond_one_and_past_capaci
     from kvsim.calibrate.runs import MeasuredStage
 
     def measured(e2e, ttft, completed):
-        return MeasuredStage(0, 4.0, 600.0, 100, completed, 100 - completed,
-                             (("e2e", (("mean", e2e),)), ("ttft", (("p50", ttft),))))
+        return MeasuredStage(
+            0, 4.0, 600.0, 100, completed, 100 - completed, (("e2e", (("mean", e2e),)), ("ttft", (("p50", ttft),)))
+        )
+
     within = measured(2.0, 0.02, 100)
     # E2E 8% x e^0.5 long (half a target), TTFT 3 targets long, all answered
-    guess = PredictedStage(0, 100, 100, 0, {"e2e": {"mean": 2.0 * math.exp(0.04)},
-                                            "ttft": {"p50": 0.02 * math.exp(0.45)}})
+    guess = PredictedStage(
+        0, 100, 100, 0, {"e2e": {"mean": 2.0 * math.exp(0.04)}, "ttft": {"p50": 0.02 * math.exp(0.45)}}
+    )
     r = engine_fit.residuals([within], [guess])
     assert r[0] == pytest.approx(0.5) and r[1] == pytest.approx(math.sqrt(2 * 3 - 1)) and r[2] == 0
     # past capacity (70% failed): only the share answered counts
@@ -182,6 +221,7 @@ def test_run_check_rows_and_summary():
 
     class Run:
         name, stages = "r", [Stage(2.0, 0.02, 1.0), Stage(4.0, 0.04, 0.5)]
+
     table = run_check.rows(Run, [Stage(2.2, 0.019, 1.0), Stage(3.6, 0.05, 0.6)], "x")
     assert [r["e2e_mean_error"] for r in table] == [0.1, -0.1]
     assert table[1]["answered_error_points"] == 10.0 and math.isnan(table[0]["itl_mean_error"])
@@ -200,7 +240,6 @@ def test_the_given_runs_replay_the_requests_their_reports_count():
         assert replay.timeout_s == 300.0 and replay.settings.max_num_seqs == 128
         # prompts as long as the server saw them (the reports' mean, rounded)
         assert replay.requests.prompt_tokens.mean() == round(run.stages[0].prompt_tokens), d.name
-
 
 
 def validated(run: str, out: Path) -> tuple[str, dict]:

@@ -6,6 +6,7 @@ counted as each engine allocates: under vLLM V0 a request holds prompt + 1 slots
 after its prefill (kvsim gives the sampled token its slot one step early), under V1 and
 SGLang its prompt; then one more per decode step.
 """
+
 import math
 
 import pytest
@@ -26,9 +27,19 @@ ENGINES = ("vllm-v0", "vllm-v1", "sglang")
 
 def run(engine, requests, allocator, *, budget=64, max_num_seqs=256, chunked=None, cost=None, **options):
     chunked = engine != "vllm-v0" if chunked is None else chunked
-    return simulate("p", requests, allocator, cost or OneSecondSteps(), engine=engine, max_model_len=256,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked,
-                    check_invariants=True, **options)
+    return simulate(
+        "p",
+        requests,
+        allocator,
+        cost or OneSecondSteps(),
+        engine=engine,
+        max_model_len=256,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        chunked_prefill=chunked,
+        check_invariants=True,
+        **options,
+    )
 
 
 def limits(result):
@@ -36,13 +47,16 @@ def limits(result):
 
 
 # --- prefill and decode: phases (V0, SGLang) or one mixed budget (V1) ---------------------
-@pytest.mark.parametrize("engine, expected", [
-    # V0 and SGLang: r1's prefill at t=1 is a step of its own, so r0 does not decode in it
-    ("vllm-v0", [(0, 0.0, 1.0, 4.0, 0, "completed"), (1, 1.0, 2.0, 4.0, 0, "completed")]),
-    ("sglang", [(0, 0.0, 1.0, 4.0, 0, "completed"), (1, 1.0, 2.0, 4.0, 0, "completed")]),
-    # V1: r0's decode and r1's prefill share the step at t=1
-    ("vllm-v1", [(0, 0.0, 1.0, 3.0, 0, "completed"), (1, 1.0, 2.0, 4.0, 0, "completed")]),
-])
+@pytest.mark.parametrize(
+    "engine, expected",
+    [
+        # V0 and SGLang: r1's prefill at t=1 is a step of its own, so r0 does not decode in it
+        ("vllm-v0", [(0, 0.0, 1.0, 4.0, 0, "completed"), (1, 1.0, 2.0, 4.0, 0, "completed")]),
+        ("sglang", [(0, 0.0, 1.0, 4.0, 0, "completed"), (1, 1.0, 2.0, 4.0, 0, "completed")]),
+        # V1: r0's decode and r1's prefill share the step at t=1
+        ("vllm-v1", [(0, 0.0, 1.0, 3.0, 0, "completed"), (1, 1.0, 2.0, 4.0, 0, "completed")]),
+    ],
+)
 def test_a_prefill_is_its_own_step_in_v0_and_sglang_and_shares_one_in_v1(engine, expected):
     cost = OneSecondSteps()
     result = run(engine, make_requests((0.0, 4, 3), (0.5, 4, 3)), PagedAllocator(100, 4), cost=cost)
@@ -75,19 +89,22 @@ def test_v1_without_chunked_prefill_waits_with_a_prompt_over_the_budget_left():
     assert set(limits(result)[1:20]) == {"token_budget"}
 
 
-@pytest.mark.parametrize("engine, expected, steps", [
-    # V0: both prompts in at t=0 (3 blocks each, the sampled token's slot included, fill
-    # the 6); at t=4 r0 needs a 4th block and r1, the latest admitted, is preempted and
-    # recomputed from its 8 + 4 tokens once r0 has finished at t=8.
-    ("vllm-v0", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 0.0, 1.0, 12.0, 1, "completed")], 12),
-    # V1 (0.33.0) allocates the tokens it computes: 2 blocks each at t=0, the 3rd at t=1
-    # (the first sampled token fed back); r0's 13th token wants a 4th block at t=5, so r1
-    # goes then, and comes back at t=8 with 8 + 5 tokens to recompute.
-    ("vllm-v1", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 0.0, 1.0, 11.0, 1, "completed")], 11),
-    # SGLang admits r0 (8 + 8 + a page of 4 < 24) but not r1 (20 >= 24 - 20 reserved): it
-    # waits for r0 and nothing is ever preempted.
-    ("sglang", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 8.0, 9.0, 16.0, 0, "completed")], 16),
-])
+@pytest.mark.parametrize(
+    "engine, expected, steps",
+    [
+        # V0: both prompts in at t=0 (3 blocks each, the sampled token's slot included, fill
+        # the 6); at t=4 r0 needs a 4th block and r1, the latest admitted, is preempted and
+        # recomputed from its 8 + 4 tokens once r0 has finished at t=8.
+        ("vllm-v0", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 0.0, 1.0, 12.0, 1, "completed")], 12),
+        # V1 (0.33.0) allocates the tokens it computes: 2 blocks each at t=0, the 3rd at t=1
+        # (the first sampled token fed back); r0's 13th token wants a 4th block at t=5, so r1
+        # goes then, and comes back at t=8 with 8 + 5 tokens to recompute.
+        ("vllm-v1", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 0.0, 1.0, 11.0, 1, "completed")], 11),
+        # SGLang admits r0 (8 + 8 + a page of 4 < 24) but not r1 (20 >= 24 - 20 reserved): it
+        # waits for r0 and nothing is ever preempted.
+        ("sglang", [(0, 0.0, 1.0, 8.0, 0, "completed"), (1, 8.0, 9.0, 16.0, 0, "completed")], 16),
+    ],
+)
 def test_memory_pressure_preempts_in_vllm_and_is_avoided_by_sglangs_reservation(engine, expected, steps):
     result = run(engine, make_requests((0.0, 8, 8), (0.0, 8, 8)), PagedAllocator(6, 4))
     assert timeline(result) == expected
@@ -111,24 +128,33 @@ def test_v0_counts_every_beam_against_max_num_seqs():
 
 def test_v0_swaps_a_preempted_group_by_default_and_recomputes_a_single_sequence():
     from kvsim.sim.scheduler import SwapSpace
+
     swap = SwapSpace(capacity_bytes=1000, bytes_per_token=1.0, bandwidth_bytes_s=1e9)
     # two pairs of samples fill 16 slots by their second decode: the second pair goes to CPU
-    groups = run("vllm-v0", make_requests((0.0, 4, 6), (0.0, 4, 6)), PagedAllocator(16, 1),
-                 width=2, preemption_mode=None, swap=swap)
+    groups = run(
+        "vllm-v0",
+        make_requests((0.0, 4, 6), (0.0, 4, 6)),
+        PagedAllocator(16, 1),
+        width=2,
+        preemption_mode=None,
+        swap=swap,
+    )
     assert groups.swaps == groups.preemptions >= 1
     assert [s.outcome for s in groups.seqs] == ["completed"] * 2
     # two single sequences outgrow 12 slots at their third decode: r1 is recomputed
-    single = run("vllm-v0", make_requests((0.0, 4, 6), (0.0, 4, 6)), PagedAllocator(12, 1),
-                 preemption_mode=None, swap=swap)
+    single = run(
+        "vllm-v0", make_requests((0.0, 4, 6), (0.0, 4, 6)), PagedAllocator(12, 1), preemption_mode=None, swap=swap
+    )
     assert single.preemptions >= 1 and single.swaps == 0
 
 
 def test_v1_and_sglang_run_samples_as_requests_that_share_the_prompt_through_the_cache():
     from kvsim.kvcache import PrefixCachingPagedAllocator
+
     reqs = [RequestSpec(0, 0.0, 8, 3)]
     alloc = PrefixCachingPagedAllocator(100, 4)
     result = run("vllm-v1", reqs, alloc, width=3)
-    assert len(result.seqs) == 3                       # three requests of one sample each
+    assert len(result.seqs) == 3  # three requests of one sample each
     table = request_table(result)
     assert table[["request_id", "sequences", "outcome"]].values.tolist() == [[0, 3, "completed"]]
     # all three are admitted in step 0; their prompts' two full blocks were not cached yet,
@@ -136,15 +162,14 @@ def test_v1_and_sglang_run_samples_as_requests_that_share_the_prompt_through_the
     shapes = {s.shape.segments for s in result.seqs}
     assert shapes == {((0, 8),)}
     row = summarize(result, table)
-    assert row["throughput_tok_s"] == pytest.approx(3 * 3 / 3.0)   # 9 tokens, makespan 3 s
+    assert row["throughput_tok_s"] == pytest.approx(3 * 3 / 3.0)  # 9 tokens, makespan 3 s
 
 
 def _sglang_running(alloc, rows):
     """A scheduler under SGLang's rules with running requests (prompt, generated) of 100
     output tokens each, holding prompt + generated slots."""
     rules = SGLang()
-    s = Scheduler(alloc, rules, max_model_len=200, max_num_seqs=8, max_num_batched_tokens=64,
-                  chunked_prefill=True)
+    s = Scheduler(alloc, rules, max_model_len=200, max_num_seqs=8, max_num_batched_tokens=64, chunked_prefill=True)
     for i, (prompt, generated) in enumerate(rows):
         seq = Request(RequestSpec(i, 0.0, prompt, 100), SeqShape(prompt, 100))
         s.arrive(seq, 0.0, i)
@@ -173,7 +198,7 @@ def test_sglang_retracts_at_least_one_and_keeps_at_least_one():
     # goes), but one request is retracted even so; with only A and B, B goes and A stays.
     alloc = PagedAllocator(300, 1)
     assert alloc.allocate(999, SeqShape(291, 0), 291)
-    s, rules = _sglang_running(alloc, [(2, 3), (3, 1)])          # 291 + 5 + 4 = 300
+    s, rules = _sglang_running(alloc, [(2, 3), (3, 1)])  # 291 + 5 + 4 = 300
     step = s.schedule(1.0)
     assert [q.spec.id for q in s.waiting] == [1]
     assert [(q.spec.id, n) for q, n in step.work] == [(0, 1)]
@@ -189,7 +214,7 @@ def test_sglang_ratio_decays_per_decode_step_to_its_floor():
 # --- the memory breakdown: what the head needs this step, after the watermark --------------
 def test_free_blocks_are_external_only_when_the_heads_chunk_cannot_use_them():
     alloc = PagedAllocator(8, 4)
-    assert alloc.allocate(0, SeqShape(20, 0), 20)            # 5 blocks; 3 free (12 slots)
+    assert alloc.allocate(0, SeqShape(20, 0), 20)  # 5 blocks; 3 free (12 slots)
     head = SeqShape(40, 4)
     whole, chunk = alloc.breakdown((head, 41, 0)), alloc.breakdown((head, 8, 0))
     assert (whole.unusable, whole.free, whole.starved) == (12, 0, True)
@@ -205,7 +230,7 @@ def test_a_chunked_run_records_the_heads_chunk_not_its_whole_prompt():
     reqs = make_requests((0.0, 19, 12), (0.5, 40, 2))
     chunked = run("vllm-v1", reqs, PagedAllocator(12, 4), budget=8, max_num_seqs=1)
     whole = run("vllm-v1", reqs, PagedAllocator(12, 4), budget=64, max_num_seqs=1, chunked=False)
-    for result in (chunked, whole):    # r0's own chunks may spend the budget first
+    for result in (chunked, whole):  # r0's own chunks may spend the budget first
         waiting = [row for row in result.steps if row[3] > 0]
         assert waiting and {LIMITS[int(row[-1])] for row in waiting} <= {"max_num_seqs", "token_budget"}
     assert all(row[9] == 0 and row[10] > 0 for row in chunked.steps if row[3] > 0)
@@ -215,11 +240,20 @@ def test_a_chunked_run_records_the_heads_chunk_not_its_whole_prompt():
 # --- engine settings and what each engine refuses -----------------------------------------
 def scenario(**extra):
     from kvsim.config.scenario import validate_scenario
-    base = dict(name="s", model="llama-3-8b", gpu="a100-80gb", max_model_len=4096,
-                workload=dict(num_requests=4, arrival=dict(process="poisson", rate_per_s=1.0),
-                              prompt_tokens=dict(dist="fixed", value=100),
-                              output_tokens=dict(dist="fixed", value=10)),
-                policies=[dict(name="p", allocator="paged")])
+
+    base = dict(
+        name="s",
+        model="llama-3-8b",
+        gpu="a100-80gb",
+        max_model_len=4096,
+        workload=dict(
+            num_requests=4,
+            arrival=dict(process="poisson", rate_per_s=1.0),
+            prompt_tokens=dict(dist="fixed", value=100),
+            output_tokens=dict(dist="fixed", value=10),
+        ),
+        policies=[dict(name="p", allocator="paged")],
+    )
     for key, value in extra.items():
         if key in base and isinstance(value, dict) and isinstance(base[key], dict):
             base[key] = {**base[key], **value}
@@ -228,11 +262,14 @@ def scenario(**extra):
     return validate_scenario(base, "s.yaml")
 
 
-@pytest.mark.parametrize("engine, seqs, budget, chunked, preemption, watermark", [
-    ("vllm-v0", 256, 4096, False, None, 0.01),      # max(max_model_len, 2048)
-    ("vllm-v1", 256, 2048, True, "recompute", 0.0),  # an A100: the smaller V1 defaults
-    ("sglang", 2048, 8192, True, "recompute", 0.0),  # 80 GiB: chunked_prefill_size 8192
-])
+@pytest.mark.parametrize(
+    "engine, seqs, budget, chunked, preemption, watermark",
+    [
+        ("vllm-v0", 256, 4096, False, None, 0.01),  # max(max_model_len, 2048)
+        ("vllm-v1", 256, 2048, True, "recompute", 0.0),  # an A100: the smaller V1 defaults
+        ("sglang", 2048, 8192, True, "recompute", 0.0),  # 80 GiB: chunked_prefill_size 8192
+    ],
+)
 def test_unset_settings_take_the_engines_defaults(engine, seqs, budget, chunked, preemption, watermark):
     s = scenario(engine=engine).engine_settings()
     assert (s.max_num_seqs, s.max_num_batched_tokens, s.enable_chunked_prefill) == (seqs, budget, chunked)
@@ -245,18 +282,25 @@ def test_sglang_max_running_requests_follows_the_pool():
     assert scenario(engine="sglang").engine_settings(3_000).max_num_seqs == 1500
 
 
-@pytest.mark.parametrize("extra, field, words", [
-    ({"engine": "vllm-v1", "workload": {"beam_width": 2}}, "workload.beam_width", "use engine: vllm-v0"),
-    ({"engine": "sglang", "scheduler": {"preemption_mode": "swap"}}, "scheduler.preemption_mode", "recompute only"),
-    ({"engine": "vllm-v1", "scheduler": {"watermark": 0.1}}, "scheduler.watermark", "no watermark"),
-    ({"engine": "vllm-v1", "scheduler": {"schedule_policy": "lpm"}}, "scheduler.schedule_policy", "SGLang"),
-    ({"engine": "sglang", "scheduler": {"async_scheduling": True}}, "scheduler.async_scheduling", "vllm-v1's"),
-    ({"engine": "vllm-v0", "scheduler": {"engine": "sglang"}}, "engine", "give it once"),
-    ({"engine": "vllm-v0", "workload": {"n": 4}, "scheduler": {"max_num_seqs": 2}},
-     "scheduler.max_num_seqs", "counts every sample or beam"),
-])
+@pytest.mark.parametrize(
+    "extra, field, words",
+    [
+        ({"engine": "vllm-v1", "workload": {"beam_width": 2}}, "workload.beam_width", "use engine: vllm-v0"),
+        ({"engine": "sglang", "scheduler": {"preemption_mode": "swap"}}, "scheduler.preemption_mode", "recompute only"),
+        ({"engine": "vllm-v1", "scheduler": {"watermark": 0.1}}, "scheduler.watermark", "no watermark"),
+        ({"engine": "vllm-v1", "scheduler": {"schedule_policy": "lpm"}}, "scheduler.schedule_policy", "SGLang"),
+        ({"engine": "sglang", "scheduler": {"async_scheduling": True}}, "scheduler.async_scheduling", "vllm-v1's"),
+        ({"engine": "vllm-v0", "scheduler": {"engine": "sglang"}}, "engine", "give it once"),
+        (
+            {"engine": "vllm-v0", "workload": {"n": 4}, "scheduler": {"max_num_seqs": 2}},
+            "scheduler.max_num_seqs",
+            "counts every sample or beam",
+        ),
+    ],
+)
 def test_what_an_engine_cannot_run_is_an_input_error(extra, field, words):
     from kvsim.config.errors import InputError
+
     with pytest.raises(InputError) as info:
         scenario(**extra)
     assert f": {field}: " in str(info.value) and words in str(info.value)
@@ -264,20 +308,22 @@ def test_what_an_engine_cannot_run_is_an_input_error(extra, field, words):
 
 def test_prefix_caching_defaults_follow_the_engine():
     from kvsim.config.scenario import Paged
+
     p = Paged(name="p", allocator="paged")
     assert p.allocator_kind("vllm-v0") == ("paged", {"block_size": 16})
     assert p.allocator_kind("vllm-v1") == ("paged", {"block_size": 16, "prefix_caching": True})
-    assert p.allocator_kind("sglang") == ("radix", {})        # SGLang's page size 1
+    assert p.allocator_kind("sglang") == ("radix", {})  # SGLang's page size 1
     paged = Paged(name="p", allocator="paged", block_size=32)
-    assert paged.allocator_kind("sglang") == ("radix", {"page_size": 32})   # a block_size given is its page
+    assert paged.allocator_kind("sglang") == ("radix", {"page_size": 32})  # a block_size given is its page
     off = Paged(name="p", allocator="paged", enable_prefix_caching=False)
     assert all(off.allocator_kind(e) == ("paged", {"block_size": 16}) for e in ENGINES)
 
 
 def test_contiguous_runs_under_every_engine_and_never_preempts():
     for engine in ENGINES:
-        result = run(engine, make_requests(*[(0.1 * i, 6, 4) for i in range(6)]),
-                     ContiguousAllocator(40, 16, "max", "first-fit"))
+        result = run(
+            engine, make_requests(*[(0.1 * i, 6, 4) for i in range(6)]), ContiguousAllocator(40, 16, "max", "first-fit")
+        )
         assert all(s.outcome == "completed" for s in result.seqs) and result.preemptions == 0
         assert not math.isnan(result.seqs[-1].finish_s)
 
@@ -290,6 +336,7 @@ def test_sglang_lpm_admits_the_longest_cached_prefix_first(policy, admitted):
     # (4 + 4 + 1 >= 30 - 25 reserved) waits for r1 to finish at t=5. lpm takes r2 (16
     # tokens cached and locked: 9 < 30 - 16); r1 (25 >= 14 - 9) waits until t=5.
     from kvsim.kvcache import RadixCacheAllocator
+
     shared = ((100, 16),)
     reqs = [RequestSpec(0, 0.0, 20, 1, shared), RequestSpec(1, 0.5, 20, 4), RequestSpec(2, 0.5, 20, 4, shared)]
     result = run("sglang", reqs, RadixCacheAllocator(30), schedule_policy=policy)

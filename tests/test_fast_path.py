@@ -5,6 +5,7 @@ at every step; a run in time buckets keeps the summary's sums.
 
 The plain path is the oracle: it visits every running request in every step.
 """
+
 import copy
 import math
 import random
@@ -34,20 +35,41 @@ POLICIES = [
 ]
 # A 0.25 GiB pool (2,048 Llama-3-8B token slots) that 60 requests at 30/s overflow.
 BASE = {
-    "name": "fast", "seed": 3, "model": "llama-3-8b", "gpu": "h100-80gb", "kv_cache_memory_gib": 0.25,
-    "max_model_len": 1024, "cost_model": "calibrated",
-    "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate_per_s": 30.0},
-                 "prompt_tokens": {"dist": "lognormal", "mean": 200, "cv": 0.6, "min": 8, "max": 600},
-                 "output_tokens": {"dist": "lognormal", "mean": 80, "cv": 0.8, "min": 1, "max": 300}},
+    "name": "fast",
+    "seed": 3,
+    "model": "llama-3-8b",
+    "gpu": "h100-80gb",
+    "kv_cache_memory_gib": 0.25,
+    "max_model_len": 1024,
+    "cost_model": "calibrated",
+    "workload": {
+        "num_requests": 60,
+        "arrival": {"process": "poisson", "rate_per_s": 30.0},
+        "prompt_tokens": {"dist": "lognormal", "mean": 200, "cv": 0.6, "min": 8, "max": 600},
+        "output_tokens": {"dist": "lognormal", "mean": 80, "cv": 0.8, "min": 1, "max": 300},
+    },
     "policies": POLICIES,
 }
-SMALL_WINDOW = {"name": "windowed", "num_layers": 32, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
-                "hidden_size": 4096, "intermediate_size": 14336, "params": 7.24e9, "sliding_window": 64}
-BURST_SWAP = {"engine": "vllm-v0", "kv_cache_memory_gib": 0.02,
-              "scheduler": {"preemption_mode": "swap", "swap_space_gib": 0.01, "max_num_seqs": 16},
-              "workload__arrival": {"process": "burst"}, "workload__num_requests": 16,
-              "workload__prompt_tokens": {"dist": "uniform", "min": 20, "max": 60},
-              "workload__output_tokens": {"dist": "uniform", "min": 100, "max": 300}}
+SMALL_WINDOW = {
+    "name": "windowed",
+    "num_layers": 32,
+    "num_heads": 32,
+    "num_kv_heads": 8,
+    "head_dim": 128,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "params": 7.24e9,
+    "sliding_window": 64,
+}
+BURST_SWAP = {
+    "engine": "vllm-v0",
+    "kv_cache_memory_gib": 0.02,
+    "scheduler": {"preemption_mode": "swap", "swap_space_gib": 0.01, "max_num_seqs": 16},
+    "workload__arrival": {"process": "burst"},
+    "workload__num_requests": 16,
+    "workload__prompt_tokens": {"dist": "uniform", "min": 20, "max": 60},
+    "workload__output_tokens": {"dist": "uniform", "min": 100, "max": 300},
+}
 CASES = {
     "vllm-v1": {"engine": "vllm-v1"},
     "vllm-v0": {"engine": "vllm-v0"},
@@ -57,22 +79,38 @@ CASES = {
     "v1 rag": {"workload__rag": {"system_tokens": 50, "corpus_docs": 20, "doc_tokens": 40, "docs_per_request": 3}},
     "v1 conversation": {"workload__conversation": {"turns": 3, "think_time_s": 0.5}},
     "v1 samples": {"workload__n": 3},
-    "v1 unchunked, small budget": {"scheduler": {"enable_chunked_prefill": False, "max_num_batched_tokens": 1024,
-                                                 "max_num_seqs": 8}},
+    "v1 unchunked, small budget": {
+        "scheduler": {"enable_chunked_prefill": False, "max_num_batched_tokens": 1024, "max_num_seqs": 8}
+    },
     "v0 chunked": {"engine": "vllm-v0", "scheduler": {"enable_chunked_prefill": True}},
-    "v0 samples": {"engine": "vllm-v0", "workload__n": 3,
-                   "scheduler": {"enable_chunked_prefill": False, "preemption_mode": "recompute"}},
+    "v0 samples": {
+        "engine": "vllm-v0",
+        "workload__n": 3,
+        "scheduler": {"enable_chunked_prefill": False, "preemption_mode": "recompute"},
+    },
     "v0 beams": {"engine": "vllm-v0", "workload__beam_width": 3, "scheduler": {"preemption_mode": "recompute"}},
     "v0 swap": BURST_SWAP,
-    "sglang lpm prefix groups": {"engine": "sglang", "scheduler": {"schedule_policy": "lpm"},
-                                 "workload__prefix": {"groups": 3, "tokens": 100}},
+    "sglang lpm prefix groups": {
+        "engine": "sglang",
+        "scheduler": {"schedule_policy": "lpm"},
+        "workload__prefix": {"groups": 3, "tokens": 100},
+    },
     "sliding window": {"model": SMALL_WINDOW, "cost_model": "roofline"},
     "time limit": {"time_limit_s": 1.5},
     # one KV store behind three replicas: each reads what the others wrote, in time order
-    "fleet, shared KV tier": {"replicas": 3, "workload__prefix": {"groups": 3, "tokens": 100},
-                              "policies": [{"name": "shared-tier", "allocator": "paged", "block_size": 8,
-                                            "enable_prefix_caching": True,
-                                            "kv_offload": {"cpu_gib": 0.02, "chunk_tokens": 8, "shared": True}}]},
+    "fleet, shared KV tier": {
+        "replicas": 3,
+        "workload__prefix": {"groups": 3, "tokens": 100},
+        "policies": [
+            {
+                "name": "shared-tier",
+                "allocator": "paged",
+                "block_size": 8,
+                "enable_prefix_caching": True,
+                "kv_offload": {"cpu_gib": 0.02, "chunk_tokens": 8, "shared": True},
+            }
+        ],
+    },
 }
 
 
@@ -88,8 +126,14 @@ def scenario(**changes) -> dict:
 
 
 def run(doc: dict, *, exact: bool, check: bool = False, bucket_s=None):
-    return run_scenario(validate_scenario(copy.deepcopy(doc), "fast"), Path("."), "fast",
-                        check_invariants=check, exact_steps=exact, bucket_s=bucket_s)
+    return run_scenario(
+        validate_scenario(copy.deepcopy(doc), "fast"),
+        Path("."),
+        "fast",
+        check_invariants=check,
+        exact_steps=exact,
+        bucket_s=bucket_s,
+    )
 
 
 def assert_same(plain, fast) -> None:
@@ -122,7 +166,7 @@ def counted_run(monkeypatch, doc):
         counts["decodes"] += step.cost.decodes
         return step
 
-    def counted_quiet_step(self, now):       # a step planned without the rules: all lazy
+    def counted_quiet_step(self, now):  # a step planned without the rules: all lazy
         batch = quiet_step(self, now)
         counts["lazy"] += batch.decodes
         counts["decodes"] += batch.decodes
@@ -139,7 +183,7 @@ def test_check_mode_checks_every_step_twice_on_the_fast_path(monkeypatch):
     doc = scenario(policies=[POLICIES[3]])
     result, counts = counted_run(monkeypatch, doc)
     steps = int(result.summary.steps.iloc[0])
-    assert counts["checks"] == 2 * steps        # after planning and after completing each step
+    assert counts["checks"] == 2 * steps  # after planning and after completing each step
     # and the lazy machinery did the work: most decodes were lazy ones
     assert counts["lazy"] > counts["decodes"] / 2 > 0
 
@@ -172,8 +216,12 @@ def test_quiet_steps_go_without_the_rules_and_the_event_queue(engine, monkeypatc
     before the next arrival, so the next step follows without an event; the tables stay
     the plain path's."""
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
-    doc = scenario(engine=engine, cost_model="roofline", policies=[POLICIES[3]],
-                   workload__arrival={"process": "poisson", "rate_per_s": 2.0})
+    doc = scenario(
+        engine=engine,
+        cost_model="roofline",
+        policies=[POLICIES[3]],
+        workload__arrival={"process": "poisson", "rate_per_s": 2.0},
+    )
     counts = {"quiet": 0, "events": 0}
     quiet_step, push = Scheduler.quiet_step, StepLoop._push
 
@@ -201,7 +249,7 @@ def test_check_mode_catches_a_stale_lazy_sum(monkeypatch):
     def off_by_one(self, crossing):
         original(self, crossing)
         if self.tick == 50:
-            self.sums.reservation += 1          # what a bug in the sums would do
+            self.sums.reservation += 1  # what a bug in the sums would do
 
     monkeypatch.setattr(lazy.LazyRunningSet, "_lazy_tick", off_by_one)
     with pytest.raises(InvariantError, match="breakdown"):
@@ -215,15 +263,24 @@ def test_a_lone_request_decodes_lazily_and_ends_on_time():
     at t = 10 holding prompt + output - 1 = 13 tokens."""
     cost = OneSecondSteps()
     alloc = PagedAllocator(10, 4)
-    result = simulate("p", [RequestSpec(0, 0.0, 4, 10)], alloc, cost, engine="vllm-v1",
-                      max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64,
-                      chunked_prefill=True, check_invariants=True)
+    result = simulate(
+        "p",
+        [RequestSpec(0, 0.0, 4, 10)],
+        alloc,
+        cost,
+        engine="vllm-v1",
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        chunked_prefill=True,
+        check_invariants=True,
+    )
     seq = result.seqs[0]
     assert (seq.admitted_s, seq.first_token_s, seq.finish_s, seq.outcome) == (0.0, 1.0, 10.0, "completed")
     assert [b.decodes for b in cost.batches] == [0] + [1] * 9
     assert [b.decode_total for b in cost.batches[1:]] == list(range(5, 14))
-    assert all(b.extra is not None for b in cost.batches[1:])       # none of them visited
-    assert alloc.free_blocks and len(alloc.free_blocks) == 10           # all returned
+    assert all(b.extra is not None for b in cost.batches[1:])  # none of them visited
+    assert alloc.free_blocks and len(alloc.free_blocks) == 10  # all returned
 
 
 def test_buckets_keep_the_summary(monkeypatch):
@@ -258,17 +315,28 @@ def test_random_configurations_agree(seed, monkeypatch):
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
     rng = random.Random(seed)
     engine = rng.choice(["vllm-v0", "vllm-v1", "sglang"])
-    doc = scenario(engine=engine, seed=rng.randrange(100), kv_cache_memory_gib=rng.choice([0.01, 0.05, 0.3]),
-                   cost_model=rng.choice(["calibrated", "roofline"]))
+    doc = scenario(
+        engine=engine,
+        seed=rng.randrange(100),
+        kv_cache_memory_gib=rng.choice([0.01, 0.05, 0.3]),
+        cost_model=rng.choice(["calibrated", "roofline"]),
+    )
     wl = doc["workload"]
     wl["num_requests"] = rng.randrange(5, 50)
-    wl["arrival"] = rng.choice([{"process": "poisson", "rate_per_s": rng.choice([5.0, 100.0])},
-                                {"process": "burst"}, {"process": "gamma", "rate_per_s": 30.0, "cv": 3.0}])
+    wl["arrival"] = rng.choice(
+        [
+            {"process": "poisson", "rate_per_s": rng.choice([5.0, 100.0])},
+            {"process": "burst"},
+            {"process": "gamma", "rate_per_s": 30.0, "cv": 3.0},
+        ]
+    )
     sharing = rng.choice([None, "prefix", "rag", "conversation"])
     if sharing:
-        wl[sharing] = {"prefix": {"groups": 2, "tokens": 32},
-                       "rag": {"system_tokens": 32, "corpus_docs": 10, "doc_tokens": 40, "docs_per_request": 2},
-                       "conversation": {"turns": 3, "think_time_s": rng.choice([0.0, 0.3])}}[sharing]
+        wl[sharing] = {
+            "prefix": {"groups": 2, "tokens": 32},
+            "rag": {"system_tokens": 32, "corpus_docs": 10, "doc_tokens": 40, "docs_per_request": 2},
+            "conversation": {"turns": 3, "think_time_s": rng.choice([0.0, 0.3])},
+        }[sharing]
     sched = doc.setdefault("scheduler", {})
     if rng.random() < 0.5:
         sched["max_num_seqs"] = rng.choice([2, 8, 64])
@@ -293,8 +361,9 @@ def test_a_prefix_cache_takes_blocks_in_bulk_only_where_tails_are_private(monkey
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
     taken = []
     take_free = PrefixCachingPagedAllocator.take_free
-    monkeypatch.setattr(PrefixCachingPagedAllocator, "take_free",
-                        lambda self, count: taken.append(count) or take_free(self, count))
+    monkeypatch.setattr(
+        PrefixCachingPagedAllocator, "take_free", lambda self, count: taken.append(count) or take_free(self, count)
+    )
     rag = scenario(workload__rag=CASES["v1 rag"]["workload__rag"], policies=[POLICIES[4]])
     assert_same(run(rag, exact=True), run(rag, exact=False, check=True))
     assert sum(taken) > 0
@@ -303,18 +372,19 @@ def test_a_prefix_cache_takes_blocks_in_bulk_only_where_tails_are_private(monkey
     plain = run(conversation, exact=True)
     assert_same(plain, run(conversation, exact=False, check=True))
     assert not taken
-    monkeypatch.setattr(RequestTable, "private_tails", lambda self: True)     # what the rule prevents
+    monkeypatch.setattr(RequestTable, "private_tails", lambda self: True)  # what the rule prevents
     assert not plain.timeseries.equals(run(conversation, exact=False).timeseries)
 
 
 def test_lazy_running_set_is_used_where_it_applies():
     from kvsim.kvcache import RadixCacheAllocator
     from kvsim.engines import make_rules
+
     v1 = make_rules("vllm-v1")
     assert lazy.applies(PagedAllocator(4, 4), v1, {})
-    assert not lazy.applies(RadixCacheAllocator(16), v1, {})                      # no room
+    assert not lazy.applies(RadixCacheAllocator(16), v1, {})  # no room
     assert not lazy.applies(PagedAllocator(4, 4), v1, {"sliding_window": 8})
-    assert not lazy.applies(PagedAllocator(4, 4), make_rules("vllm-v0"), {"width": 2})   # groups
-    assert lazy.applies(PagedAllocator(4, 4), v1, {"width": 2})         # samples run as requests
+    assert not lazy.applies(PagedAllocator(4, 4), make_rules("vllm-v0"), {"width": 2})  # groups
+    assert lazy.applies(PagedAllocator(4, 4), v1, {"width": 2})  # samples run as requests
     assert not lazy.applies(PagedAllocator(4, 4), v1, {}, cost_block_size=8)
     assert SeqShape(1, 1).final_tokens == 2

@@ -7,6 +7,7 @@ kvsim prints for it today.
 
 If the default step costs change and this fails, rerun scripts/flagship_load.py and
 move rag_8k's rate to where the policies part again."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -117,8 +118,11 @@ def test_the_tutorial_s_capacity_agrees_with_its_run(tutorial):
     misses has a missed rate at or below it."""
     rate = yaml.safe_load(TUTORIAL.read_text())["workload"]["arrival"]["rate_per_s"]
     block = TUTORIAL_OUTPUT.read_text().split("$ kvsim capacity", 1)[1]
-    found = {row[0]: (float(row[1]), float(row[2])) for row in map(str.split, block.splitlines())
-             if row and row[0] in tutorial[1]}
+    found = {
+        row[0]: (float(row[1]), float(row[2]))
+        for row in map(str.split, block.splitlines())
+        if row and row[0] in tutorial[1]
+    }
     assert found.keys() == tutorial[1].keys(), found
     for policy, met in tutorial[1].items():
         highest, missed = found[policy]

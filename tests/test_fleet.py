@@ -1,5 +1,6 @@
 """Replicas behind a router: hand-derived routing decisions, a fleet of one as a plain
 run, and the fleet's rows as its replicas' sums."""
+
 from pathlib import Path
 
 import pandas as pd
@@ -14,14 +15,24 @@ from kvsim.workload.requests import RequestSpec
 from helpers import OneSecondSteps, kvsim, one_error_line
 
 FLEET = {
-    "name": "fleet", "seed": 3, "model": "llama-3-8b", "gpu": "a100-80gb", "kv_cache_memory_gib": 0.5,
-    "max_model_len": 2048, "cost_model": "roofline",    # routing, not step costs, is under test
-    "workload": {"num_requests": 120, "arrival": {"process": "poisson", "rate_per_s": 12},
-                 "prompt_tokens": {"dist": "uniform", "min": 50, "max": 600},
-                 "output_tokens": {"dist": "uniform", "min": 10, "max": 200},
-                 "prefix": {"groups": 4, "tokens": 600}},
-    "policies": [{"name": "paged-16", "allocator": "paged", "block_size": 16, "enable_prefix_caching": True},
-                 {"name": "contiguous", "allocator": "contiguous"}],
+    "name": "fleet",
+    "seed": 3,
+    "model": "llama-3-8b",
+    "gpu": "a100-80gb",
+    "kv_cache_memory_gib": 0.5,
+    "max_model_len": 2048,
+    "cost_model": "roofline",  # routing, not step costs, is under test
+    "workload": {
+        "num_requests": 120,
+        "arrival": {"process": "poisson", "rate_per_s": 12},
+        "prompt_tokens": {"dist": "uniform", "min": 50, "max": 600},
+        "output_tokens": {"dist": "uniform", "min": 10, "max": 200},
+        "prefix": {"groups": 4, "tokens": 600},
+    },
+    "policies": [
+        {"name": "paged-16", "allocator": "paged", "block_size": 16, "enable_prefix_caching": True},
+        {"name": "contiguous", "allocator": "contiguous"},
+    ],
 }
 
 
@@ -44,17 +55,44 @@ def test_least_loaded_sends_a_request_to_the_replica_with_fewest_unfinished():
     # (loads 1, 1: the lower index); prefilled beside r0's decode in [1,2], it ends at 2
     # (one output token). r3 (3.2): replica 0 has finished both (load 0), replica 1 still
     # runs r1 (load 1) -> replica 0, idle since 3: [3.2, 6.2]. Round-robin sends it to 1.
-    requests = [RequestSpec(0, 0.0, 4, 3), RequestSpec(1, 0.5, 4, 3), RequestSpec(2, 0.6, 4, 1),
-                RequestSpec(3, 3.2, 4, 3)]
+    requests = [
+        RequestSpec(0, 0.0, 4, 3),
+        RequestSpec(1, 0.5, 4, 3),
+        RequestSpec(2, 0.6, 4, 1),
+        RequestSpec(3, 3.2, 4, 3),
+    ]
     fleet = [PagedAllocator(100, 4), PagedAllocator(100, 4)]
-    run = simulate("p", requests, fleet, OneSecondSteps(), router="least-loaded", max_model_len=64,
-                   max_num_seqs=8, max_num_batched_tokens=64, chunked_prefill=False, check_invariants=True)
+    run = simulate(
+        "p",
+        requests,
+        fleet,
+        OneSecondSteps(),
+        router="least-loaded",
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        chunked_prefill=False,
+        check_invariants=True,
+    )
     assert run.replica.tolist() == [0, 1, 0, 0]
     assert [(s.admitted_s, s.first_token_s, s.finish_s) for s in run.seqs] == [
-        (0.0, 1.0, 3.0), (0.5, 1.5, 3.5), (1.0, 2.0, 2.0), (3.2, 4.2, 6.2)]
+        (0.0, 1.0, 3.0),
+        (0.5, 1.5, 3.5),
+        (1.0, 2.0, 2.0),
+        (3.2, 4.2, 6.2),
+    ]
     assert [len(p.steps) for p in run.parts] == [3 + 3, 3] and len(run.steps) == 9
-    rr = simulate("p", requests, [PagedAllocator(100, 4), PagedAllocator(100, 4)], OneSecondSteps(),
-                  router="round-robin", max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64, chunked_prefill=False)
+    rr = simulate(
+        "p",
+        requests,
+        [PagedAllocator(100, 4), PagedAllocator(100, 4)],
+        OneSecondSteps(),
+        router="round-robin",
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        chunked_prefill=False,
+    )
     assert rr.replica.tolist() == [0, 1, 0, 1]
 
 
@@ -65,13 +103,13 @@ def shared(i: int, prompt: int, *segments) -> RequestSpec:
 def test_prefix_aware_follows_sglangs_cache_aware_rules():
     router = PrefixAware(2)
     a, b = (100, 1000), (101, 1000)
-    assert router.pick(shared(0, 1100, a), [0, 0]) == 0       # nothing seen: least loaded
-    assert router.pick(shared(1, 1100, b), [1, 0]) == 1       # no match: least loaded
-    assert router.pick(shared(2, 1100, a), [3, 1]) == 0       # 1000 / 1100 > 0.5: the match
-    assert router.pick(shared(3, 2500, a), [3, 1]) == 1       # 1000 / 2500 <= 0.5: least loaded
-    assert router.pick(shared(4, 1100, a), [2, 1]) == 0       # both hold 1000: the lower index
-    assert router.pick(shared(5, 1100, a), [40, 5]) == 1      # imbalanced: 35 > 32 and 40 > 5.5
-    assert router.pick(shared(6, 1100, b), [40, 37]) == 1     # 3 <= 32: balanced, the match
+    assert router.pick(shared(0, 1100, a), [0, 0]) == 0  # nothing seen: least loaded
+    assert router.pick(shared(1, 1100, b), [1, 0]) == 1  # no match: least loaded
+    assert router.pick(shared(2, 1100, a), [3, 1]) == 0  # 1000 / 1100 > 0.5: the match
+    assert router.pick(shared(3, 2500, a), [3, 1]) == 1  # 1000 / 2500 <= 0.5: least loaded
+    assert router.pick(shared(4, 1100, a), [2, 1]) == 0  # both hold 1000: the lower index
+    assert router.pick(shared(5, 1100, a), [40, 5]) == 1  # imbalanced: 35 > 32 and 40 > 5.5
+    assert router.pick(shared(6, 1100, b), [40, 37]) == 1  # 3 <= 32: balanced, the match
     # A conversation's next turn holds the answer the router never saw: the earlier
     # prompt (1,000 shared + 50 own tokens of content 7) matches, its answer does not.
     router = PrefixAware(3)
@@ -131,10 +169,13 @@ def test_prefix_aware_routing_raises_the_hit_rate_over_round_robin(tmp_path):
     assert rates["prefix-aware"] > rates["round-robin"]
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"replicas": 0}, "fleet.yaml: replicas: "),
-    ({"router": "random"}, "fleet.yaml: router: "),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"replicas": 0}, "fleet.yaml: replicas: "),
+        ({"router": "random"}, "fleet.yaml: router: "),
+    ],
+)
 def test_bad_fleet_settings_are_one_line_errors(tmp_path, changes, message):
     line = one_error_line(*kvsim("run", write(tmp_path, **changes), "--out", tmp_path / "out"))
     assert message in line

@@ -16,6 +16,7 @@ plots stubbed out: drawing PNGs costs half a second a run and sees only simulate
 tables, never raw input; the subprocess runs draw them for real. FUZZED counts the
 inputs tried per test; test_fuzz_counts (last) prints them.
 """
+
 from __future__ import annotations
 
 import collections
@@ -39,15 +40,20 @@ from kvsim.workload.traces import read_trace
 from kvsim.config.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
-FUZZED: collections.Counter = collections.Counter()     # inputs tried, per kind
-RAN: collections.Counter = collections.Counter()        # ... of which ran (exit 0)
+FUZZED: collections.Counter = collections.Counter()  # inputs tried, per kind
+RAN: collections.Counter = collections.Counter()  # ... of which ran (exit 0)
 
 
 def fuzz(examples: int) -> settings:
     """KVSIM_FUZZ_SCALE=10 tries ten times as many inputs, for a deeper run by hand."""
     scale = float(os.environ.get("KVSIM_FUZZ_SCALE", "1"))
-    return settings(max_examples=max(1, int(examples * scale)), deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))
+    return settings(
+        max_examples=max(1, int(examples * scale)),
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+
 
 # A scenario that runs in a few hundredths of a second: 2,048 token slots of Llama-3-8B.
 BASE = {
@@ -68,10 +74,19 @@ BASE = {
     "policies": [
         {"name": "contiguous", "allocator": "contiguous", "reserve": "pow2", "placement": "buddy"},
         {"name": "paged", "allocator": "paged", "block_size": 16},
-        {"name": "offload", "allocator": "paged", "block_size": 16, "enable_prefix_caching": True,
-         "kv_offload": {"cpu_gib": 0.05, "disk_gib": 0.1, "policy": "arc", "chunk_tokens": 32}},
-        {"name": "hicache", "allocator": "paged", "prefix_cache": "radix",
-         "kv_offload": {"hicache_ratio": 0.5, "write_policy": "write_back"}},
+        {
+            "name": "offload",
+            "allocator": "paged",
+            "block_size": 16,
+            "enable_prefix_caching": True,
+            "kv_offload": {"cpu_gib": 0.05, "disk_gib": 0.1, "policy": "arc", "chunk_tokens": 32},
+        },
+        {
+            "name": "hicache",
+            "allocator": "paged",
+            "prefix_cache": "radix",
+            "kv_offload": {"hicache_ratio": 0.5, "write_policy": "write_back"},
+        },
     ],
 }
 
@@ -116,16 +131,17 @@ def assert_clean(code: int, out: str, err: str, folder: Path, sources: tuple[str
         assert err.count("\n") == 1 and not results.exists(), err
         return "empty"
     assert code == 2, (code, err)
-    lines = err.replace("\r\n", "\n").rstrip("\n").split("\n")   # terminal lines, not str.splitlines
+    lines = err.replace("\r\n", "\n").rstrip("\n").split("\n")  # terminal lines, not str.splitlines
     assert len(lines) == 1, err
     assert lines[0].startswith(tuple(f"kvsim: error: {s}: " for s in (*sources, "command line"))), lines[0]
-    assert len(lines[0].split(": ")) >= 4, f"no field or no explanation: {lines[0]}"   # file: field: what
+    assert len(lines[0].split(": ")) >= 4, f"no field or no explanation: {lines[0]}"  # file: field: what
     assert not results.exists(), "a failed run wrote results"
     return "refused"
 
 
-def run_scenario_bytes(kind: str, content: bytes, extra: dict[str, bytes] | None = None,
-                       num_requests: int | None = 5) -> tuple[str, str]:
+def run_scenario_bytes(
+    kind: str, content: bytes, extra: dict[str, bytes] | None = None, num_requests: int | None = 5
+) -> tuple[str, str]:
     """Write scenario.yaml (and extra files) to a fresh folder, run it, judge it; count it
     under `kind`."""
     outcome, err = _run_scenario_bytes(content, extra, num_requests)
@@ -166,12 +182,14 @@ def nested(depth: int):
 
 
 NASTY = st.one_of(
-    st.none(), st.booleans(),
+    st.none(),
+    st.booleans(),
     st.sampled_from([0, -1, 1, 2, -(2**31), 2**31, 2**63, 10**30, -(10**30)]),
     st.integers(-(2**70), 2**70),
     st.floats(allow_nan=True, allow_infinity=False),
     st.sampled_from([0.0, -0.0, -1.5, 1e-300, 1e300, float("nan")]),
-    TEXT, st.sampled_from(["", "1", "0x10", "1e3", "llama-3-8b", "paged", "∞", "ＮａＮ", "名前"]),
+    TEXT,
+    st.sampled_from(["", "1", "0x10", "1e3", "llama-3-8b", "paged", "∞", "ＮａＮ", "名前"]),
     st.lists(st.integers(-5, 5), max_size=3),
     st.dictionaries(TEXT, st.integers(-5, 5), max_size=2),
     st.integers(1, 150).map(nested),
@@ -190,8 +208,27 @@ def _slots(doc):
                 stack.append(value)
 
 
-WORDS = ["max", "pow2", "oracle", "first-fit", "buddy", "paged", "contiguous", "poisson", "gamma", "burst",
-         "fixed", "uniform", "lognormal", "fp8", "int4", "auto", "llama-2-7b", "a100-40gb", "sharegpt"]
+WORDS = [
+    "max",
+    "pow2",
+    "oracle",
+    "first-fit",
+    "buddy",
+    "paged",
+    "contiguous",
+    "poisson",
+    "gamma",
+    "burst",
+    "fixed",
+    "uniform",
+    "lognormal",
+    "fp8",
+    "int4",
+    "auto",
+    "llama-2-7b",
+    "a100-40gb",
+    "sharegpt",
+]
 
 
 def plausible(value):
@@ -214,8 +251,7 @@ def plausible_scenarios(draw):
     max_model_len, ...): most of these run, so they fuzz the simulation itself."""
     doc = copy.deepcopy(BASE)
     for _ in range(draw(st.integers(1, 4))):
-        container, key = draw(st.sampled_from([(c, k) for c, k in _slots(doc)
-                                               if not isinstance(c[k], (dict, list))]))
+        container, key = draw(st.sampled_from([(c, k) for c, k in _slots(doc) if not isinstance(c[k], (dict, list))]))
         container[key] = draw(plausible(container[key]))
     return doc
 
@@ -235,8 +271,8 @@ def mutated_scenarios(draw):
         elif how == "typo":
             name = str(key)
             i = draw(st.integers(0, max(len(name) - 1, 0)))
-            container[name[:i] + name[i + 1:] + draw(TEXT.filter(bool) | st.just("_"))] = container.pop(key)
-        else:   # wrap: the right value, one level too deep
+            container[name[:i] + name[i + 1 :] + draw(TEXT.filter(bool) | st.just("_"))] = container.pop(key)
+        else:  # wrap: the right value, one level too deep
             container[key] = draw(st.sampled_from([[container[key]], {"value": container[key]}]))
     return doc
 
@@ -267,9 +303,27 @@ def edited_text(draw):
         i = draw(st.integers(0, len(text)))
         j = draw(st.integers(i, min(len(text), i + 20)))
         how = draw(st.sampled_from(["insert", "delete", "replace"]))
-        junk = draw(st.binary(max_size=8) | TEXT.map(lambda t: t.encode("utf-8"))
-                    | st.sampled_from([b":", b"- ", b"{", b"]", b"\t", b"\n  ", b"&a", b"*a", b"!!python/object:os.system", b"\x00", b"\xff", b"---\n"]))
-        text = text[:i] + (junk if how != "delete" else b"") + text[(i if how == "insert" else j):]
+        junk = draw(
+            st.binary(max_size=8)
+            | TEXT.map(lambda t: t.encode("utf-8"))
+            | st.sampled_from(
+                [
+                    b":",
+                    b"- ",
+                    b"{",
+                    b"]",
+                    b"\t",
+                    b"\n  ",
+                    b"&a",
+                    b"*a",
+                    b"!!python/object:os.system",
+                    b"\x00",
+                    b"\xff",
+                    b"---\n",
+                ]
+            )
+        )
+        text = text[:i] + (junk if how != "delete" else b"") + text[(i if how == "insert" else j) :]
     return text
 
 
@@ -301,17 +355,52 @@ def test_truncated_shipped_scenario_at_every_byte(monkeypatch):
 
 
 # --- traces ----------------------------------------------------------------------------
-TRACE_SCENARIO = {**{k: v for k, v in BASE.items() if k != "workload"},
-                  "workload": {"trace": "trace.csv"}}
-COLUMN_NAMES = ["arrived_at", "arrival_s", "arrival_time", "num_prefill_tokens", "prompt_tokens",
-                "num_decode_tokens", "output_tokens", "extra", "", "Arrived_At", " prompt_tokens", "名前"]
+TRACE_SCENARIO = {**{k: v for k, v in BASE.items() if k != "workload"}, "workload": {"trace": "trace.csv"}}
+COLUMN_NAMES = [
+    "arrived_at",
+    "arrival_s",
+    "arrival_time",
+    "num_prefill_tokens",
+    "prompt_tokens",
+    "num_decode_tokens",
+    "output_tokens",
+    "extra",
+    "",
+    "Arrived_At",
+    " prompt_tokens",
+    "名前",
+]
 GOOD_HEADER = ["arrived_at", "num_prefill_tokens", "num_decode_tokens"]
 CELL = st.one_of(
     st.integers(1, 400).map(str),
     st.floats(0, 100, allow_nan=False).map(repr),
-    st.sampled_from(["", " ", "nan", "NaN", "inf", "-inf", "-1", "0", "1.5", "1e3", "1e400",
-                     "2147483647", "2147483648", "99999999999999999999999", "0x10", "abc", "\"1\"",
-                     "\"a,b\"", "\"unclosed", "名前", "1_000", "+5", "٣"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "-1",
+            "0",
+            "1.5",
+            "1e3",
+            "1e400",
+            "2147483647",
+            "2147483648",
+            "99999999999999999999999",
+            "0x10",
+            "abc",
+            "\"1\"",
+            "\"a,b\"",
+            "\"unclosed",
+            "名前",
+            "1_000",
+            "+5",
+            "٣",
+        ]
+    ),
 )
 
 
@@ -325,15 +414,20 @@ def trace_csvs(draw) -> bytes:
     rows = []
     for _ in range(draw(st.integers(0, 8))):
         if good and draw(st.integers(0, 3)):
-            rows.append([str(draw(st.floats(0, 50, allow_nan=False))), str(draw(st.integers(1, 300))),
-                         str(draw(st.integers(1, 100)))])
+            rows.append(
+                [
+                    str(draw(st.floats(0, 50, allow_nan=False))),
+                    str(draw(st.integers(1, 300))),
+                    str(draw(st.integers(1, 100))),
+                ]
+            )
         else:
             rows.append(draw(st.lists(CELL, min_size=max(0, width - 1), max_size=width + 1)))
     newline = draw(st.sampled_from(["\n", "\r\n"]))
     text = newline.join(",".join(r) for r in [header, *rows]) + draw(st.sampled_from(["", newline]))
     data = text.encode("utf-8")
     if draw(st.integers(0, 4)) == 0:
-        data = data[: draw(st.integers(0, len(data)))]       # truncated
+        data = data[: draw(st.integers(0, len(data)))]  # truncated
     return data
 
 
@@ -372,20 +466,35 @@ def kvsim_subprocess(folder: Path, *args, timeout: float = 60) -> subprocess.Com
     """`kvsim ARGS` in a child limited to 1.5 GiB of address space (a normal run needs
     under 1 GiB; a runaway allocation fails there instead of exhausting the machine) and
     `timeout` seconds."""
+
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*kvsim_command(), *map(str, args)], cwd=folder, capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=limit_memory, env=env)
+    return subprocess.run(
+        [*kvsim_command(), *map(str, args)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit_memory,
+        env=env,
+    )
 
 
 SUBPROCESS_CASES = {
     "unknown key": {**BASE, "shceduler": {}},
     "negative seed": {**BASE, "seed": -1},
-    "NaN rate": {**BASE, "workload": {**BASE["workload"], "arrival": {"process": "poisson", "rate_per_s": float("nan")}}},
+    "NaN rate": {
+        **BASE,
+        "workload": {**BASE["workload"], "arrival": {"process": "poisson", "rate_per_s": float("nan")}},
+    },
     "unicode name": {**BASE, "name": "ｆｕｚｚ"},
-    "enormous max_model_len": {**BASE, "max_model_len": 10**18,
-                               "scheduler": {**BASE["scheduler"], "enable_chunked_prefill": True}},
+    "enormous max_model_len": {
+        **BASE,
+        "max_model_len": 10**18,
+        "scheduler": {**BASE["scheduler"], "enable_chunked_prefill": True},
+    },
 }
 
 
@@ -404,31 +513,57 @@ def _with(**changes):
     return with_changes(BASE, **changes)
 
 
-INLINE_MODEL = {"num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "head_dim": 64, "hidden_size": 128,
-                "intermediate_size": 256, "params": 1.0e6}
+INLINE_MODEL = {
+    "num_layers": 2,
+    "num_heads": 2,
+    "num_kv_heads": 2,
+    "head_dim": 64,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "params": 1.0e6,
+}
 NONSENSE = {
     # weights larger than the GPU: refused before the run, naming the memory
-    "weights larger than the GPU": (_with(model="llama-3-70b", gpu="a100-40gb", kv_cache_memory_gib=None),
-                                    "refused", "no memory left for the KV cache"),
+    "weights larger than the GPU": (
+        _with(model="llama-3-70b", gpu="a100-40gb", kv_cache_memory_gib=None),
+        "refused",
+        "no memory left for the KV cache",
+    ),
     "pool smaller than one block": (_with(kv_cache_memory_gib=1.0e-6), "refused", "holds not even one block"),
-    "activations fill the GPU": (_with(kv_cache_memory_gib=None, activation_memory_gib=79.0),
-                                 "refused", "no memory left for the KV cache"),
+    "activations fill the GPU": (
+        _with(kv_cache_memory_gib=None, activation_memory_gib=79.0),
+        "refused",
+        "no memory left for the KV cache",
+    ),
     # max_model_len beyond the pool under max reservation: runs, every request rejected, so
     # nothing completes: the warning names the rejections' reason and nothing is written
-    "max_model_len beyond the pool": (_with(max_model_len=100_000, policies=[BASE["policies"][0] | {"reserve": "max"}],
-                                            scheduler={"max_num_batched_tokens": 100_000}),
-                                      "empty", "reservation exceeds KV pool"),
-    "prompts longer than the pool": (_with(max_model_len=100_000, scheduler={"max_num_batched_tokens": 100_000},
-                                           workload__prompt_tokens={"dist": "fixed", "value": 5000}),
-                                     "empty", "exceeds KV pool"),
+    "max_model_len beyond the pool": (
+        _with(
+            max_model_len=100_000,
+            policies=[BASE["policies"][0] | {"reserve": "max"}],
+            scheduler={"max_num_batched_tokens": 100_000},
+        ),
+        "empty",
+        "reservation exceeds KV pool",
+    ),
+    "prompts longer than the pool": (
+        _with(
+            max_model_len=100_000,
+            scheduler={"max_num_batched_tokens": 100_000},
+            workload__prompt_tokens={"dist": "fixed", "value": 5000},
+        ),
+        "empty",
+        "exceeds KV pool",
+    ),
 }
 ONCE_CRASHED = {
     # each once crashed or exhausted memory instead of exiting with 2
     "KV pool larger than the GPU": _with(kv_cache_memory_gib=1.0e6),
     "infinite KV pool": _with(kv_cache_memory_gib=float("inf")),
     "absurd tensor parallelism": _with(tensor_parallel_size=10**14),
-    "infinite GPU memory": _with(kv_cache_memory_gib=None, gpu={"memory_gib": float("inf"), "hbm_tb_s": 3.35,
-                                                              "bf16_tflops": 989.0}),
+    "infinite GPU memory": _with(
+        kv_cache_memory_gib=None, gpu={"memory_gib": float("inf"), "hbm_tb_s": 3.35, "bf16_tflops": 989.0}
+    ),
     "infinite parameters": _with(model=INLINE_MODEL | {"params": float("inf")}),
 }
 
@@ -455,16 +590,16 @@ def test_physical_nonsense(tmp_path, case):
 def test_physical_nonsense_once_crashed(tmp_path, case):
     (tmp_path / "scenario.yaml").write_bytes(dump(ONCE_CRASHED[case]))
     try:
-        proc = kvsim_subprocess(tmp_path, "run", "scenario.yaml", "--out", "out", "--quiet",
-                                "--num-requests", "5", timeout=30)
+        proc = kvsim_subprocess(
+            tmp_path, "run", "scenario.yaml", "--out", "out", "--quiet", "--num-requests", "5", timeout=30
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("did not finish in 30 s")
     assert_clean(proc.returncode, proc.stdout, proc.stderr, tmp_path, ("scenario.yaml",))
     assert proc.returncode == 2
 
 
-@pytest.mark.parametrize("doc", [{**BASE, "bad\nkey": 1}, {**BASE, "model": "llama\n3"}],
-                         ids=["key", "preset name"])
+@pytest.mark.parametrize("doc", [{**BASE, "bad\nkey": 1}, {**BASE, "model": "llama\n3"}], ids=["key", "preset name"])
 def test_line_break_in_a_key_or_value(tmp_path, doc):
     (tmp_path / "scenario.yaml").write_bytes(dump(doc))
     code, out, err = kvsim_in(tmp_path, "run", "scenario.yaml", "--out", "out", "--quiet")
@@ -496,6 +631,8 @@ def test_enormous_num_requests(tmp_path):
 @pytest.mark.slow
 def test_fuzz_counts():
     """How many inputs each fuzz test tried in this session (pytest -rP shows it)."""
-    print("inputs fuzzed (of which ran): "
-          + ", ".join(f"{k} {v:,} ({RAN[k]:,})" for k, v in FUZZED.items())
-          + f"; total {sum(FUZZED.values()):,}")
+    print(
+        "inputs fuzzed (of which ran): "
+        + ", ".join(f"{k} {v:,} ({RAN[k]:,})" for k, v in FUZZED.items())
+        + f"; total {sum(FUZZED.values()):,}"
+    )

@@ -1,6 +1,7 @@
 """CUDA-graph modes and the vLLM V1 overhead terms (kvsim.cost.graphs, kvsim.cost.engine_terms):
 capture sizes as vLLM 0.33.0 chooses them, each step's mode and padded size, and what a
 kvsim-overhead/3 file changes in a step's price. Expected values are worked out by hand."""
+
 import json
 
 import numpy as np
@@ -32,21 +33,25 @@ def test_capture_sizes_follow_vllm():
 def test_steps_pad_to_the_next_size_and_take_their_mode():
     g = CudaGraphs.vllm(128, 2048)
     assert [g.padded(n) for n in (1, 3, 9, 248, 249, 256, 257)] == [1, 4, 16, 248, 256, 256, None]
-    assert g.mode(9, 9) == "full"            # nine decodes
-    assert g.mode(24, 10) == "piecewise"     # nine decodes and a 15-token chunk
-    assert g.mode(600, 1) == "eager"         # a whole 600-token prompt
+    assert g.mode(9, 9) == "full"  # nine decodes
+    assert g.mode(24, 10) == "piecewise"  # nine decodes and a 15-token chunk
+    assert g.mode(600, 1) == "eager"  # a whole 600-token prompt
 
 
 def profiled(overhead, limits=(128, 2048)):
     m = MODEL_PRESETS["llama-2-7b"]
-    return Profiled(m, GPU_PRESETS["h100-80gb"], KVSpec(m, "fp16"), 1, block_size=16,
-                    overhead=overhead, limits=limits)
+    return Profiled(m, GPU_PRESETS["h100-80gb"], KVSpec(m, "fp16"), 1, block_size=16, overhead=overhead, limits=limits)
 
 
 def test_graph_steps_run_padded_and_launch_by_mode():
     plain = profiled(NONE)
-    graphs = Overhead("overhead:g", step_s=1e-4, graphs=GraphTerms(piecewise_per_layer_s=20e-6),
-                      launch_per_layer_s=1e-3, kernels=(("attention_decode", 0.5),))
+    graphs = Overhead(
+        "overhead:g",
+        step_s=1e-4,
+        graphs=GraphTerms(piecewise_per_layer_s=20e-6),
+        launch_per_layer_s=1e-3,
+        kernels=(("attention_decode", 0.5),),
+    )
     g = profiled(graphs)
     decode = StepBatch.build([], [700] * 9)
     a, b = plain.breakdown(decode), g.breakdown(decode)
@@ -56,7 +61,7 @@ def test_graph_steps_run_padded_and_launch_by_mode():
     assert b["attention_decode"] == pytest.approx(a["attention_decode"] / 2)
     assert b["lm_head"] == a["lm_head"] and b["overhead_launch"] == 0 and b["overhead_step"] == 1e-4
     mixed = g.breakdown(StepBatch.build([(15, 576)], [700] * 9))
-    assert mixed["overhead_launch"] == pytest.approx(32 * 20e-6)       # 32 layers, piecewise
+    assert mixed["overhead_launch"] == pytest.approx(32 * 20e-6)  # 32 layers, piecewise
     eager = g.breakdown(StepBatch.build([(600, 0)], []))
     device = sum(v for k, v in eager.items() if not k.startswith("overhead"))
     assert eager["overhead_launch"] == pytest.approx(max(0.0, 32e-3 - device))
@@ -69,10 +74,15 @@ def test_api_server_delay():
 
 
 def write(tmp_path, **parts):
-    doc = {"format": "kvsim-overhead/3", "name": "mine", "gpu": "h100-80gb",
-           "host": {"step_ms": 0.1, "per_seq_ms": 0.002, "per_prefill_token_ms": 0.0, "launch_per_layer_ms": 0.05},
-           "graphs": {"rule": "vllm-0.33.0", "piecewise_per_layer_ms": 0.01},
-           "kernels": {"attention_decode": 0.8}, "api": {"request_ms": 6, "per_prompt_token_us": 1}}
+    doc = {
+        "format": "kvsim-overhead/3",
+        "name": "mine",
+        "gpu": "h100-80gb",
+        "host": {"step_ms": 0.1, "per_seq_ms": 0.002, "per_prefill_token_ms": 0.0, "launch_per_layer_ms": 0.05},
+        "graphs": {"rule": "vllm-0.33.0", "piecewise_per_layer_ms": 0.01},
+        "kernels": {"attention_decode": 0.8},
+        "api": {"request_ms": 6, "per_prompt_token_us": 1},
+    }
     doc.update(parts)
     path = tmp_path / "o.json"
     path.write_text(json.dumps(doc))
@@ -86,13 +96,16 @@ def test_a_graph_overhead_file_reads_back(tmp_path):
     assert o.linear == "measured" and load_overhead(str(write(tmp_path, linear="envelope"))).linear == "envelope"
 
 
-@pytest.mark.parametrize("part, words", [
-    ({"graphs": {"rule": "sglang"}}, "graphs.rule"),
-    ({"kernels": {"attention": 0.8}}, "unknown part 'attention'"),
-    ({"kernels": {"linear": 0}}, "kernels.linear must be > 0"),
-    ({"api": {"request_ms": -1}}, "request_ms must be a number >= 0"),
-    ({"linear": "smooth"}, "linear must be one of measured, envelope"),
-])
+@pytest.mark.parametrize(
+    "part, words",
+    [
+        ({"graphs": {"rule": "sglang"}}, "graphs.rule"),
+        ({"kernels": {"attention": 0.8}}, "unknown part 'attention'"),
+        ({"kernels": {"linear": 0}}, "kernels.linear must be > 0"),
+        ({"api": {"request_ms": -1}}, "request_ms must be a number >= 0"),
+        ({"linear": "smooth"}, "linear must be one of measured, envelope"),
+    ],
+)
 def test_a_bad_graph_overhead_file_is_an_input_error(tmp_path, part, words):
     with pytest.raises(InputError) as info:
         load_overhead(str(write(tmp_path, **part)))
@@ -101,21 +114,29 @@ def test_a_bad_graph_overhead_file_is_an_input_error(tmp_path, part, words):
 
 def test_the_api_server_delays_what_the_client_sees():
     import pandas as pd
-    table = pd.DataFrame({"arrival_s": [0.0, 0.0, 0.0], "first_token_s": [1.0, 1.0, 1.0],
-                          "finish_s": [2.0, 3.0, 3.2], "prompt_tokens": [100, 100, 100],
-                          "outcome": ["completed", "completed", "timed out"]})
+
+    table = pd.DataFrame(
+        {
+            "arrival_s": [0.0, 0.0, 0.0],
+            "first_token_s": [1.0, 1.0, 1.0],
+            "finish_s": [2.0, 3.0, 3.2],
+            "prompt_tokens": [100, 100, 100],
+            "outcome": ["completed", "completed", "timed out"],
+        }
+    )
     seen = ApiServer(request_s=0.5).respond(table, timeout_s=3.2)
     assert seen.first_token_s.tolist() == [1.5, 1.5, 1.5]
     # the second one's last token now comes at 3.5, after its client left at 3.2
     assert seen.finish_s.tolist() == [2.5, 3.2, 3.2]
     assert seen.outcome.tolist() == ["completed", "timed out", "timed out"]
-    assert table.finish_s.tolist() == [2.0, 3.0, 3.2]          # the engine's times are left as they were
+    assert table.finish_s.tolist() == [2.0, 3.0, 3.2]  # the engine's times are left as they were
 
 
 def test_kvsim_run_adds_the_api_servers_delay(tmp_path):
     from pathlib import Path
     from kvsim.config.scenario import ProfileCost, load_scenario
     from kvsim.analysis.results import run_scenario
+
     scn, base = load_scenario(Path(__file__).parent / "data" / "golden_tiny.yaml")
     scn = scn.model_copy(update={"policies": scn.policies[3:4]})
 
@@ -124,6 +145,7 @@ def test_kvsim_run_adds_the_api_servers_delay(tmp_path):
         table = run_scenario(scn.model_copy(update={"cost_model": ProfileCost(overhead=str(path))}), base).requests
         done = table[table.outcome == "completed"]
         return (done.first_token_s - done.arrival_s).to_numpy(), (done.finish_s - done.first_token_s).to_numpy()
+
     (a, span_a), (b, span_b) = ttft(0), ttft(6)
     assert b - a == pytest.approx(np.full(len(a), 6e-3), abs=1e-12)
     assert span_a == pytest.approx(span_b, abs=1e-12)

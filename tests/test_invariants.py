@@ -19,6 +19,7 @@ the runtime check mode catching corruption.
 3. The check mode catches corruption planted mid-run, names step, time and culprit,
    and the CLI turns it into one stderr line, a non-zero exit and no results.
 """
+
 from __future__ import annotations
 
 import collections
@@ -53,12 +54,12 @@ from kvsim.model.specs import MODEL_PRESETS, KVSpec
 from kvsim.workload.requests import RequestSpec
 
 KV = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
-WINDOW = 24               # a sliding window that sequences of up to 64 tokens outgrow
+WINDOW = 24  # a sliding window that sequences of up to 64 tokens outgrow
 KV_WINDOWED = KVSpec(dataclasses.replace(MODEL_PRESETS["mistral-7b"], sliding_window=WINDOW), "bf16")
-POOL_SLOTS = 200          # not a power of two: buddy gets arenas 128 + 64 + 8
+POOL_SLOTS = 200  # not a power of two: buddy gets arenas 128 + 64 + 8
 MAX_MODEL_LEN = 64
-MAX_SEQS = 12             # live + preempted at once: enough to fill the pool often
-PROBE = (SeqShape(16, 16), 17, 0)   # a waiting request for breakdown(next_seq)
+MAX_SEQS = 12  # live + preempted at once: enough to fill the pool often
+PROBE = (SeqShape(16, 16), 17, 0)  # a waiting request for breakdown(next_seq)
 
 # Extra values tried for integer options (besides the scenario default).
 INT_OPTION_VALUES = {"block_size": (1, 4)}
@@ -81,14 +82,14 @@ def _option_values(name: str, field) -> tuple:
     ann = field.annotation
     args = [a for a in typing.get_args(ann) if a is not type(None)]
     if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(args) == 1:
-        ann = args[0]        # an optional setting (unset: the engine's default): its values
+        ann = args[0]  # an optional setting (unset: the engine's default): its values
     if typing.get_origin(ann) is typing.Literal:
         return typing.get_args(ann)
     if ann is bool:
         return (False, True)
     if ann is int and not field.is_required():
         return tuple(dict.fromkeys((field.default, *INT_OPTION_VALUES.get(name, ()))))
-    return ()   # anything else: leave it at its default
+    return ()  # anything else: leave it at its default
 
 
 def _variant_id(kind: str, options: dict) -> str:
@@ -102,14 +103,16 @@ def _policy_combinations():
     field, a few values of integer fields)."""
     for model in _policy_models():
         tag = typing.get_args(model.model_fields["allocator"].annotation)[0]
-        choices = {n: v for n, f in model.model_fields.items()
-                   if n not in ("name", "allocator") and not n.startswith("kv_")
-                   and (v := _option_values(n, f))}
+        choices = {
+            n: v
+            for n, f in model.model_fields.items()
+            if n not in ("name", "allocator") and not n.startswith("kv_") and (v := _option_values(n, f))
+        }
         for combo in itertools.product(*choices.values()):
             options = dict(zip(choices, combo))
             try:
                 policy = model.model_validate({"name": "p", "allocator": tag, **options})
-            except ValidationError as e:   # test_only_documented_combinations_are_refused
+            except ValidationError as e:  # test_only_documented_combinations_are_refused
                 policy = e
             yield tag, options, policy
 
@@ -134,12 +137,12 @@ def allocator_variants() -> list[tuple[str, str, dict, int | None]]:
     for kind in ALLOCATORS:
         if not any(v[1] == kind for v in out.values()):
             out[kind] = (kind, kind, {}, None)
-    for vid, kind, options, _ in list(out.values()):     # KV tiers behind a hash cache ...
+    for vid, kind, options, _ in list(out.values()):  # KV tiers behind a hash cache ...
         if options.get("prefix_caching"):
             for policy in ("lru", "arc"):
                 tiered = {**options, "tiers": (6, 10, policy)}
                 out[f"{vid}-tiers-{policy}"] = (f"{vid}-tiers-{policy}", kind, tiered, None)
-        elif kind == "radix":                            # ... and SGLang's host pool behind a radix one
+        elif kind == "radix":  # ... and SGLang's host pool behind a radix one
             for policy in WRITE_THRESHOLD:
                 tiered = {**options, "tiers": (48, policy)}
                 out[f"{vid}-hicache-{policy}"] = (f"{vid}-hicache-{policy}", kind, tiered, None)
@@ -155,13 +158,14 @@ def allocator_variants() -> list[tuple[str, str, dict, int | None]]:
 
 def build(kind: str, options: dict, window: int | None = None):
     kv = KV_WINDOWED if window else KV
-    if kind == "radix" and "tiers" in options:      # (host slots, write policy)
+    if kind == "radix" and "tiers" in options:  # (host slots, write policy)
         options = {**options, "tiers": HiCacheSpec(*options["tiers"], 1e10)}
-    elif "tiers" in options:   # (host chunks, disk chunks, policy): a fresh store per allocator
+    elif "tiers" in options:  # (host chunks, disk chunks, policy): a fresh store per allocator
         cpu, disk, policy = options["tiers"]
         chunk = options["block_size"]
-        store = TierStore([TierSpec("cpu", cpu, policy), TierSpec("disk", disk, "lru", 1e9)],
-                          chunk, chunk * kv.bytes_per_token, 1e10)
+        store = TierStore(
+            [TierSpec("cpu", cpu, policy), TierSpec("disk", disk, "lru", 1e9)], chunk, chunk * kv.bytes_per_token, 1e10
+        )
         options = {**options, "tiers": store}
     return make_allocator(kind, POOL_SLOTS * kv.bytes_per_token, kv, MAX_MODEL_LEN, **options)
 
@@ -188,10 +192,10 @@ def test_only_documented_combinations_are_refused():
     enable_prefix_caching (each request owns one region, so nothing is shared), for every
     reserve and placement, and refused with that reason, so a validator bug cannot
     silently drop a variant."""
-    refused = [(tag, options, str(p)) for tag, options, p in _policy_combinations()
-               if isinstance(p, ValidationError)]
+    refused = [(tag, options, str(p)) for tag, options, p in _policy_combinations() if isinstance(p, ValidationError)]
     assert sorted((o["reserve"], o["placement"]) for tag, o, _ in refused) == sorted(
-        itertools.product(("max", "pow2", "oracle"), ("first-fit", "buddy")))
+        itertools.product(("max", "pow2", "oracle"), ("first-fit", "buddy"))
+    )
     for tag, options, message in refused:
         assert tag == "contiguous" and options["enable_prefix_caching"] is True, (tag, options)
         assert "contiguous allocation cannot share KV between requests" in message, message
@@ -200,8 +204,9 @@ def test_only_documented_combinations_are_refused():
 def test_every_registry_entry_and_option_is_covered():
     assert {v[1] for v in VARIANTS} == set(ALLOCATORS)
     assert {"paged-1", "paged-16"} <= set(VARIANT_IDS)
-    assert {f"contiguous-{r}-{p}" for r in ("max", "pow2", "oracle")
-            for p in ("first-fit", "buddy")} <= set(VARIANT_IDS)
+    assert {f"contiguous-{r}-{p}" for r in ("max", "pow2", "oracle") for p in ("first-fit", "buddy")} <= set(
+        VARIANT_IDS
+    )
 
 
 # --- the model both drivers use ---------------------------------------------------------
@@ -218,13 +223,12 @@ class Model:
         self.alloc = build(kind, options, window)
         self.live: dict[int, list] = {}
         self.preempted: dict[int, tuple[SeqShape, int]] = {}
-        self.gone: collections.deque[int] = collections.deque(maxlen=8)   # freed ids
+        self.gone: collections.deque[int] = collections.deque(maxlen=8)  # freed ids
         self.next_id = 0
         self.check()
 
     # -- operations (each counts once) ------------------------------------------------
-    def allocate(self, prompt: int, output: int, first: int, group: int, tail: str = "own",
-                 keep_free: int = 0) -> None:
+    def allocate(self, prompt: int, output: int, first: int, group: int, tail: str = "own", keep_free: int = 0) -> None:
         prompt = min(prompt, MAX_MODEL_LEN - 1)
         output = max(1, min(output, MAX_MODEL_LEN - prompt))
         seq_id, self.next_id = self.next_id, self.next_id + 1
@@ -235,7 +239,7 @@ class Model:
         tail_id = {"own": 100_000 + seq_id, "shared": 1_000 + group, "never": -1}[tail]
         shape = SeqShape(prompt, output, segments, tail_id=tail_id)
         if self.alloc.unfit_reason(shape) is not None:
-            return   # the scheduler rejects it on arrival: never allocated
+            return  # the scheduler rejects it on arrival: never allocated
         self._admit(seq_id, shape, min(first, shape.final_tokens), keep_free)
 
     def readmit(self, index: int) -> None:
@@ -249,8 +253,8 @@ class Model:
         alone = not self.live
         matched = self.alloc.match_prefix(shape, tokens)
         assert 0 <= matched <= max(tokens - 1, 0)
-        if hasattr(self.alloc, "_last_hits"):     # the last lookup's answer, where it serves,
-            memo = self.alloc._last_hits, self.alloc._touched        # is a fresh lookup's
+        if hasattr(self.alloc, "_last_hits"):  # the last lookup's answer, where it serves,
+            memo = self.alloc._last_hits, self.alloc._touched  # is a fresh lookup's
             self.alloc._last_hits = (None, 0, set(), ())
             assert self.alloc.match_prefix(shape, tokens) == matched
             self.alloc._last_hits, self.alloc._touched = memo
@@ -369,9 +373,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.m = Model(*self.variant)
 
     @precondition(lambda self: len(self.m.live) + len(self.m.preempted) < MAX_SEQS)
-    @rule(prompt=st.integers(1, 60), output=st.integers(1, 40), first=st.integers(1, 64),
-          group=st.integers(0, 3), tail=st.sampled_from(["own", "own", "shared", "never"]),
-          keep_free=st.sampled_from([0, 0, 0, 1, 2, 16, 100]))
+    @rule(
+        prompt=st.integers(1, 60),
+        output=st.integers(1, 40),
+        first=st.integers(1, 64),
+        group=st.integers(0, 3),
+        tail=st.sampled_from(["own", "own", "shared", "never"]),
+        keep_free=st.sampled_from([0, 0, 0, 1, 2, 16, 100]),
+    )
     def allocate(self, prompt, output, first, group, tail, keep_free):
         self.m.allocate(prompt, output, first, group, tail, keep_free)
 
@@ -410,8 +419,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.m.drain()
 
 
-MACHINE_SETTINGS = settings(max_examples=40, stateful_step_count=60, deadline=None,
-                            suppress_health_check=list(HealthCheck))
+MACHINE_SETTINGS = settings(
+    max_examples=40, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 @pytest.mark.slow
@@ -432,14 +442,25 @@ def random_walk(m: Model, rng: random.Random, steps: int) -> None:
     """A scheduler-like mix: mostly growth, with admissions, completions, preemptions."""
     for _ in range(steps):
         n = len(m.live) + len(m.preempted)
-        ops = [("allocate", 3 if n < MAX_SEQS else 0), ("grow", 8 * bool(m.live)),
-               ("free", bool(m.live)), ("preempt", bool(m.live)), ("readmit", 2 * bool(m.preempted)),
-               ("fork", 2 * bool(m.live and n < MAX_SEQS))]
+        ops = [
+            ("allocate", 3 if n < MAX_SEQS else 0),
+            ("grow", 8 * bool(m.live)),
+            ("free", bool(m.live)),
+            ("preempt", bool(m.live)),
+            ("readmit", 2 * bool(m.preempted)),
+            ("fork", 2 * bool(m.live and n < MAX_SEQS)),
+        ]
         op = rng.choices([o for o, _ in ops], [w for _, w in ops])[0]
         i = rng.randrange(1 << 16)
         if op == "allocate":
-            m.allocate(rng.randint(1, 60), rng.randint(1, 40), rng.randint(1, 64), rng.randint(0, 3),
-                       rng.choice(("own", "own", "own", "shared", "never")), rng.choice((0, 0, 0, 0, 1, 2, 16, 100)))
+            m.allocate(
+                rng.randint(1, 60),
+                rng.randint(1, 40),
+                rng.randint(1, 64),
+                rng.randint(0, 3),
+                rng.choice(("own", "own", "own", "shared", "never")),
+                rng.choice((0, 0, 0, 0, 1, 2, 16, 100)),
+            )
         elif op == "grow":
             m.grow(i, rng.choice((1, 1, 1, 1, 2, 7, 16, 64)))
         else:
@@ -450,8 +471,7 @@ def random_walk(m: Model, rng: random.Random, steps: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
-@settings(max_examples=WALK_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
-          database=None)
+@settings(max_examples=WALK_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_walk(variant, seed):
     random_walk(Model(*variant), random.Random(seed), WALK_STEPS)
@@ -463,8 +483,7 @@ def test_enough_operations_per_allocator(request):
     ran = {v for v in VARIANT_IDS if OPS[v]}
     if ran != set(VARIANT_IDS):
         pytest.skip("the random-operation tests did not all run in this session")
-    print("operations per allocator variant: "
-          + ", ".join(f"{v} {OPS[v]:,}" for v in VARIANT_IDS))
+    print("operations per allocator variant: " + ", ".join(f"{v} {OPS[v]:,}" for v in VARIANT_IDS))
     assert min(OPS[v] for v in VARIANT_IDS) >= 10_000, dict(OPS)
 
 
@@ -524,9 +543,18 @@ def test_paged_block_1_and_oracle_hold_the_same_tokens_at_every_step(chunked):
     for kind, options in (("paged", {"block_size": 1}), ("contiguous", {"reserve": "oracle"})):
         alloc = Snapshots(make_allocator(kind, 65_536 * KV.bytes_per_token, KV, 512, **options))
         # chunked: a small token budget splits prompts, and requests queue for budget, not memory
-        runs.append(simulate(kind, requests, alloc, OneSecondSteps(), max_model_len=512,
-                             max_num_seqs=256, max_num_batched_tokens=128 if chunked else 1024,
-                             chunked_prefill=chunked))
+        runs.append(
+            simulate(
+                kind,
+                requests,
+                alloc,
+                OneSecondSteps(),
+                max_model_len=512,
+                max_num_seqs=256,
+                max_num_batched_tokens=128 if chunked else 1024,
+                chunked_prefill=chunked,
+            )
+        )
         allocs.append(alloc)
     paged, oracle = runs
     col = {name: i for i, name in enumerate(STEP_FIELDS)}
@@ -553,9 +581,18 @@ BURST = [(0.0, 24, 2 + 3 * i) for i in range(6)]
 
 def _burst_run(alloc, check=True, cost=None, exact_steps=False):
     requests = [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(BURST)]
-    return simulate("p", requests, alloc, cost or OneSecondSteps(), max_model_len=64, max_num_seqs=256,
-                    max_num_batched_tokens=256, chunked_prefill=False, check_invariants=check,
-                    exact_steps=exact_steps)
+    return simulate(
+        "p",
+        requests,
+        alloc,
+        cost or OneSecondSteps(),
+        max_model_len=64,
+        max_num_seqs=256,
+        max_num_batched_tokens=256,
+        chunked_prefill=False,
+        check_invariants=check,
+        exact_steps=exact_steps,
+    )
 
 
 def _corrupt_nth(monkeypatch, cls, method: str, n: int, damage):
@@ -576,15 +613,15 @@ def _corrupt_nth(monkeypatch, cls, method: str, n: int, damage):
 
 
 def _leak_last_free_block(alloc, *args):
-    ids = alloc._free._ids      # the block just freed vanishes from the free queue
+    ids = alloc._free._ids  # the block just freed vanishes from the free queue
     ids.popitem() if isinstance(ids, dict) else ids.pop()
 
 
 def _queue_a_held_block(alloc, *args):
     held = [b for seq in alloc._seqs.values() for b in seq.table]
-    if held:                    # a block still in a table is queued as free too
+    if held:  # a block still in a table is queued as free too
         alloc._free.put([held[0]])
-    else:                       # a queued block is queued again
+    else:  # a queued block is queued again
         alloc._free.put([next(iter(alloc._free))])
 
 
@@ -595,12 +632,16 @@ def _forget_growth(alloc, seq_id, *args):
 STEP_AT = r"p: step (\d+) (planned|completed) at t=(\d+\.\d+)s: "
 
 
-@pytest.mark.parametrize("method, damage, culprit, phase", [
-    # the wording is the allocator's; the message must name the block or the request
-    ("free", _leak_last_free_block, r".*\bblocks? \[?\d+\b.*", "completed"),
-    ("free", _queue_a_held_block, r".*\bblock \d+\b.*", "completed"),
-    ("grow", _forget_growth, r".*\b(request|seq) \d+\b.*", "planned"),
-], ids=["leak", "double-free", "lost-token"])
+@pytest.mark.parametrize(
+    "method, damage, culprit, phase",
+    [
+        # the wording is the allocator's; the message must name the block or the request
+        ("free", _leak_last_free_block, r".*\bblocks? \[?\d+\b.*", "completed"),
+        ("free", _queue_a_held_block, r".*\bblock \d+\b.*", "completed"),
+        ("grow", _forget_growth, r".*\b(request|seq) \d+\b.*", "planned"),
+    ],
+    ids=["leak", "double-free", "lost-token"],
+)
 def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, culprit, phase):
     """On the plain path (--exact-steps), whose allocator calls are counted here: the
     fast path grows lazy requests at other times (the next test)."""
@@ -608,7 +649,7 @@ def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, cul
     cost = OneSecondSteps()
     real_price = cost.price
     cost.price = lambda batch: steps.append(len(steps)) or real_price(batch)
-    damaged_in = []     # the step being planned (grow) or completed (free) at the damage
+    damaged_in = []  # the step being planned (grow) or completed (free) at the damage
 
     def damage_and_note(alloc, *args):
         damaged_in.append(len(steps) if phase == "planned" else len(steps) - 1)
@@ -623,7 +664,7 @@ def test_check_mode_names_step_time_and_culprit(monkeypatch, method, damage, cul
     # caught in the step that did the damage, before another step was planned
     step = int(match[1])
     assert (step, match[2]) == (damaged_in[0], phase) and steps[-1] == step
-    assert float(match[3]) == (step + 1 if phase == "completed" else step)   # one-second steps
+    assert float(match[3]) == (step + 1 if phase == "completed" else step)  # one-second steps
 
 
 @pytest.mark.parametrize("n", [3, 10, 20])
@@ -631,10 +672,11 @@ def test_check_mode_on_the_fast_path_catches_a_lost_token_where_it_was_lost(monk
     """The fast path grows a lazy request's count when it catches it up, in planning or
     in completing a step: a token lost there is caught in that same step and phase."""
     from kvsim.sim import lazy
+
     where = {"step": -1, "phase": ""}
     start, complete = lazy.LazyRunningSet.start_step, lazy.LazyRunningSet.complete
 
-    def planning(self):             # asked first in every step's planning
+    def planning(self):  # asked first in every step's planning
         where["step"] += 1
         where["phase"] = "planned"
         return start(self)
@@ -666,12 +708,14 @@ def test_check_mode_catches_overlapping_contiguous_regions(monkeypatch):
     def off_by_one(self, size):
         start = real(self, size)
         calls.append(start)
-        return start - 1 if len(calls) == 2 and start else start   # one slot into its neighbour
+        return start - 1 if len(calls) == 2 and start else start  # one slot into its neighbour
 
     monkeypatch.setattr(contiguous.FirstFit, "place", off_by_one)
     alloc = make_allocator("contiguous", 1024 * KV.bytes_per_token, KV, 64, reserve="oracle")
     # request 0 takes [0, 26) (24 + 2 tokens); request 1's 29 slots should start at 26
-    with pytest.raises(InvariantError, match=r"^p: step 0 planned at t=0\.000000s: seq \d+ \[25, 54\) overlaps seq \d+$"):
+    with pytest.raises(
+        InvariantError, match=r"^p: step 0 planned at t=0\.000000s: seq \d+ \[25, 54\) overlaps seq \d+$"
+    ):
         _burst_run(alloc)
 
 
@@ -709,6 +753,9 @@ def test_cli_check_mode_reports_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert code != 0
     lines = err.getvalue().splitlines()
     assert len(lines) == 1, lines
-    assert re.fullmatch(r"kvsim: invariant violated: paged-16: step \d+ completed at t=\d+\.\d+s: "
-                        r".*\bblocks? \[?\d+\b.*", lines[0]), lines[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.yaml"]   # no results, no temp folder
+    assert re.fullmatch(
+        r"kvsim: invariant violated: paged-16: step \d+ completed at t=\d+\.\d+s: "
+        r".*\bblocks? \[?\d+\b.*",
+        lines[0],
+    ), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.yaml"]  # no results, no temp folder

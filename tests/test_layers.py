@@ -4,6 +4,7 @@ Every `import` of a kvsim module counts, at the top of a module or inside a func
 (which runs later, but still ties the two); imports under `if TYPE_CHECKING:` run
 nothing and are left out. A package may import its own layer and those below it.
 """
+
 import ast
 from pathlib import Path
 
@@ -11,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[1] / "kvsim"
 
 # bottom first; a package imports only packages of its own or a lower layer
 LAYERS = [
-    {"kvsim"},                                  # the version
-    {"kvsim.model"},                            # specs and memory arithmetic
-    {"kvsim.config"},                           # schema, loading, errors, engine defaults
+    {"kvsim"},  # the version
+    {"kvsim.model"},  # specs and memory arithmetic
+    {"kvsim.config"},  # schema, loading, errors, engine defaults
     {"kvsim.kvcache", "kvsim.workload", "kvsim.cost"},
     {"kvsim.engines"},
     {"kvsim.sim"},
@@ -40,9 +41,12 @@ def imports() -> dict[str, set[str]]:
     graph = {}
     for path in ROOT.rglob("*.py"):
         tree = ast.parse(path.read_text())
-        typing_only = {id(n) for node in ast.walk(tree)
-                       if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                       for n in ast.walk(node)}
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
         found = set()
         for node in ast.walk(tree):
             if id(node) in typing_only:
@@ -65,8 +69,9 @@ def test_every_package_has_a_layer():
 
 
 def upward(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
-                  if LAYER[package(d)] > LAYER[package(m)])
+    return sorted(
+        f"{m} imports {d}" for m, deps in graph.items() for d in deps if LAYER[package(d)] > LAYER[package(m)]
+    )
 
 
 def cycles(graph: dict[str, set[str]]) -> list[str]:
@@ -75,7 +80,7 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
 
     def visit(module: str, path: list[str]) -> None:
         if module in path:
-            found.append(" -> ".join(path[path.index(module):] + [module]))
+            found.append(" -> ".join(path[path.index(module) :] + [module]))
             return
         if module in done or module not in graph:
             return
@@ -101,10 +106,14 @@ def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
     pkg = tmp_path / "kvsim"
     (pkg / "model").mkdir(parents=True)
     (pkg / "cli").mkdir()
-    for path, text in {"__init__.py": "", "model/__init__.py": "", "cli/__init__.py": "",
-                       "model/a.py": "from kvsim.model import b\nimport kvsim.cli.c\n",
-                       "model/b.py": "def f():\n    from kvsim.model import a\n",
-                       "cli/c.py": ""}.items():
+    for path, text in {
+        "__init__.py": "",
+        "model/__init__.py": "",
+        "cli/__init__.py": "",
+        "model/a.py": "from kvsim.model import b\nimport kvsim.cli.c\n",
+        "model/b.py": "def f():\n    from kvsim.model import a\n",
+        "cli/c.py": "",
+    }.items():
         (pkg / path).write_text(text)
     monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
     graph = imports()

@@ -3,6 +3,7 @@
 bytes per token = 2 (K and V) x layers x KV heads x head_dim x dtype bytes; MLA models cache
 (kv_lora_rank + qk_rope_head_dim) = 576 elements per layer instead (DeepSeek-V2's config.json).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,16 +42,26 @@ def write_config(tmp_path, name="config.json", **fields) -> str:
 
 
 # Llama-3-70B's Hugging Face config.json, trimmed to what kvsim reads.
-LLAMA_70B_CONFIG = dict(num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                        hidden_size=8192, intermediate_size=28672, vocab_size=128256,
-                        torch_dtype="bfloat16", hidden_act="silu")
+LLAMA_70B_CONFIG = dict(
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    hidden_size=8192,
+    intermediate_size=28672,
+    vocab_size=128256,
+    torch_dtype="bfloat16",
+    hidden_act="silu",
+)
 
 
 # --- the worked examples, through the library --------------------------------------
 def test_llama_3_70b_8k_context_batch_32_is_85_9_gb():
     fp = kv_footprint(LLAMA_70B, context=8192, batch=32, kv_dtype="fp16")
     assert (fp.per_token_bytes, fp.per_request_bytes, fp.total_bytes) == (
-        SEED_70B["per_token_bytes"], SEED_70B["per_request_bytes"], SEED_70B["total_bytes"])
+        SEED_70B["per_token_bytes"],
+        SEED_70B["per_request_bytes"],
+        SEED_70B["total_bytes"],
+    )
     assert fp.elements_per_token == 2 * 80 * 8 * 128 == 163_840
     assert fp.attention == "GQA"
 
@@ -82,8 +93,12 @@ def test_mla_caches_576_elements_per_layer(name, layers):
     assert fp.elements_per_token == layers * 576
     assert fp.per_token_bytes == layers * 576 * 2
     per_dtype = {d: kv_footprint(model, 1, 1, d).per_token_bytes for d in ("fp32", "fp16", "fp8", "int4")}
-    assert per_dtype == {"fp32": layers * 576 * 4, "fp16": layers * 576 * 2,
-                         "fp8": layers * 576, "int4": layers * 576 // 2}
+    assert per_dtype == {
+        "fp32": layers * 576 * 4,
+        "fp16": layers * 576 * 2,
+        "fp8": layers * 576,
+        "int4": layers * 576 // 2,
+    }
 
 
 def test_dtype_scales_bytes_linearly():
@@ -130,14 +145,20 @@ def test_every_gpu_preset_has_positive_sizes(name):
 # --- the worked examples, through `kvsim memory` -----------------------------------
 def test_cli_llama_3_70b_seed(capsys):
     got = memory_json(capsys, "--model", "llama-3-70b", "--context", "8192", "--batch", "32")
-    assert got == {"model": "llama-3-70b", "attention": "GQA", "kv_dtype": "fp16", "context": 8192,
-                   "batch": 32, "elements_per_token": 163_840, **SEED_70B}
+    assert got == {
+        "model": "llama-3-70b",
+        "attention": "GQA",
+        "kv_dtype": "fp16",
+        "context": 8192,
+        "batch": 32,
+        "elements_per_token": 163_840,
+        **SEED_70B,
+    }
 
 
 def test_cli_32k_context_and_mha_override(capsys):
     gqa = memory_json(capsys, "--model", "llama-3-70b", "--context", "32768", "--batch", "8")
-    mha = memory_json(capsys, "--model", "llama-3-70b", "--context", "32768", "--batch", "8",
-                      "--num-kv-heads", "64")
+    mha = memory_json(capsys, "--model", "llama-3-70b", "--context", "32768", "--batch", "8", "--num-kv-heads", "64")
     assert gqa["total_bytes"] == 85_899_345_920
     assert (mha["total_bytes"], mha["attention"]) == (687_194_767_360, "MHA")
     mqa = memory_json(capsys, "--model", "llama-3-70b", "--context", "1", "--num-kv-heads", "1")
@@ -146,10 +167,16 @@ def test_cli_32k_context_and_mha_override(capsys):
 
 def test_cli_opt_13b_and_mla_dtypes(capsys):
     assert memory_json(capsys, "--model", "opt-13b", "--context", "1")["per_token_bytes"] == 819_200
-    got = {d: memory_json(capsys, "--model", "deepseek-v3", "--context", "1", "--kv-dtype", d)
-           for d in ("fp32", "fp16", "fp8", "int4")}
+    got = {
+        d: memory_json(capsys, "--model", "deepseek-v3", "--context", "1", "--kv-dtype", d)
+        for d in ("fp32", "fp16", "fp8", "int4")
+    }
     assert {d: g["per_token_bytes"] for d, g in got.items()} == {
-        "fp32": 61 * 576 * 4, "fp16": 61 * 576 * 2, "fp8": 61 * 576, "int4": 61 * 576 // 2}
+        "fp32": 61 * 576 * 4,
+        "fp16": 61 * 576 * 2,
+        "fp8": 61 * 576,
+        "int4": 61 * 576 // 2,
+    }
     assert {g["attention"] for g in got.values()} == {"MLA"}
 
 
@@ -161,8 +188,12 @@ def test_cli_text_output_names_the_numbers(capsys):
 
 
 def test_cli_executable_end_to_end():
-    proc = subprocess.run([*kvsim_command(), "memory", "--model", "llama-3-70b", "--context", "8192",
-                           "--batch", "32", "--json"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*kvsim_command(), "memory", "--model", "llama-3-70b", "--context", "8192", "--batch", "32", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (proc.returncode, proc.stderr) == (0, "")
     got = json.loads(proc.stdout)
     assert {k: got[k] for k in SEED_70B} == SEED_70B
@@ -184,44 +215,65 @@ def test_hf_config_without_kv_heads_is_mha(tmp_path, capsys):
 
 def test_hf_config_head_dim_defaults_to_hidden_over_heads(tmp_path, capsys):
     # OPT-13B-like: 40 layers x 40 heads, hidden 5120 -> head_dim 128 -> 800 KiB per token
-    path = write_config(tmp_path, num_hidden_layers=40, num_attention_heads=40, hidden_size=5120,
-                        ffn_dim=20480, torch_dtype="float16", hidden_act="relu")
+    path = write_config(
+        tmp_path,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        hidden_size=5120,
+        ffn_dim=20480,
+        torch_dtype="float16",
+        hidden_act="relu",
+    )
     assert memory_json(capsys, "--model", path, "--context", "1")["per_token_bytes"] == 819_200
 
 
 def test_hf_config_mla(tmp_path, capsys):
-    path = write_config(tmp_path, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
-                        hidden_size=7168, intermediate_size=18432, kv_lora_rank=512,
-                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
+    path = write_config(
+        tmp_path,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        hidden_size=7168,
+        intermediate_size=18432,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+    )
     got = memory_json(capsys, "--model", path, "--context", "1")
-    assert (got["attention"], got["elements_per_token"], got["per_token_bytes"]) == (
-        "MLA", 61 * 576, 61 * 576 * 2)
+    assert (got["attention"], got["elements_per_token"], got["per_token_bytes"]) == ("MLA", 61 * 576, 61 * 576 * 2)
 
 
 # --- bad input: one line, exit 2 ---------------------------------------------------
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "llama-3-71b", "--context", "1"], "unknown model 'llama-3-71b'"),
-    (["--model", "llama-3-8b", "--context", "1", "--kv-dtype", "fp9"], "--kv-dtype"),
-    (["--model", "llama-3-8b", "--context", "0"], "--context"),
-    (["--model", "llama-3-8b", "--context", "1", "--batch", "0"], "--batch"),
-    (["--model", "llama-3-8b", "--context", "1", "--num-kv-heads", "0"], "--num-kv-heads"),
-    (["--model", "llama-3-8b", "--context", "many"], "--context"),
-    (["--context", "1"], "--model"),
-    (["--model", "llama-3-8b", "--context", "1", "--bogus"], "--bogus"),
-    (["--model", "missing/config.json", "--context", "1"], "missing/config.json"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "llama-3-71b", "--context", "1"], "unknown model 'llama-3-71b'"),
+        (["--model", "llama-3-8b", "--context", "1", "--kv-dtype", "fp9"], "--kv-dtype"),
+        (["--model", "llama-3-8b", "--context", "0"], "--context"),
+        (["--model", "llama-3-8b", "--context", "1", "--batch", "0"], "--batch"),
+        (["--model", "llama-3-8b", "--context", "1", "--num-kv-heads", "0"], "--num-kv-heads"),
+        (["--model", "llama-3-8b", "--context", "many"], "--context"),
+        (["--context", "1"], "--model"),
+        (["--model", "llama-3-8b", "--context", "1", "--bogus"], "--bogus"),
+        (["--model", "missing/config.json", "--context", "1"], "missing/config.json"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line(args, needle, capsys):
     line = assert_one_error_line(capsys, main(["memory", *args]))
     assert needle in line
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("{not json", "not JSON (line 1, column 2"),
-    ("{}", "num_attention_heads"),
-    ("[1, 2]", "config.json"),
-    ('{"num_attention_heads": 32, "hidden_size": 4096}', "num_hidden_layers"),
-    ('{"num_attention_heads": "32", "hidden_size": 4096, "num_hidden_layers": 32}', "config.json"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("{not json", "not JSON (line 1, column 2"),
+        ("{}", "num_attention_heads"),
+        ("[1, 2]", "config.json"),
+        ('{"num_attention_heads": 32, "hidden_size": 4096}', "num_hidden_layers"),
+        ('{"num_attention_heads": "32", "hidden_size": 4096, "num_hidden_layers": 32}', "config.json"),
+    ],
+)
 def test_broken_config_json_exits_2_naming_the_file(tmp_path, content, needle, capsys):
     path = tmp_path / "config.json"
     path.write_text(content)
@@ -247,7 +299,8 @@ def test_config_with_negative_layers_exits_2(tmp_path, capsys):
 
 
 def test_bad_flag_through_the_executable_is_one_line_exit_2():
-    proc = subprocess.run([*kvsim_command(), "memory", "--model", "nope", "--context", "1"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*kvsim_command(), "memory", "--model", "nope", "--context", "1"], capture_output=True, text=True, timeout=60
+    )
     line = one_error_line(proc.returncode, proc.stdout, proc.stderr)
     assert line.startswith("kvsim: error: command line: --model: unknown model 'nope'")

@@ -1,5 +1,6 @@
 """The shipped notebooks run top to bottom in a real Jupyter kernel (nbclient), with fast
 settings put into their `# parameters` cell, and are committed without outputs."""
+
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ pytest.importorskip("ipykernel", reason="the notebook tests need ipykernel (kvsi
 
 FOLDER = Path(__file__).parents[1] / "notebooks"
 NOTEBOOKS = sorted(FOLDER.glob("*.ipynb"))
-FAST = {   # notebook -> {parameter line: fast replacement}
+FAST = {  # notebook -> {parameter line: fast replacement}
     "compare_policies.ipynb": {"NUM_REQUESTS = 300": "NUM_REQUESTS = 40"},
     "memory_math.ipynb": {},
     "reproduce_claims.ipynb": {"CLAIMS = ()": "CLAIMS = ('1', '9')"},
@@ -34,9 +35,10 @@ def test_notebook_runs(path):
     for old, new in FAST[path.name].items():
         assert old in first.source
         first.source = first.source.replace(old, new)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(FOLDER)}})
-    client.execute()     # raises CellExecutionError, naming the cell, if any cell fails
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(FOLDER)}}
+    )
+    client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]

@@ -8,6 +8,7 @@ every policy, nothing is unfinished without a time limit, and no request is stra
 each one preempted later completes or is rejected (no livelock). A time limit cuts the
 run and counts what it cut off as unfinished. Invariants are checked after every step.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,8 +28,11 @@ SLOTS_GIB = 0.0625 / 512
 
 
 def every_policy() -> list[dict]:
-    policies = [{"name": f"contiguous-{r}-{p}", "allocator": "contiguous", "reserve": r, "placement": p}
-                for r in ("max", "pow2", "oracle") for p in ("first-fit", "buddy")]
+    policies = [
+        {"name": f"contiguous-{r}-{p}", "allocator": "contiguous", "reserve": r, "placement": p}
+        for r in ("max", "pow2", "oracle")
+        for p in ("first-fit", "buddy")
+    ]
     return policies + [
         {"name": "paged-1", "allocator": "paged", "block_size": 1},
         {"name": "paged-16", "allocator": "paged", "block_size": 16},
@@ -44,10 +48,10 @@ BASE = {
     "gpu": "h100-80gb",
     "kv_cache_memory_gib": 2048 * SLOTS_GIB,
     "max_model_len": 1024,
-    "cost_model": "roofline",      # memory under overload, not step costs, is under test
+    "cost_model": "roofline",  # memory under overload, not step costs, is under test
     "workload": {
         "num_requests": 40,
-        "arrival": {"process": "poisson", "rate_per_s": 10_000.0},    # ~1,000x what it serves
+        "arrival": {"process": "poisson", "rate_per_s": 10_000.0},  # ~1,000x what it serves
         "prompt_tokens": {"dist": "uniform", "min": 16, "max": 700},
         "output_tokens": {"dist": "uniform", "min": 1, "max": 150},
     },
@@ -63,23 +67,31 @@ def scenario(**changes) -> dict:
 
 # 16 blocks of 16 slots; every request is admitted with one or two blocks and grows to
 # 7 to 15, so the pool overflows again and again.
-STORM = dict(kv_cache_memory_gib=256 * SLOTS_GIB, max_model_len=256, workload__num_requests=16,
-             workload__prompt_tokens={"dist": "uniform", "min": 8, "max": 24},
-             workload__output_tokens={"dist": "uniform", "min": 90, "max": 200})
+STORM = dict(
+    kv_cache_memory_gib=256 * SLOTS_GIB,
+    max_model_len=256,
+    workload__num_requests=16,
+    workload__prompt_tokens={"dist": "uniform", "min": 8, "max": 24},
+    workload__output_tokens={"dist": "uniform", "min": 90, "max": 200},
+)
 SCENARIOS = {
     "rate far beyond capacity": scenario(),
-    "prompts longer than the pool": scenario(max_model_len=8192, scheduler__max_num_batched_tokens=8192,
-                                             workload__prompt_tokens={"dist": "uniform", "min": 16, "max": 4000}),
+    "prompts longer than the pool": scenario(
+        max_model_len=8192,
+        scheduler__max_num_batched_tokens=8192,
+        workload__prompt_tokens={"dist": "uniform", "min": 16, "max": 4000},
+    ),
     "preemption storm": scenario(**STORM),
-    "preemption storm, chunked prefill": scenario(**STORM, scheduler__enable_chunked_prefill=True,
-                                                  scheduler__max_num_batched_tokens=48),
+    "preemption storm, chunked prefill": scenario(
+        **STORM, scheduler__enable_chunked_prefill=True, scheduler__max_num_batched_tokens=48
+    ),
     "burst": scenario(workload__arrival={"process": "burst"}),
     # a little CPU space (100 slots, less than most victims hold): some victims swap, the
     # rest fall back to recompute
-    "preemption storm, swap": scenario(**STORM, engine="vllm-v0", scheduler__preemption_mode="swap",
-                                       scheduler__swap_space_gib=100 * SLOTS_GIB),
-    "burst, no watermark": scenario(workload__arrival={"process": "burst"}, engine="vllm-v0",
-                                    scheduler__watermark=0.0),
+    "preemption storm, swap": scenario(
+        **STORM, engine="vllm-v0", scheduler__preemption_mode="swap", scheduler__swap_space_gib=100 * SLOTS_GIB
+    ),
+    "burst, no watermark": scenario(workload__arrival={"process": "burst"}, engine="vllm-v0", scheduler__watermark=0.0),
     "preemption storm, high watermark": scenario(**STORM, engine="vllm-v0", scheduler__watermark=0.5),
     "burst, sglang": scenario(workload__arrival={"process": "burst"}, engine="sglang"),
 }
@@ -131,7 +143,7 @@ def test_no_request_is_stranded(overloaded):
 
 # --- what each scenario claims to stress: a check per scenario, on (summary by policy, requests)
 def queue_forms(s, req):
-    assert (s.limited_by_arrivals < 1).all(), s.limited_by_arrivals   # under every policy
+    assert (s.limited_by_arrivals < 1).all(), s.limited_by_arrivals  # under every policy
 
 
 def all_arrive_at_once(s, req):
@@ -161,8 +173,13 @@ def pool_smaller_than_requests(s, req):
     final = req.prompt_tokens + req.output_tokens
     pow2 = req.prompt_tokens + req.output_tokens.map(lambda n: 1 << (n - 1).bit_length())
     for policy, group in req.groupby("policy"):
-        need = (8192 if policy.startswith("contiguous-max") else
-                pow2[group.index] if policy.startswith("contiguous-pow2") else final[group.index])
+        need = (
+            8192
+            if policy.startswith("contiguous-max")
+            else pow2[group.index]
+            if policy.startswith("contiguous-pow2")
+            else final[group.index]
+        )
         assert ((group.outcome == "rejected") == (need > 2048)).all(), policy
     assert req[req.outcome == "rejected"].reason.str.contains("KV pool").all()
     assert (s.requests_rejected > 0).all()
@@ -203,7 +220,8 @@ def test_time_limit_counts_the_unfinished_separately():
     # rejections happen on arrival, so the cut keeps exactly those that arrived before it
     for policy, group in req.groupby("policy"):
         assert set(group[group.outcome == "rejected"].request_id) <= set(
-            full.requests[(full.requests.policy == policy) & (full.requests.outcome == "rejected")].request_id)
+            full.requests[(full.requests.policy == policy) & (full.requests.outcome == "rejected")].request_id
+        )
 
 
 def test_a_time_limit_before_the_first_arrival_leaves_everything_unfinished():

@@ -1,6 +1,7 @@
 """Policies and figures in worker processes (kvsim.sim.parallel): the same results in the same
 order as one after the other, byte for byte on disk, and errors raised in a worker
 arrive whole in the caller."""
+
 import copy
 import os
 import pickle
@@ -26,7 +27,7 @@ def test_results_come_in_job_order_whatever_ran_first():
     out = ordered_map(lambda i: i * i, 7, 2, first=[6, 3], on_result=lambda i, r: seen.append((i, r)))
     assert out == [i * i for i in range(7)]
     assert sorted(seen) == [(i, i * i) for i in range(7)]
-    assert ordered_map(lambda i: i + 1, 3, 1) == [1, 2, 3]        # serial
+    assert ordered_map(lambda i: i + 1, 3, 1) == [1, 2, 3]  # serial
 
 
 def boom(i):
@@ -84,7 +85,7 @@ def test_jobs_change_no_byte_of_the_output(tmp_path, monkeypatch):
     for name in names:
         if name.endswith(".parquet"):
             pd.testing.assert_frame_equal(pd.read_parquet(outs["1"] / name), pd.read_parquet(outs["2"] / name))
-        elif name != "run.json":                      # run.json holds the wall time
+        elif name != "run.json":  # run.json holds the wall time
             assert (outs["1"] / name).read_bytes() == (outs["2"] / name).read_bytes(), name
 
 
@@ -102,4 +103,4 @@ def test_an_invariant_broken_in_a_worker_ends_the_run_as_in_one_process(tmp_path
 def test_jobs_run_in_workers_where_there_are_two_or_more():
     here = os.getpid()
     assert all(pid != here for pid in ordered_map(lambda i: os.getpid(), 2, 2))
-    assert ordered_map(lambda i: os.getpid(), 1, 2) == [here]      # a lone job runs here
+    assert ordered_map(lambda i: os.getpid(), 1, 2) == [here]  # a lone job runs here

@@ -1,13 +1,18 @@
 """The prefix caches: exact block ids, free-queue order, refcounts and tree shapes on small
 hand-worked cases, then random operations checked against the invariants and, in pools
 too big to evict, against a brute-force model of what should be cached."""
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.kvcache import (
-    Breakdown, InvariantError, PrefixCachingPagedAllocator, RadixCacheAllocator,
-    SeqShape, make_allocator,
+    Breakdown,
+    InvariantError,
+    PrefixCachingPagedAllocator,
+    RadixCacheAllocator,
+    SeqShape,
+    make_allocator,
 )
 from kvsim.kvcache.prefix import KEYS_SLACK
 from kvsim.kvcache.runs import common_length, split_runs
@@ -15,7 +20,7 @@ from kvsim.model.specs import MODEL_PRESETS, KVSpec
 
 from test_fast_path import CASES, POLICIES, assert_same, run, scenario
 
-SYSTEM = ((7, 8),)        # a shared system prompt of two 4-token blocks
+SYSTEM = ((7, 8),)  # a shared system prompt of two 4-token blocks
 
 
 def shaped(prompt: int, output: int = 0, segments=SYSTEM, tail: int = -1) -> SeqShape:
@@ -28,11 +33,12 @@ def hashed() -> PrefixCachingPagedAllocator:
 
 # -- hash-based prefix caching on paged blocks -----------------------------------------
 
+
 def test_two_requests_share_the_system_prompt_blocks():
     alloc = hashed()
     assert alloc.allocate(1, shaped(11, 5), 11)
     assert alloc.block_table(1) == [0, 1, 2]
-    assert alloc.cached_blocks == [0, 1]          # block 2 is partial and unique
+    assert alloc.cached_blocks == [0, 1]  # block 2 is partial and unique
     assert alloc.match_prefix(shaped(11, 5), 11) == 8
     assert alloc.allocate(2, shaped(11, 5), 11)
     assert alloc.block_table(2) == [0, 1, 3]
@@ -51,10 +57,10 @@ def test_hit_after_the_first_request_is_freed():
     # vLLM 0.33.0's BlockPool.free_blocks: the full (hashed) blocks deepest first to the
     # tail, the partly filled block 2 to the head
     assert alloc.free_blocks == [2, 3, 4, 5, 6, 7, 1, 0]
-    assert alloc.cached_blocks == [0, 1]                    # queued, still cached
+    assert alloc.cached_blocks == [0, 1]  # queued, still cached
     assert alloc.breakdown(None) == Breakdown(0, 0, 0, 0, 0, 32)
     assert alloc.allocate(2, shaped(11), 11)
-    assert alloc.block_table(2) == [0, 1, 2]     # hits leave the queue from its middle
+    assert alloc.block_table(2) == [0, 1, 2]  # hits leave the queue from its middle
     assert alloc.free_blocks == [3, 4, 5, 6, 7]
     alloc.check_invariants()
 
@@ -65,7 +71,7 @@ def test_eviction_takes_the_deepest_block_of_a_freed_request_first():
     assert alloc.allocate(1, prompt, 12)
     alloc.free(1)
     assert alloc.cached_blocks == [0, 1, 2]
-    assert alloc.allocate(2, shaped(24, segments=()), 24)   # 6 blocks: 3..7, then 2
+    assert alloc.allocate(2, shaped(24, segments=()), 24)  # 6 blocks: 3..7, then 2
     assert alloc.block_table(2) == [3, 4, 5, 6, 7, 2]
     assert alloc.cached_blocks == [0, 1]
     assert alloc.match_prefix(prompt, 13) == 8
@@ -82,7 +88,7 @@ def test_partial_last_block_is_never_shared_until_filled():
     assert alloc.allocate(1, shaped(10, 2, segments=((7, 16),)), 10)
     assert alloc.cached_blocks == [0, 1]
     assert alloc.match_prefix(long, 16) == 8
-    assert alloc.grow(1, 12)                       # block 2 fills: cached now
+    assert alloc.grow(1, 12)  # block 2 fills: cached now
     assert alloc.cached_blocks == [0, 1, 2]
     assert alloc.match_prefix(long, 16) == 12
     alloc.check_invariants()
@@ -92,7 +98,7 @@ def test_unique_content_is_never_cached():
     alloc = hashed()
     s = shaped(16, segments=((-1, 4), (7, 12)), tail=7)
     assert alloc.allocate(1, s, 16)
-    assert alloc.cached_blocks == []               # every block follows a unique one
+    assert alloc.cached_blocks == []  # every block follows a unique one
     assert alloc.allocate(2, shaped(12, segments=()), 12)
     assert alloc.cached_blocks == []
     assert alloc.match_prefix(s, 16) == 0
@@ -103,9 +109,8 @@ def test_match_is_whole_blocks_and_leaves_the_last_token():
     alloc = hashed()
     s = shaped(16, segments=((7, 16),))
     assert alloc.allocate(1, s, 16)
-    assert [alloc.match_prefix(s, n) for n in (0, 1, 4, 5, 8, 9, 16, 17)] == [
-        0, 0, 0, 4, 4, 8, 12, 16]
-    assert alloc.allocate(2, s, 16)                # reuses 3 blocks, recomputes the 4th
+    assert [alloc.match_prefix(s, n) for n in (0, 1, 4, 5, 8, 9, 16, 17)] == [0, 0, 0, 4, 4, 8, 12, 16]
+    assert alloc.allocate(2, s, 16)  # reuses 3 blocks, recomputes the 4th
     assert alloc.block_table(2) == [0, 1, 2, 4]
     # vLLM does not de-duplicate: block 4 is cached as a second copy of block 3's key.
     assert alloc.cached_blocks == [0, 1, 2, 3, 4]
@@ -129,13 +134,13 @@ def test_a_recomputed_copy_still_hits_after_the_first_copy_is_evicted():
     alloc.free(1)
     alloc.free(2)
     assert alloc.free_blocks == [5, 6, 7, 3, 4, 2, 1, 0]
-    assert alloc.allocate(3, shaped(16, segments=()), 16)   # takes 5, 6, 7 and evicts 3
+    assert alloc.allocate(3, shaped(16, segments=()), 16)  # takes 5, 6, 7 and evicts 3
     assert alloc.block_table(3) == [5, 6, 7, 3]
     assert alloc.cached_blocks == [0, 1, 2, 4] and alloc.copies(4) == [4]
     alloc.free(3)
     assert alloc.free_blocks == [4, 2, 1, 0, 3, 7, 6, 5]
     longer = shaped(17, segments=((7, 16),))
-    assert alloc.match_prefix(longer, 17) == 16     # the fourth block hits its copy
+    assert alloc.match_prefix(longer, 17) == 16  # the fourth block hits its copy
     assert alloc.allocate(4, longer, 17)
     assert alloc.block_table(4) == [0, 1, 2, 4, 3]
     assert alloc.free_blocks == [7, 6, 5]
@@ -158,13 +163,13 @@ def test_a_lookup_kept_from_an_earlier_step_sees_its_first_copy_evicted_by_growt
     alloc.free(2)
     alloc.free(10)
     assert alloc.free_blocks == [6, 7, 8, 4, 5, 3, 2, 1, 0]
-    assert alloc.allocate(3, shaped(12, 4, segments=()), 12)     # takes 6, 7, 8
+    assert alloc.allocate(3, shaped(12, 4, segments=()), 12)  # takes 6, 7, 8
     longer = shaped(17, segments=((7, 16),))
-    assert alloc.match_prefix(longer, 17) == 16                   # hits 1, 2, 3, 4
-    assert alloc.grow(3, 13) and alloc.block_table(3) == [6, 7, 8, 4]   # evicts 4
+    assert alloc.match_prefix(longer, 17) == 16  # hits 1, 2, 3, 4
+    assert alloc.grow(3, 13) and alloc.block_table(3) == [6, 7, 8, 4]  # evicts 4
     assert alloc.copies(5) == [5] and alloc.free_blocks == [5, 3, 2, 1, 0]
     assert alloc.allocate(4, longer, 17)
-    assert alloc.block_table(4) == [1, 2, 3, 5, 0]                # the second copy hits
+    assert alloc.block_table(4) == [1, 2, 3, 5, 0]  # the second copy hits
     alloc.check_invariants()
 
 
@@ -174,7 +179,7 @@ def test_next_request_counts_its_hits_before_calling_free_space_unusable():
     assert alloc.allocate(1, prompt, 12)
     alloc.free(1)
     assert alloc.allocate(2, shaped(20, segments=()), 20)
-    assert alloc.free_blocks == [2, 1, 0]          # all three cached
+    assert alloc.free_blocks == [2, 1, 0]  # all three cached
     # 17 tokens: hits 0, 1, 2 leave the queue; 2 more blocks needed, none left.
     assert alloc.breakdown((shaped(17, segments=((7, 12),)), 17, 0)) == Breakdown(20, 0, 0, 0, 12, 0, starved=True)
     assert not alloc.allocate(3, shaped(17, segments=((7, 12),)), 17)
@@ -190,7 +195,7 @@ def test_watermark_blocks_admission_but_not_hits():
     alloc = hashed()
     assert alloc.allocate(1, shaped(8), 8)
     assert not alloc.allocate(2, shaped(24, segments=()), 24, keep_free=1)  # 6 of 6 free
-    assert alloc.allocate(2, shaped(9), 9, keep_free=20)   # hits 0, 1 + one block; 5 stay
+    assert alloc.allocate(2, shaped(9), 9, keep_free=20)  # hits 0, 1 + one block; 5 stay
     assert alloc.block_table(2) == [0, 1, 2]
     alloc.check_invariants()
 
@@ -203,9 +208,9 @@ def test_forks_share_blocks_and_copy_the_partial_one_on_write():
     assert [alloc.ref_count(b) for b in range(3)] == [2, 2, 2]
     # One physical copy of 10 tokens; block 2's 2 reserved slots are counted once.
     assert alloc.breakdown(None) == Breakdown(10, 2, 0, 0, 0, 20, shared=12)
-    assert alloc.grow(2, 11)                       # writes into shared block 2: copy
+    assert alloc.grow(2, 11)  # writes into shared block 2: copy
     assert alloc.block_table(2) == [0, 1, 3]
-    assert alloc.grow(1, 12)                       # block 2 is its own now
+    assert alloc.grow(1, 12)  # block 2 is its own now
     assert alloc.block_table(1) == [0, 1, 2]
     assert alloc.breakdown(None) == Breakdown(15, 1, 0, 0, 0, 16, shared=8)
     alloc.free(1)
@@ -230,10 +235,10 @@ def test_hash_cache_invariants_name_the_fault():
     alloc._ref[1] = 2
     with pytest.raises(InvariantError, match=r"block 1 \(in seq 1's table\) has reference count 2 but 1 owners"):
         alloc.check_invariants()
-    alloc = hashed()          # two documents: a stretch of two blocks each, the second's below the first's
+    alloc = hashed()  # two documents: a stretch of two blocks each, the second's below the first's
     assert alloc.allocate(1, SeqShape(19, 0, ((7, 8), (8, 8)), -1), 19)
-    alloc.free(1)                               # blocks 0 to 3 stay cached, queued
-    del alloc._first[alloc._key_of[1]]         # the first document's last key evicted, not the second's
+    alloc.free(1)  # blocks 0 to 3 stay cached, queued
+    del alloc._first[alloc._key_of[1]]  # the first document's last key evicted, not the second's
     alloc._key_of[1] = None
     with pytest.raises(InvariantError, match=r"key entries .* are kept, but not the keys they hang below"):
         alloc._forget_keys()
@@ -253,6 +258,7 @@ def test_registry_builds_the_caches():
 
 # -- radix tree ---------------------------------------------------------------------------
 
+
 def test_runs_helpers():
     assert common_length(((1, 0, 6), (2, 0, 4)), ((1, 0, 3), (1, 3, 5))) == 6
     assert common_length(((1, 0, 6),), ((1, 1, 6),)) == 0
@@ -260,10 +266,15 @@ def test_runs_helpers():
     assert split_runs(((1, 0, 6), (2, 0, 4)), 8) == (((1, 0, 6), (2, 0, 2)), ((2, 2, 2),))
 
 
-SHAPES = st.builds(lambda segments, prompt, output, tail: SeqShape(
-    max(prompt, sum(n for _, n in segments)), output, tuple(segments), tail),
+SHAPES = st.builds(
+    lambda segments, prompt, output, tail: SeqShape(
+        max(prompt, sum(n for _, n in segments)), output, tuple(segments), tail
+    ),
     st.lists(st.tuples(st.integers(-1, 3), st.sampled_from([0, 1, 3, 4, 5, 8, 12, 16, 40])), max_size=5),
-    st.integers(0, 60), st.integers(0, 60), st.integers(-1, 3))
+    st.integers(0, 60),
+    st.integers(0, 60),
+    st.integers(-1, 3),
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -278,7 +289,8 @@ def test_block_keys_are_equal_exactly_where_the_prefixes_are(shapes, block):
     for shape, chain in zip(shapes, chains):
         cacheable = 0
         while cacheable < shape.final_tokens // block and all(
-                content != -1 for content, _, _ in shape.runs(cacheable * block, (cacheable + 1) * block)):
+            content != -1 for content, _, _ in shape.runs(cacheable * block, (cacheable + 1) * block)
+        ):
             cacheable += 1
         assert len(chain) == cacheable
         prefixes.append([shape.runs(0, (i + 1) * block) for i in range(cacheable)])
@@ -287,7 +299,7 @@ def test_block_keys_are_equal_exactly_where_the_prefixes_are(shapes, block):
             for i, key_a in enumerate(chain_a):
                 for j, key_b in enumerate(chain_b):
                     assert (key_a == key_b) == (i == j and prefixes[a][i] == prefixes[b][j])
-    assert [alloc._chain(shape) for shape in reversed(shapes)] == chains[::-1]    # kept, or the same again
+    assert [alloc._chain(shape) for shape in reversed(shapes)] == chains[::-1]  # kept, or the same again
 
 
 def test_blocks_filled_past_the_final_length_are_cached_too():
@@ -309,11 +321,11 @@ def radix():
     a = shaped(12, segments=((1, 6), (2, 4)))
     assert alloc.allocate(1, a, 12)
     assert alloc.nodes() == []
-    alloc.free(1)                                  # the 2 unique tokens are dropped
+    alloc.free(1)  # the 2 unique tokens are dropped
     assert alloc.nodes() == [(0, ((1, 0, 6), (2, 0, 4)), 0)]
     assert alloc.free_slots == 22
     b = shaped(12, segments=((1, 6), (3, 4)))
-    assert alloc.match_prefix(b, 12) == 6           # a lookup splits, as SGLang's does
+    assert alloc.match_prefix(b, 12) == 6  # a lookup splits, as SGLang's does
     assert alloc.nodes() == [(0, ((1, 0, 6),), 0), (6, ((2, 0, 4),), 0)]
     assert alloc.allocate(2, b, 12)
     assert alloc.nodes() == [(0, ((1, 0, 6),), 1), (6, ((2, 0, 4),), 0)]
@@ -333,9 +345,8 @@ def test_radix_shared_match_and_refcounts(radix):
     assert radix.allocate(3, c, 12)
     assert radix.nodes() == [(0, ((1, 0, 6),), 2), (6, ((2, 0, 4),), 1)]
     assert radix.breakdown(None) == Breakdown(18, 0, 0, 0, 0, 14, shared=6)
-    radix.free(2)                                  # B's content-3 tokens join the tree
-    assert radix.nodes() == [(0, ((1, 0, 6),), 1), (6, ((2, 0, 4),), 1),
-                             (6, ((3, 0, 4),), 0)]
+    radix.free(2)  # B's content-3 tokens join the tree
+    assert radix.nodes() == [(0, ((1, 0, 6),), 1), (6, ((2, 0, 4),), 1), (6, ((3, 0, 4),), 0)]
     radix.free(3)
     assert [ref for _, _, ref in radix.nodes()] == [0, 0, 0]
     assert radix.breakdown(None) == Breakdown(0, 0, 0, 0, 0, 32)
@@ -364,7 +375,7 @@ def test_radix_lookup_refreshes_the_path_it_matches(lookup, left):
     """SGLang 0.5.23 RadixCache._match_prefix_helper stamps every node it visits: looking X up
     makes leaf (2) newer than leaf (3), so the least recently used leaf is (3)."""
     alloc = two_leaves(lookup)
-    assert alloc.allocate(3, shaped(3, segments=()), 3)   # 3 > 2 free: evict 3 slots
+    assert alloc.allocate(3, shaped(3, segments=()), 3)  # 3 > 2 free: evict 3 slots
     assert alloc.nodes() == [(0, ((1, 0, 4),), 0), (4, ((left, 0, 4),), 0)]
     assert alloc.free_slots == 2 + 4 - 3
     alloc.check_invariants()
@@ -388,15 +399,15 @@ def test_radix_shares_a_prompt_once_its_prefill_ran():
     request admitted after that step shares it; one admitted in the same step does not.
     kvsim's scheduler allocates before the step that computes the tokens."""
     alloc = RadixCacheAllocator(64)
-    a, b, c = (SeqShape(10, 4, ((7, 8),)) for _ in range(3))   # 8 shared, 2 unique each
-    assert alloc.allocate(1, a, 11)        # the prefill step: 10 prompt tokens + 1
+    a, b, c = (SeqShape(10, 4, ((7, 8),)) for _ in range(3))  # 8 shared, 2 unique each
+    assert alloc.allocate(1, a, 11)  # the prefill step: 10 prompt tokens + 1
     assert alloc.match_prefix(b, 11) == 0  # nothing computed yet
-    assert alloc.allocate(2, b, 11)        # admitted in the same step: computes it too
+    assert alloc.allocate(2, b, 11)  # admitted in the same step: computes it too
     assert alloc.nodes() == [] and alloc.free_slots == 42
-    assert alloc.grow(1, 12)               # next step: a's prompt went in, then it grows
+    assert alloc.grow(1, 12)  # next step: a's prompt went in, then it grows
     assert alloc.nodes() == [(0, ((7, 0, 8),), 1)]
     assert alloc.free_slots == 41
-    assert alloc.grow(2, 12)               # b's copy of the 8 shared tokens is freed
+    assert alloc.grow(2, 12)  # b's copy of the 8 shared tokens is freed
     assert alloc.nodes() == [(0, ((7, 0, 8),), 2)]
     assert alloc.free_slots == 48
     assert alloc.breakdown(None) == Breakdown(16, 0, 0, 0, 0, 48, shared=8)
@@ -414,17 +425,17 @@ def test_radix_cache_prefilled_shares_before_the_request_grows_again():
     alloc = RadixCacheAllocator(64)
     a, b = SeqShape(10, 4, ((7, 8),)), SeqShape(10, 4, ((7, 8),))
     assert alloc.allocate(1, a, 11)
-    alloc.cache_prefilled(1, 10)           # the prompt's 10 tokens are computed
+    alloc.cache_prefilled(1, 10)  # the prompt's 10 tokens are computed
     assert alloc.nodes() == [(0, ((7, 0, 8),), 1)]
-    assert alloc.free_slots == 53          # nothing duplicated, nothing freed
+    assert alloc.free_slots == 53  # nothing duplicated, nothing freed
     assert alloc.match_prefix(b, 11) == 8
-    assert alloc.grow(1, 12)               # nothing left to insert
+    assert alloc.grow(1, 12)  # nothing left to insert
     assert alloc.nodes() == [(0, ((7, 0, 8),), 1)] and alloc.free_slots == 52
-    turn = SeqShape(6, 4, (), tail_id=9)   # recomputed with 2 generated tokens: 8 + 1
+    turn = SeqShape(6, 4, (), tail_id=9)  # recomputed with 2 generated tokens: 8 + 1
     assert alloc.allocate(2, turn, 9)
     alloc.cache_prefilled(2, 8)
     assert alloc.nodes() == [(0, ((7, 0, 8),), 1), (0, ((9, 0, 8),), 1)]
-    alloc.cache_prefilled(2, 20)           # at most what it holds: 9; a leaf for the 9th
+    alloc.cache_prefilled(2, 20)  # at most what it holds: 9; a leaf for the 9th
     assert alloc.nodes() == [(0, ((7, 0, 8),), 1), (0, ((9, 0, 8),), 1), (8, ((9, 8, 1),), 1)]
     assert alloc.free_slots == 64 - 12 - 9
     alloc.check_invariants()
@@ -433,13 +444,13 @@ def test_radix_cache_prefilled_shares_before_the_request_grows_again():
 def test_radix_inserts_each_prefill_chunk_at_the_next_one():
     alloc = RadixCacheAllocator(64)
     a = SeqShape(10, 4, ((7, 8),))
-    assert alloc.allocate(1, a, 4)         # chunk 1: tokens 0-3
+    assert alloc.allocate(1, a, 4)  # chunk 1: tokens 0-3
     assert alloc.nodes() == []
-    assert alloc.grow(1, 8)                # chunk 2; chunk 1 went in
+    assert alloc.grow(1, 8)  # chunk 2; chunk 1 went in
     assert alloc.nodes() == [(0, ((7, 0, 4),), 1)]
-    assert alloc.grow(1, 11)               # last chunk + first token; chunk 2 went in
+    assert alloc.grow(1, 11)  # last chunk + first token; chunk 2 went in
     assert alloc.nodes() == [(0, ((7, 0, 4),), 1), (4, ((7, 4, 4),), 1)]
-    assert alloc.grow(1, 12)               # the prompt's last 2 tokens are unique
+    assert alloc.grow(1, 12)  # the prompt's last 2 tokens are unique
     assert alloc.nodes() == [(0, ((7, 0, 4),), 1), (4, ((7, 4, 4),), 1)]
     assert alloc.free_slots == 64 - 12
     alloc.check_invariants()
@@ -460,16 +471,16 @@ def test_radix_pages_match_and_insert_whole_pages():
     keyed by their first page, matches compared page by page."""
     alloc = RadixCacheAllocator(32, page_size=4)
     a = SeqShape(11, 2, ((1, 6),), tail_id=5)
-    assert alloc.allocate(1, a, 12)                       # 3 pages
+    assert alloc.allocate(1, a, 12)  # 3 pages
     assert alloc.breakdown(None) == Breakdown(12, 0, 0, 0, 0, 20)
-    assert alloc.grow(1, 13)         # 8 of the 11 prompt tokens go in; a 4th page
+    assert alloc.grow(1, 13)  # 8 of the 11 prompt tokens go in; a 4th page
     assert alloc.nodes() == [(0, ((1, 0, 6), (5, 0, 2)), 1)]
     # 5 private tokens in 8 slots, final 13: 3 slots will never be used.
     assert alloc.breakdown(None) == Breakdown(13, 0, 3, 0, 0, 16)
-    alloc.free(1)                    # 12 of its 13 tokens go in; the partial page is freed
+    alloc.free(1)  # 12 of its 13 tokens go in; the partial page is freed
     assert alloc.nodes() == [(0, ((1, 0, 6), (5, 0, 2)), 0), (8, ((5, 2, 4),), 0)]
     assert alloc.free_slots == 20
-    c = SeqShape(14, 2, ((1, 6), (5, 4)), tail_id=9)     # agrees on 10 tokens
+    c = SeqShape(14, 2, ((1, 6), (5, 4)), tail_id=9)  # agrees on 10 tokens
     assert alloc.match_prefix(c, 14) == 8
     assert paged_radix(1).match_prefix(c, 14) == 10
     assert alloc.unfit_reason(SeqShape(30, 3)) == "final length exceeds KV pool"
@@ -479,10 +490,10 @@ def test_radix_pages_match_and_insert_whole_pages():
 
 def test_radix_page_size_from_the_scenario():
     from kvsim.config.scenario import Paged
+
     radix = {"name": "r", "allocator": "paged", "enable_prefix_caching": True, "prefix_cache": "radix"}
     assert Paged.model_validate(radix).allocator_kind() == ("radix", {})
-    assert Paged.model_validate({**radix, "block_size": 16}).allocator_kind() == (
-        "radix", {"page_size": 16})
+    assert Paged.model_validate({**radix, "block_size": 16}).allocator_kind() == ("radix", {"page_size": 16})
     kv = KVSpec(MODEL_PRESETS["llama-3-8b"], "bf16")
     paged = make_allocator("radix", 1000 * kv.bytes_per_token, kv, 64, page_size=16)
     assert (paged.capacity, paged.page_size) == (992, 16)
@@ -491,7 +502,7 @@ def test_radix_page_size_from_the_scenario():
 def test_radix_never_evicts_what_a_running_sequence_uses(radix):
     before = (radix.nodes(), radix.breakdown(None))
     assert radix.breakdown((shaped(21, segments=()), 21, 0)) == Breakdown(12, 0, 0, 0, 20, 0, starved=True)
-    assert not radix.allocate(3, shaped(21, segments=()), 21)   # 16 free + 4 evictable
+    assert not radix.allocate(3, shaped(21, segments=()), 21)  # 16 free + 4 evictable
     assert (radix.nodes(), radix.breakdown(None)) == before
     assert not radix.grow(2, 33)
     assert radix.allocate(3, shaped(20, segments=()), 20)
@@ -518,19 +529,19 @@ def test_radix_match_ending_mid_edge_is_kept_whole():
 
 def test_radix_next_turn_matches_the_generated_tokens():
     alloc = RadixCacheAllocator(64)
-    turn1 = SeqShape(6, 4, (), tail_id=9)           # a conversation's own content
+    turn1 = SeqShape(6, 4, (), tail_id=9)  # a conversation's own content
     assert alloc.allocate(1, turn1, 6)
-    assert alloc.grow(1, 10)                        # the prompt went in first
+    assert alloc.grow(1, 10)  # the prompt went in first
     assert alloc.nodes() == [(0, ((9, 0, 6),), 1)]
-    alloc.free(1)                                   # then the answer
+    alloc.free(1)  # then the answer
     assert alloc.nodes() == [(0, ((9, 0, 6),), 0), (6, ((9, 6, 4),), 0)]
     turn2 = shaped(14, segments=((9, 10),))
     assert alloc.match_prefix(turn2, 14) == 10
-    assert alloc.match_prefix(turn2, 10) == 9      # the last token is always computed
+    assert alloc.match_prefix(turn2, 10) == 9  # the last token is always computed
     assert alloc.nodes() == [(0, ((9, 0, 6),), 0), (6, ((9, 6, 3),), 0), (9, ((9, 9, 1),), 0)]
     assert alloc.allocate(2, turn2, 10)
     assert alloc.nodes() == [(0, ((9, 0, 6),), 1), (6, ((9, 6, 3),), 1), (9, ((9, 9, 1),), 0)]
-    alloc.free(2)                                  # its private token duplicates the tree's
+    alloc.free(2)  # its private token duplicates the tree's
     assert [ref for _, _, ref in alloc.nodes()] == [0, 0, 0]
     assert alloc.free_slots == 54
     alloc.check_invariants()
@@ -538,7 +549,7 @@ def test_radix_next_turn_matches_the_generated_tokens():
 
 def test_radix_fork_caches_the_parent_and_copies_only_unique_tokens():
     alloc = RadixCacheAllocator(32)
-    parent = SeqShape(10, 4, ((1, 6),))            # 6 shareable tokens, 4 unique
+    parent = SeqShape(10, 4, ((1, 6),))  # 6 shareable tokens, 4 unique
     assert alloc.allocate(1, parent, 10)
     assert alloc.fork(1, 2)
     assert alloc.nodes() == [(0, ((1, 0, 6),), 2)]
@@ -556,7 +567,7 @@ def test_radix_fork_fails_cleanly_when_the_copy_does_not_fit():
     alloc = RadixCacheAllocator(12)
     assert alloc.allocate(1, SeqShape(10, 4, ((1, 6),)), 10)
     before = alloc.breakdown(None)
-    assert not alloc.fork(1, 2)                   # 4 unique tokens to copy, 2 slots free
+    assert not alloc.fork(1, 2)  # 4 unique tokens to copy, 2 slots free
     assert alloc.nodes() == [] and alloc.breakdown(None) == before
     assert alloc.tokens_of(2) is None
     alloc.check_invariants()
@@ -572,14 +583,24 @@ def test_radix_invariants_name_the_fault(radix):
 
 POOLS = [(), ((1, 8),), ((1, 8), (2, 8)), ((1, 8), (3, 5)), ((1, 13),), ((-1, 3), (1, 8))]
 
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("allocate"), st.integers(0, 3), st.integers(0, len(POOLS) - 1),
-              st.sampled_from([-1, 5]), st.integers(1, 8), st.integers(0, 8)),
-    st.tuples(st.just("grow"), st.integers(0, 5), st.integers(0, 8)),
-    st.tuples(st.just("free"), st.integers(0, 5)),
-    st.tuples(st.just("fork"), st.integers(0, 3), st.integers(4, 5)),   # a sample of 0..3
-    st.tuples(st.just("evict"), st.just(99), st.integers(1, 24)),  # a unique burst
-), min_size=10, max_size=50)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("allocate"),
+            st.integers(0, 3),
+            st.integers(0, len(POOLS) - 1),
+            st.sampled_from([-1, 5]),
+            st.integers(1, 8),
+            st.integers(0, 8),
+        ),
+        st.tuples(st.just("grow"), st.integers(0, 5), st.integers(0, 8)),
+        st.tuples(st.just("free"), st.integers(0, 5)),
+        st.tuples(st.just("fork"), st.integers(0, 3), st.integers(4, 5)),  # a sample of 0..3
+        st.tuples(st.just("evict"), st.just(99), st.integers(1, 24)),  # a unique burst
+    ),
+    min_size=10,
+    max_size=50,
+)
 
 
 def tokens(shape: SeqShape, n: int) -> list[tuple[int, int]]:
@@ -630,12 +651,12 @@ def run_ops(alloc, ops, cached_model=None):
                 assert alloc.breakdown(None) == before
         elif op == "evict" and alloc.allocate(seq_id, SeqShape(args[0], 0), args[0]):
             alloc.check_invariants()
-            alloc.free(seq_id)          # unique content: leaves nothing cached
+            alloc.free(seq_id)  # unique content: leaves nothing cached
         alloc.check_invariants()
         b = alloc.breakdown(None)
         # Forks may share a partial block: its unfilled slots are shared slots too.
         assert b.token <= sum(n for _, n in held.values()) <= b.token + b.shared
-        if isinstance(alloc, RadixCacheAllocator):     # token granular: all shared are tokens
+        if isinstance(alloc, RadixCacheAllocator):  # token granular: all shared are tokens
             assert b.token + b.shared == sum(n for _, n in held.values())
         assert alloc.breakdown((SeqShape(16, 0, POOLS[2]), 17, 0)).capacity == alloc.capacity
     for seq_id in list(held):
@@ -657,6 +678,7 @@ def test_hash_cache_random_operations(num_blocks, block_size, ops):
 class Twins:
     """Two allocators driven alike: every answer, and the free queue and cached blocks
     after each call, must agree."""
+
     def __init__(self, a, b):
         self.a, self.b = a, b
 
@@ -671,6 +693,7 @@ class Twins:
             assert ra == rb, name
             assert self.a.free_blocks == self.b.free_blocks and self.a.cached_blocks == self.b.cached_blocks
             return ra
+
         return both
 
 
@@ -681,9 +704,10 @@ def test_forgetting_keys_nothing_holds_changes_no_answer(num_blocks, block_size,
     forgetful, keeping = (PrefixCachingPagedAllocator(num_blocks, block_size) for _ in range(2))
     free = forgetful.free
 
-    def free_and_forget(seq_id):       # at every free, not only once the keys have grown
+    def free_and_forget(seq_id):  # at every free, not only once the keys have grown
         free(seq_id)
         forgetful._forget_keys()
+
     forgetful.free = free_and_forget
     keeping._forget_keys = lambda: None
     run_ops(Twins(forgetful, keeping), ops)
@@ -706,8 +730,10 @@ def test_a_running_sequence_keeps_the_keys_of_blocks_it_has_yet_to_fill():
     assert twins.match_prefix(SeqShape(17, 0, ((1, 8), (2, 8)), -1), 17) == 16
 
 
-@pytest.mark.parametrize("case", ["vllm-v1", "v1 prefix groups", "v1 rag", "v1 conversation", "v1 samples",
-                                  "v0 beams", "sglang lpm prefix groups"])
+@pytest.mark.parametrize(
+    "case",
+    ["vllm-v1", "v1 prefix groups", "v1 rag", "v1 conversation", "v1 samples", "v0 beams", "sglang lpm prefix groups"],
+)
 def test_forgetting_keys_at_every_free_changes_no_table(case, monkeypatch):
     monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
     doc = scenario(**CASES[case], policies=[p for p in POLICIES if p["name"] == "paged-8-prefix"])
@@ -718,20 +744,21 @@ def test_forgetting_keys_at_every_free_changes_no_table(case, monkeypatch):
     def free_and_forget(self, seq_id):
         free(self, seq_id)
         forget(self)
+
     monkeypatch.setattr(PrefixCachingPagedAllocator, "free", free_and_forget)
     assert_same(keeping, run(doc, exact=False))
 
 
 def test_keys_are_kept_in_proportion_to_the_pool_not_to_the_requests_seen():
     alloc = PrefixCachingPagedAllocator(num_blocks=8, block_size=4)
-    for i in range(400):            # the system prompt, then 8 tokens no other request has
+    for i in range(400):  # the system prompt, then 8 tokens no other request has
         assert alloc.allocate(i, shaped(16, 0, tail=1000 + i), 16)
         alloc.free(i)
     names = alloc._names
-    assert names.next > 800     # two keys for each request's own blocks
+    assert names.next > 800  # two keys for each request's own blocks
     assert sum(map(len, names.runs.values())) + len(names.ids) <= (KEYS_SLACK + 2) * 8
-    assert alloc.match_prefix(shaped(16, 0, tail=1), 16) == 8          # the system prompt still hits
-    assert alloc.match_prefix(shaped(16, 0, tail=1399), 16) == 12      # and the last request's blocks
+    assert alloc.match_prefix(shaped(16, 0, tail=1), 16) == 8  # the system prompt still hits
+    assert alloc.match_prefix(shaped(16, 0, tail=1399), 16) == 12  # and the last request's blocks
     alloc.check_invariants()
 
 
@@ -749,6 +776,7 @@ def hash_model(block_size: int):
         # Every full block ever filled stays cached: the pool never has to evict.
         best = max((common(tokens(s, n - 1), seen) for seen in history["filled"]), default=0)
         return best // block_size * block_size
+
     return expected
 
 
@@ -758,10 +786,10 @@ def radix_model(page: int):
         # sequences' tokens, running ones' prefilled prompts) up to the first unique
         # token; a lookup matches whole pages of the first n - 1 tokens.
         query = tokens(s, n - 1)
-        query = query[:len(query) // page * page]
-        best = max((common(query, seen[:len(seen) // page * page])
-                    for seen in history["inserted"]), default=0)
+        query = query[: len(query) // page * page]
+        best = max((common(query, seen[: len(seen) // page * page]) for seen in history["inserted"]), default=0)
         return best // page * page
+
     return expected
 
 

@@ -2,6 +2,7 @@
 
 Tests that read the measured source data skip cleanly when ../shared/data is absent.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,15 @@ import pytest
 from kvsim.cost.model import Profiled, Roofline, StepBatch, describe, make_cost_model
 from kvsim.config.errors import InputError
 from kvsim.cost.generalize import find_shipped, model_shape, synthesize, token_grid
-from kvsim.cost.fit import (fit_elementwise, fit_gemm, fit_ramp, gemm_work, predict_elementwise, predict_gemm,
-                         predict_ramp)
+from kvsim.cost.fit import (
+    fit_elementwise,
+    fit_gemm,
+    fit_ramp,
+    gemm_work,
+    predict_elementwise,
+    predict_gemm,
+    predict_ramp,
+)
 from kvsim.cost.profiles import SHIPPED, Profile, load_profile, save_profile, shipped_names
 from kvsim.config.scenario import ProfileCost, validate_scenario
 from kvsim.model.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, KVSpec
@@ -33,9 +41,30 @@ def cost(model="llama-3-8b", gpu="a100-80gb", tp=1, kv_dtype="bf16", **kw):
 
 def tiny_profile(tps=(1, 2)) -> Profile:
     """Every op takes 1 ms at 1 token and 2 ms at 100 tokens."""
-    rows = [{"tp": tp, "num_tokens": n, **{op: v for op in ("emb", "input_layernorm", "attn_pre_proj",
-            "attn_rope", "attn_post_proj", "post_attention_layernorm", "mlp_up_proj", "mlp_act",
-            "mlp_down_proj", "add", "lm_head")}} for tp in tps for n, v in ((1, 1.0), (100, 2.0))]
+    rows = [
+        {
+            "tp": tp,
+            "num_tokens": n,
+            **{
+                op: v
+                for op in (
+                    "emb",
+                    "input_layernorm",
+                    "attn_pre_proj",
+                    "attn_rope",
+                    "attn_post_proj",
+                    "post_attention_layernorm",
+                    "mlp_up_proj",
+                    "mlp_act",
+                    "mlp_down_proj",
+                    "add",
+                    "lm_head",
+                )
+            },
+        }
+        for tp in tps
+        for n, v in ((1, 1.0), (100, 2.0))
+    ]
     return Profile({"name": "tiny", "gpu": "a100-80gb"}, pd.DataFrame(rows))
 
 
@@ -69,16 +98,35 @@ def test_interpolation_is_piecewise_linear_and_proportional_beyond_the_last_poin
 def test_the_envelope_takes_a_time_above_one_measured_at_more_tokens_as_that_one():
     """A GEMM over fewer tokens can run as the kernel measured at more (an overhead's
     `linear: envelope`); as measured is the default."""
-    rows = [{"tp": 1, "num_tokens": n, **{op: v for op in ("emb", "input_layernorm", "attn_pre_proj",
-            "attn_rope", "attn_post_proj", "post_attention_layernorm", "mlp_up_proj", "mlp_act",
-            "mlp_down_proj", "add", "lm_head")}} for n, v in ((1, 1.0), (64, 1.0), (80, 1.6), (104, 1.2),
-                                                             (128, 1.4))]
+    rows = [
+        {
+            "tp": 1,
+            "num_tokens": n,
+            **{
+                op: v
+                for op in (
+                    "emb",
+                    "input_layernorm",
+                    "attn_pre_proj",
+                    "attn_rope",
+                    "attn_post_proj",
+                    "post_attention_layernorm",
+                    "mlp_up_proj",
+                    "mlp_act",
+                    "mlp_down_proj",
+                    "add",
+                    "lm_head",
+                )
+            },
+        }
+        for n, v in ((1, 1.0), (64, 1.0), (80, 1.6), (104, 1.2), (128, 1.4))
+    ]
     prof = Profile({"name": "bump", "gpu": "h100-80gb"}, pd.DataFrame(rows))
     assert prof.op_time("attn_pre_proj", 80, 1)[0] == pytest.approx(1.6e-3)
-    assert prof.op_time("attn_pre_proj", 80, 1, envelope=True)[0] == pytest.approx(1.2e-3)   # as at 104
-    assert prof.op_time("attn_pre_proj", 72, 1, envelope=True)[0] == pytest.approx(1.1e-3)   # 64 to 80's
+    assert prof.op_time("attn_pre_proj", 80, 1, envelope=True)[0] == pytest.approx(1.2e-3)  # as at 104
+    assert prof.op_time("attn_pre_proj", 72, 1, envelope=True)[0] == pytest.approx(1.1e-3)  # 64 to 80's
     assert prof.op_time("attn_pre_proj", 128, 1, envelope=True)[0] == pytest.approx(1.4e-3)  # rises kept
-    assert prof.op_time("attn_pre_proj", 80, 1)[0] == pytest.approx(1.6e-3)     # the cache keeps both
+    assert prof.op_time("attn_pre_proj", 80, 1)[0] == pytest.approx(1.6e-3)  # the cache keeps both
     h100 = load_profile("h100-llama-2-7b")
     assert h100.op_time("attn_pre_proj", 88, 1)[0] > h100.op_time("attn_pre_proj", 104, 1)[0]
     assert h100.op_time("attn_pre_proj", 88, 1, True)[0] <= h100.op_time("attn_pre_proj", 104, 1, True)[0]
@@ -88,7 +136,7 @@ def test_unmeasured_tp_scales_sharded_ops_only_and_says_so():
     prof = tiny_profile(tps=(1, 2))
     t, why = prof.op_time("mlp_up_proj", 1, 4)
     assert t == pytest.approx(0.5e-3) and why == "tp 4 not measured (scaled from tp 2)"
-    assert prof.op_time("input_layernorm", 1, 4)[0] == pytest.approx(1e-3)   # replicated
+    assert prof.op_time("input_layernorm", 1, 4)[0] == pytest.approx(1e-3)  # replicated
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -120,7 +168,7 @@ def test_fit_ramp_recovers_its_parameters():
 
 def test_fit_gemm_and_elementwise_recover_their_parameters():
     truth = {"a_s": 4e-6, "p": 1.5, "bw_eff": 0.8, "flops_eff": 0.7}
-    m = np.tile(np.geomspace(1, 32768, 30), 3)     # three shapes: launch time and bandwidth separate
+    m = np.tile(np.geomspace(1, 32768, 30), 3)  # three shapes: launch time and bandwidth separate
     flops, nbytes = gemm_work(m, np.repeat([4096, 8192, 1024], 30), np.repeat([14336, 28672, 1024], 30))
     t = predict_gemm(truth, flops, nbytes, 312e12, 2.039e12)
     fit = fit_gemm(flops, nbytes, t, 312e12, 2.039e12)
@@ -135,7 +183,7 @@ def test_model_shape_infers_gated_mlp_and_dense_equivalent_moe():
     # active parameters without the experts that give them: a dense MLP of equal work
     ds = model_shape(replace(MODEL_PRESETS["deepseek-v2"], num_experts=0, experts_per_token=0))
     assert ds["dense_equivalent"] and 5000 < ds["intermediate_size"] < 15000
-    assert "dense_equivalent" not in model_shape(MODEL_PRESETS["deepseek-v2"])   # priced by experts
+    assert "dense_equivalent" not in model_shape(MODEL_PRESETS["deepseek-v2"])  # priced by experts
     assert token_grid(64, 4) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
 
 
@@ -162,16 +210,19 @@ def test_profiled_is_slower_than_the_roofline_bound():
 
 
 def test_extrapolation_is_named_per_step_and_described_for_a_run():
-    c = cost(tp=2)           # the shipped overhead was measured at tp 2-8 and up to 32,768 tokens
+    c = cost(tp=2)  # the shipped overhead was measured at tp 2-8 and up to 32,768 tokens
     inside, beyond = (c.price(StepBatch.build([(n, 0)], []))[1] for n in (100, 40000))
-    assert inside == () and set(beyond) == {"linear ops beyond 32768 measured tokens (scaled in proportion)",
-                                            "engine overhead at more tokens than measured (1-32768)",
-                                            "prefill_fresh attention beyond measured work"}
-    assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v2"   # no history: fixed
+    assert inside == () and set(beyond) == {
+        "linear ops beyond 32768 measured tokens (scaled in proportion)",
+        "engine overhead at more tokens than measured (1-32768)",
+        "prefill_fresh attention beyond measured work",
+    }
+    assert c.label == "profile:a100-llama-3-8b + overhead:splitwise-a100-v2"  # no history: fixed
     assert describe(c.label, 1, 2, beyond) == (
         "profile:a100-llama-3-8b + overhead:splitwise-a100-v2 [extrapolated in 1/2 steps: engine overhead at "
         "more tokens than measured (1-32768); linear ops beyond 32768 measured tokens (scaled in proportion); "
-        "prefill_fresh attention beyond measured work]")
+        "prefill_fresh attention beyond measured work]"
+    )
 
 
 def test_fallbacks_and_predictions_are_named():
@@ -186,8 +237,10 @@ def test_fallbacks_and_predictions_are_named():
 
 
 def test_profile_by_name_must_match_the_model():
-    assert (cost(choice=ProfileCost(profile="a100-llama-3-8b")).label
-            == "profile:a100-llama-3-8b + overhead:splitwise-a100-v2")
+    assert (
+        cost(choice=ProfileCost(profile="a100-llama-3-8b")).label
+        == "profile:a100-llama-3-8b + overhead:splitwise-a100-v2"
+    )
     with pytest.raises(InputError, match="measured for llama-2-7b"):
         cost(choice=ProfileCost(profile="a100-llama-2-7b"))
     on_h100 = cost(gpu="h100-80gb", choice=ProfileCost(profile="a100-llama-3-8b", step_overhead_ms=2))
@@ -196,12 +249,20 @@ def test_profile_by_name_must_match_the_model():
 
 
 def test_scenario_accepts_cost_model_profile_and_rejects_unknown_keys():
-    base = {"name": "s", "model": "llama-3-8b", "gpu": "a100-80gb", "max_model_len": 1024,
-            "workload": {"num_requests": 1, "arrival": {"process": "burst"},
-                         "prompt_tokens": {"dist": "fixed", "value": 8},
-                         "output_tokens": {"dist": "fixed", "value": 8}},
-            "policies": [{"name": "p", "allocator": "paged"}]}
-    assert validate_scenario(base, "s.yaml").cost_model == "calibrated"    # the shipped scenarios' too
+    base = {
+        "name": "s",
+        "model": "llama-3-8b",
+        "gpu": "a100-80gb",
+        "max_model_len": 1024,
+        "workload": {
+            "num_requests": 1,
+            "arrival": {"process": "burst"},
+            "prompt_tokens": {"dist": "fixed", "value": 8},
+            "output_tokens": {"dist": "fixed", "value": 8},
+        },
+        "policies": [{"name": "p", "allocator": "paged"}],
+    }
+    assert validate_scenario(base, "s.yaml").cost_model == "calibrated"  # the shipped scenarios' too
     scn = validate_scenario({**base, "cost_model": {"profile": "a100-llama-3-8b"}}, "s.yaml")
     assert scn.cost_model.profile == "a100-llama-3-8b"
     with pytest.raises(InputError, match="profil"):
@@ -215,11 +276,20 @@ def test_a_scenario_without_cost_model_is_priced_as_calibrated(tmp_path):
     roofline's lower bound."""
     import yaml
     from helpers import kvsim
-    doc = {"name": "first", "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 4096,
-           "workload": {"num_requests": 20, "arrival": {"process": "poisson", "rate_per_s": 4},
-                        "prompt_tokens": {"dist": "fixed", "value": 500},
-                        "output_tokens": {"dist": "fixed", "value": 50}},
-           "policies": [{"name": "paged", "allocator": "paged"}]}
+
+    doc = {
+        "name": "first",
+        "model": "llama-3-8b",
+        "gpu": "h100-80gb",
+        "max_model_len": 4096,
+        "workload": {
+            "num_requests": 20,
+            "arrival": {"process": "poisson", "rate_per_s": 4},
+            "prompt_tokens": {"dist": "fixed", "value": 500},
+            "output_tokens": {"dist": "fixed", "value": 50},
+        },
+        "policies": [{"name": "paged", "allocator": "paged"}],
+    }
     summaries = {}
     for name, choice in (("default", None), ("calibrated", "calibrated"), ("roofline", "roofline")):
         scn = doc if choice is None else {**doc, "cost_model": choice}
@@ -241,6 +311,7 @@ def test_a_scenario_without_cost_model_is_priced_as_calibrated(tmp_path):
 @needs_data
 def test_derive_script_reproduces_the_shipped_profiles(tmp_path):
     import runpy
+
     derive = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "derive_profiles.py"))
     derive["main"](DATA, tmp_path)
     for path in SHIPPED.rglob("*"):

@@ -7,6 +7,7 @@ light and the dark colour scheme. Needs the `browser` extra (pip install
 'kvsim[browser]') and a Chromium: Debian's at /usr/bin/chromium, or the one
 KVSIM_CHROMIUM names. Skipped where either is missing.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,24 +25,42 @@ if not Path(CHROMIUM).is_file():
     pytest.skip(f"no Chromium at {CHROMIUM} (set KVSIM_CHROMIUM)", allow_module_level=True)
 
 # Flags for a sandboxed, offline machine: no network chatter, no first-run pages.
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 LONG = "paged-16-prefix-caching-with-a-long-name"
 SCENARIO = {
-    "name": "browser", "seed": 2, "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 4096,
-    "kv_cache_memory_gib": 1, "cost_model": "calibrated",
-    "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate_per_s": 20.0},
-                 "prefix": {"groups": 4, "tokens": 400},
-                 "prompt_tokens": {"dist": "lognormal", "mean": 600, "cv": 0.5, "min": 16, "max": 3000},
-                 "output_tokens": {"dist": "lognormal", "mean": 100, "cv": 0.5, "min": 4, "max": 500}},
+    "name": "browser",
+    "seed": 2,
+    "model": "llama-3-8b",
+    "gpu": "h100-80gb",
+    "max_model_len": 4096,
+    "kv_cache_memory_gib": 1,
+    "cost_model": "calibrated",
+    "workload": {
+        "num_requests": 60,
+        "arrival": {"process": "poisson", "rate_per_s": 20.0},
+        "prefix": {"groups": 4, "tokens": 400},
+        "prompt_tokens": {"dist": "lognormal", "mean": 600, "cv": 0.5, "min": 16, "max": 3000},
+        "output_tokens": {"dist": "lognormal", "mean": 100, "cv": 0.5, "min": 4, "max": 500},
+    },
     "slo": {"ttft_p99_s": 2.0, "tpot_p50_s": 0.1},
-    "policies": [{"name": "contiguous", "allocator": "contiguous", "reserve": "max"},
-                 {"name": "contiguous-oracle", "allocator": "contiguous", "reserve": "oracle"},
-                 {"name": "paged-16", "allocator": "paged", "block_size": 16},
-                 {"name": "paged-32", "allocator": "paged", "block_size": 32},
-                 {"name": "paged-16-fp8", "allocator": "paged", "block_size": 16, "kv_cache_dtype": "fp8"},
-                 {"name": LONG, "allocator": "paged", "block_size": 16, "enable_prefix_caching": True}],
+    "policies": [
+        {"name": "contiguous", "allocator": "contiguous", "reserve": "max"},
+        {"name": "contiguous-oracle", "allocator": "contiguous", "reserve": "oracle"},
+        {"name": "paged-16", "allocator": "paged", "block_size": 16},
+        {"name": "paged-32", "allocator": "paged", "block_size": 32},
+        {"name": "paged-16-fp8", "allocator": "paged", "block_size": 16, "kv_cache_dtype": "fp8"},
+        {"name": LONG, "allocator": "paged", "block_size": 16, "enable_prefix_caching": True},
+    ],
 }
 
 FACTS = """() => {
@@ -82,7 +101,7 @@ def browser():
     with sync_api.sync_playwright() as p:
         try:
             chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        except Exception as e:          # a Chromium that does not start here: not the report's fault
+        except Exception as e:  # a Chromium that does not start here: not the report's fault
             pytest.skip(f"Chromium did not start: {e}")
         yield chromium
         chromium.close()
@@ -102,7 +121,7 @@ def facts(browser, page_file: Path, width: int, scheme: str = "light") -> dict:
 @pytest.mark.parametrize("width", [1280, 1024, 800])
 def test_nothing_overflows_the_page_and_every_image_loads(reports, browser, which, width):
     got = facts(browser, reports[which], width)
-    assert got["page"][0] <= got["page"][1], got["page"]          # no sideways scrolling
+    assert got["page"][0] <= got["page"][1], got["page"]  # no sideways scrolling
     assert got["images"], "the report shows figures"
     for alt, loaded, right in got["images"]:
         assert loaded, f"{alt} did not load"
@@ -119,10 +138,10 @@ def test_the_verdict_comes_first_and_the_wide_table_scrolls_in_its_box(reports, 
     assert got["order"][1][2] == "Verdict" and got["order"][2][1] == "verdict"
     assert got["order"][2][2].startswith("Pick ") or got["order"][2][2].startswith("No policy meets")
     wide = [b for b in got["boxes"] if b["cls"] == "scroll"]
-    assert len(wide) == 1 and not wide[0]["fits"]     # 54 columns: its box scrolls, the page does not
+    assert len(wide) == 1 and not wide[0]["fits"]  # 54 columns: its box scrolls, the page does not
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_text_keeps_its_contrast_in_either_colour_scheme(reports, browser, scheme):
     got = facts(browser, reports["compare"], 1280, scheme)
-    assert got["contrast"] >= 7, got["contrast"]      # WCAG AAA for body text
+    assert got["contrast"] >= 7, got["contrast"]  # WCAG AAA for body text

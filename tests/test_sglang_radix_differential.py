@@ -3,6 +3,7 @@
 of 4 tokens, inserts, lookups, locks, unlocks and evictions; they must agree exactly.
 Skips where SGLang 0.5.23 does not import. It runs in a child process, since importing
 SGLang here stands an empty module in for torchvision."""
+
 import subprocess
 import sys
 

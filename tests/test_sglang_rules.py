@@ -4,6 +4,7 @@
 Slots count SGLang's way: a request holds its prompt after its prefill and one slot more
 per decode step (the token it feeds in); every step takes one second.
 """
+
 import pytest
 
 from kvsim.engines import SGLang
@@ -18,9 +19,18 @@ from test_engine import make_requests
 
 
 def sglang(requests, allocator, *, budget=64):
-    return simulate("p", requests, allocator, OneSecondSteps(), engine="sglang", max_model_len=8192,
-                    max_num_seqs=256, max_num_batched_tokens=budget, chunked_prefill=True,
-                    check_invariants=True)
+    return simulate(
+        "p",
+        requests,
+        allocator,
+        OneSecondSteps(),
+        engine="sglang",
+        max_model_len=8192,
+        max_num_seqs=256,
+        max_num_batched_tokens=budget,
+        chunked_prefill=True,
+        check_invariants=True,
+    )
 
 
 def running(alloc, rows, *, cache_prompts=False):
@@ -28,8 +38,7 @@ def running(alloc, rows, *, cache_prompts=False):
     holding prompt + generated slots; with `cache_prompts` their prompts went into the
     tree after their prefill."""
     rules = SGLang()
-    s = Scheduler(alloc, rules, max_model_len=8192, max_num_seqs=8, max_num_batched_tokens=64,
-                  chunked_prefill=True)
+    s = Scheduler(alloc, rules, max_model_len=8192, max_num_seqs=8, max_num_batched_tokens=64, chunked_prefill=True)
     for i, (shape, generated) in enumerate(rows):
         seq = Request(RequestSpec(i, 0.0, shape.prompt_tokens, shape.output_tokens), shape)
         s.arrive(seq, 0.0, i)

@@ -1,4 +1,5 @@
 """Latency targets: the scenario's slo: block, the --slo syntax, and what a row misses."""
+
 import math
 
 import pytest

@@ -1,6 +1,7 @@
 """Load stages: exact arrival times of each process, stages one after another (open loop
 and drained), and the per-stage table's definitions (kvsim.workload.stages,
 kvsim.analysis.stages)."""
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,7 @@ class Fixed:
 
 def test_constant_is_a_fixed_interval():
     assert draw_stage("constant", 4.0, 2.0, None).tolist() == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
-    assert draw_stage("constant", 0.29, 100, None).size == 28      # int(0.29 * 100), as inference-perf counts
+    assert draw_stage("constant", 0.29, 100, None).size == 28  # int(0.29 * 100), as inference-perf counts
 
 
 def test_inference_perf_constant_scales_exponential_gaps_to_the_duration():
@@ -56,39 +57,60 @@ def test_inference_perf_poisson_spreads_each_seconds_count_over_it():
 def test_a_stage_plan():
     plan = StagePlan((2.0, 4.0, 1.0), (3.0, 2.0, 5.0), (6, 8, 5), drain=True, pause_s=2.0, poll_s=1.0)
     assert plan.zeros == (0.0, 5.0, 9.0) and plan.firsts == (0, 6, 14)
-    assert plan.next_zero(5.0, 8.2) == 5.0 + 4.0 + 2.0      # seen at the poll at 9, then 2 s later
-    assert plan.next_zero(5.0, 9.0) == 11.0                  # a poll at the very end sees it
-    assert plan.next_zero(5.0, -math.inf) == 7.0             # a stage of no requests ends at its zero
+    assert plan.next_zero(5.0, 8.2) == 5.0 + 4.0 + 2.0  # seen at the poll at 9, then 2 s later
+    assert plan.next_zero(5.0, 9.0) == 11.0  # a poll at the very end sees it
+    assert plan.next_zero(5.0, -math.inf) == 7.0  # a stage of no requests ends at its zero
     assert plan.truncated(10).counts == (6, 4)
 
 
 def scenario(arrival: dict, n: int | None = None) -> Scenario:
-    wl = {"arrival": arrival, "prompt_tokens": {"dist": "fixed", "value": 4},
-          "output_tokens": {"dist": "fixed", "value": 2}}
+    wl = {
+        "arrival": arrival,
+        "prompt_tokens": {"dist": "fixed", "value": 4},
+        "output_tokens": {"dist": "fixed", "value": 2},
+    }
     if n is not None:
         wl["num_requests"] = n
-    return Scenario.model_validate({"name": "s", "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 64,
-                                    "workload": wl, "policies": [{"name": "p", "allocator": "paged"}]})
+    return Scenario.model_validate(
+        {
+            "name": "s",
+            "model": "llama-3-8b",
+            "gpu": "h100-80gb",
+            "max_model_len": 64,
+            "workload": wl,
+            "policies": [{"name": "p", "allocator": "paged"}],
+        }
+    )
 
 
 def test_kvsim_constant_arrivals_and_open_loop_stages():
     table = generate_requests(scenario({"process": "constant", "rate_per_s": 2.0}, 3), None)
     assert table.arrival_s.tolist() == [0.5, 1.0, 1.5]
-    staged = scenario({"stages": [{"rate_per_s": 2, "duration_s": 1.5, "process": "constant"},
-                                  {"rate_per_s": 1, "duration_s": 2, "process": "constant"}], "pause_s": 0.5})
+    staged = scenario(
+        {
+            "stages": [
+                {"rate_per_s": 2, "duration_s": 1.5, "process": "constant"},
+                {"rate_per_s": 1, "duration_s": 2, "process": "constant"},
+            ],
+            "pause_s": 0.5,
+        }
+    )
     table = generate_requests(staged, None)
     # stage 1 starts at 1.5 + 0.5: its requests one and two seconds after
     assert table.arrival_s.tolist() == [0.5, 1.0, 1.5, 3.0, 4.0]
     assert table.stage.tolist() == [0, 0, 0, 1, 1]
 
 
-@pytest.mark.parametrize("arrival, words", [
-    ({"stages": []}, "at least 1 item"),
-    ({"stages": [{"rate_per_s": 1, "duration_s": 2, "process": "gamma"}]}, "cv goes with process gamma"),
-    ({"stages": [{"rate_per_s": 1, "duration_s": 2}], "poll_s": 1}, "poll_s goes with drain"),
-    ({"stages": [{"rate_per_s": 1, "duration_s": 2, "process": "burst"}]}, "'poisson', 'constant'"),
-    ({"process": "steady", "rate_per_s": 1}, "'poisson', 'gamma', 'burst' or 'constant'"),
-])
+@pytest.mark.parametrize(
+    "arrival, words",
+    [
+        ({"stages": []}, "at least 1 item"),
+        ({"stages": [{"rate_per_s": 1, "duration_s": 2, "process": "gamma"}]}, "cv goes with process gamma"),
+        ({"stages": [{"rate_per_s": 1, "duration_s": 2}], "poll_s": 1}, "poll_s goes with drain"),
+        ({"stages": [{"rate_per_s": 1, "duration_s": 2, "process": "burst"}]}, "'poisson', 'constant'"),
+        ({"process": "steady", "rate_per_s": 1}, "'poisson', 'gamma', 'burst' or 'constant'"),
+    ],
+)
 def test_bad_stages_are_refused(arrival, words):
     with pytest.raises(Exception, match=words):
         scenario(arrival)
@@ -100,8 +122,18 @@ def drained_run(exact: bool):
     plan = StagePlan((1.0, 1.0), (1.0, 2.0), (1, 2), drain=True, pause_s=2.0, poll_s=1.0)
     # nominal times: stage 0 at 0.5; stage 1 (nominal zero 1 + 2 = 3) at 3.5 and 4.5
     table = RequestTable([0.5, 3.5, 4.5], [4, 4, 4], [2, 2, 2], stage=[0, 1, 1], plan=plan)
-    return simulate("p", table, PagedAllocator(100, 4), OneSecondSteps(), max_model_len=64, max_num_seqs=8,
-                    max_num_batched_tokens=64, chunked_prefill=True, check_invariants=True, exact_steps=exact)
+    return simulate(
+        "p",
+        table,
+        PagedAllocator(100, 4),
+        OneSecondSteps(),
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        chunked_prefill=True,
+        check_invariants=True,
+        exact_steps=exact,
+    )
 
 
 @pytest.mark.parametrize("exact", [True, False])
@@ -118,8 +150,16 @@ def test_a_drained_stage_waits_for_the_previous_one(exact):
 def test_stage_rows_define_latencies_as_inference_perf_does():
     # one request: prompt 4, 3 tokens at 1, 2, 3 s (one-second steps from its arrival at 0)
     table = RequestTable([0.0], [4], [3])
-    run = simulate("p", table, PagedAllocator(100, 4), OneSecondSteps(), max_model_len=64, max_num_seqs=8,
-                   max_num_batched_tokens=64, chunked_prefill=True)
+    run = simulate(
+        "p",
+        table,
+        PagedAllocator(100, 4),
+        OneSecondSteps(),
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        chunked_prefill=True,
+    )
     row = stage_rows(run, request_table(run), [(1.0, 1.0)])[0]
     # the client's lines: each token's event and its blank line, then [DONE] and its blank
     lines = [1, 1, 2, 2, 3, 3, 3, 3]
@@ -139,8 +179,16 @@ def test_pooled_gaps_match_inference_perf_on_a_busy_run():
     one's tokens come at the ends of the steps it runs in; kvsim's pooled gaps are the
     client's line gaps, as inference-perf computes them over those times."""
     specs = RequestTable([0.0, 0.3, 1.2, 2.5, 2.6], [4, 9, 4, 30, 4], [5, 3, 6, 2, 1])
-    run = simulate("p", specs, PagedAllocator(100, 4), OneSecondSteps(), max_model_len=64, max_num_seqs=8,
-                   max_num_batched_tokens=16, chunked_prefill=True)
+    run = simulate(
+        "p",
+        specs,
+        PagedAllocator(100, 4),
+        OneSecondSteps(),
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=16,
+        chunked_prefill=True,
+    )
     table = request_table(run)
     ends = np.array([t + d for t, d, *_ in run.steps])
     all_gaps, tpots = [], []
@@ -162,13 +210,21 @@ def test_a_preemption_is_one_long_gap():
     # 10 one-token blocks: r1 (3 + 3) is preempted when r0 (4 + 4) grows, then recomputed
     # once r0 is done (the scheduler's own test has this timeline: tests/test_engine.py)
     specs = RequestTable([0.0, 0.0], [4, 3], [4, 3])
-    run = simulate("p", specs, PagedAllocator(10, 1), OneSecondSteps(), max_model_len=64, max_num_seqs=8,
-                   max_num_batched_tokens=64, chunked_prefill=False)
+    run = simulate(
+        "p",
+        specs,
+        PagedAllocator(10, 1),
+        OneSecondSteps(),
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        chunked_prefill=False,
+    )
     table = request_table(run)
     assert table.preemptions.tolist() == [0, 1]
     stalls = run.records.stalls[1]
     assert len(stalls) == 1
-    (last, resumed), = stalls
+    ((last, resumed),) = stalls
     r1 = table.iloc[1]
     ends = np.array([t + d for t, d, *_ in run.steps])
     tokens = np.r_[ends[(ends >= r1.first_token_s) & (ends <= last)], ends[(ends >= resumed) & (ends <= r1.finish_s)]]
@@ -193,24 +249,46 @@ def test_weighted_percentile_is_numpys_on_the_repeated_values():
 
 def test_stages_csv_from_the_command(tmp_path):
     import yaml
-    scn = {"name": "st", "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 2048, "cost_model": "roofline",
-           "workload": {"arrival": {"stages": [{"rate_per_s": 2, "duration_s": 3, "process": "constant"},
-                                                {"rate_per_s": 4, "duration_s": 1, "process": "poisson"}],
-                                    "drain": True},
-                        "prompt_tokens": {"dist": "fixed", "value": 100}, "output_tokens": {"dist": "fixed", "value": 20}},
-           "policies": [{"name": "a", "allocator": "paged"}, {"name": "b", "allocator": "contiguous"}]}
+
+    scn = {
+        "name": "st",
+        "model": "llama-3-8b",
+        "gpu": "h100-80gb",
+        "max_model_len": 2048,
+        "cost_model": "roofline",
+        "workload": {
+            "arrival": {
+                "stages": [
+                    {"rate_per_s": 2, "duration_s": 3, "process": "constant"},
+                    {"rate_per_s": 4, "duration_s": 1, "process": "poisson"},
+                ],
+                "drain": True,
+            },
+            "prompt_tokens": {"dist": "fixed", "value": 100},
+            "output_tokens": {"dist": "fixed", "value": 20},
+        },
+        "policies": [{"name": "a", "allocator": "paged"}, {"name": "b", "allocator": "contiguous"}],
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scn))
     assert kvsim("run", path, "--out", tmp_path / "out", "--quiet")[0] == 0
     stages = pd.read_csv(tmp_path / "out" / "stages.csv")
     assert stages[["policy", "stage", "rate_per_s", "duration_s", "requests"]].values.tolist() == [
-        ["a", 0, 2.0, 3.0, 6], ["a", 1, 4.0, 1.0, 4], ["b", 0, 2.0, 3.0, 6], ["b", 1, 4.0, 1.0, 4]]
+        ["a", 0, 2.0, 3.0, 6],
+        ["a", 1, 4.0, 1.0, 4],
+        ["b", 0, 2.0, 3.0, 6],
+        ["b", 1, 4.0, 1.0, 4],
+    ]
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     for col in ("ttft_mean_s", "e2e_mean_s", "e2e_p90_s", "itl_mean_s", "requests_timed_out"):
         assert col in summary
     # a run without stages is one stage at its rate
-    scn["workload"] = {"num_requests": 5, "arrival": {"process": "poisson", "rate_per_s": 3},
-                       "prompt_tokens": {"dist": "fixed", "value": 100}, "output_tokens": {"dist": "fixed", "value": 20}}
+    scn["workload"] = {
+        "num_requests": 5,
+        "arrival": {"process": "poisson", "rate_per_s": 3},
+        "prompt_tokens": {"dist": "fixed", "value": 100},
+        "output_tokens": {"dist": "fixed", "value": 20},
+    }
     path.write_text(yaml.safe_dump(scn))
     assert kvsim("run", path, "--out", tmp_path / "one", "--quiet")[0] == 0
     one = pd.read_csv(tmp_path / "one" / "stages.csv")
@@ -226,6 +304,13 @@ def test_stages_csv_from_the_command(tmp_path):
 
 def test_figures_name_the_stages():
     from kvsim.plots.style import context_line
-    scn = {"name": "s", "model": "m", "gpu": "g",
-           "workload": {"arrival": {"stages": [{"rate_per_s": 8, "duration_s": 600}, {"rate_per_s": 20, "duration_s": 600}]}}}
+
+    scn = {
+        "name": "s",
+        "model": "m",
+        "gpu": "g",
+        "workload": {
+            "arrival": {"stages": [{"rate_per_s": 8, "duration_s": 600}, {"rate_per_s": 20, "duration_s": 600}]}
+        },
+    }
     assert "stages 8 req/s x 600 s, 20 req/s x 600 s" in context_line(scn)

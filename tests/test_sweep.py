@@ -4,6 +4,7 @@ point rerun without touching finished ones, an interrupted sweep resumed without
 rerunning what finished, and `kvsim sweep` end to end. Local pool and Ray giving the same
 rows: tests/test_sweep_ray.py.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,20 +30,30 @@ from kvsim.sweep.store import Store
 # Llama-3-8B with a 1 GiB KV pool (8,192 slots): 30 requests of ~700 tokens at 20/s
 # fill it, so the two policies differ; one run of both takes ~0.15 s.
 BASE = {
-    "name": "tiny", "seed": 1, "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 2048,
-    "kv_cache_memory_gib": 1, "cost_model": "roofline",
+    "name": "tiny",
+    "seed": 1,
+    "model": "llama-3-8b",
+    "gpu": "h100-80gb",
+    "max_model_len": 2048,
+    "kv_cache_memory_gib": 1,
+    "cost_model": "roofline",
     "workload": {
-        "num_requests": 30, "arrival": {"process": "poisson", "rate_per_s": 20.0},
+        "num_requests": 30,
+        "arrival": {"process": "poisson", "rate_per_s": 20.0},
         "prompt_tokens": {"dist": "lognormal", "mean": 600, "cv": 0.5, "min": 16, "max": 1500},
         "output_tokens": {"dist": "lognormal", "mean": 100, "cv": 0.5, "min": 4, "max": 400},
     },
-    "policies": [{"name": "contiguous", "allocator": "contiguous"},
-                 {"name": "paged", "allocator": "paged", "block_size": 16}],
+    "policies": [
+        {"name": "contiguous", "allocator": "contiguous"},
+        {"name": "paged", "allocator": "paged", "block_size": 16},
+    ],
 }
 # 2 x 2 points x 2 seeds = 8 runs
-SWEEP = {"scenario": "base.yaml",
-         "grid": {"workload.num_requests": [20, 30], "policies[allocator=paged].block_size": [16, 32]},
-         "seeds": [1, 2]}
+SWEEP = {
+    "scenario": "base.yaml",
+    "grid": {"workload.num_requests": [20, 30], "policies[allocator=paged].block_size": [16, 32]},
+    "seeds": [1, 2],
+}
 
 
 def write_sweep(folder: Path, sweep: dict | None = None, base: dict | None = None) -> Path:
@@ -90,23 +101,40 @@ class Recorder:
 
 # --- dotted paths ----------------------------------------------------------------
 def raw_scenario() -> dict:
-    return {"seed": 0, "workload": {"arrival": {"process": "poisson", "rate_per_s": 1.0}},
-            "policies": [{"name": "a", "allocator": "contiguous"}, {"name": "b", "allocator": "paged"},
-                         {"name": "c", "allocator": "paged"}]}
+    return {
+        "seed": 0,
+        "workload": {"arrival": {"process": "poisson", "rate_per_s": 1.0}},
+        "policies": [
+            {"name": "a", "allocator": "contiguous"},
+            {"name": "b", "allocator": "paged"},
+            {"name": "c", "allocator": "paged"},
+        ],
+    }
 
 
 def test_paths_set_keys_list_entries_and_selected_entries():
     raw = raw_scenario()
-    for path, value in [("workload.arrival.rate_per_s", 3), ("policies[allocator=paged].block_size", 32),
-                        ("policies[0].kv_cache_dtype", "fp8"), ("policies[*].kv_scale", "head"),
-                        ("policies[-1].name", "z"), ("scheduler.max_num_seqs", 4), ("engine", "vllm-v1")]:
+    for path, value in [
+        ("workload.arrival.rate_per_s", 3),
+        ("policies[allocator=paged].block_size", 32),
+        ("policies[0].kv_cache_dtype", "fp8"),
+        ("policies[*].kv_scale", "head"),
+        ("policies[-1].name", "z"),
+        ("scheduler.max_num_seqs", 4),
+        ("engine", "vllm-v1"),
+    ]:
         set_path(raw, path, value, "s.yaml", f"grid.{path}")
     assert raw == {
-        "seed": 0, "workload": {"arrival": {"process": "poisson", "rate_per_s": 3}},
-        "policies": [{"name": "a", "allocator": "contiguous", "kv_cache_dtype": "fp8", "kv_scale": "head"},
-                     {"name": "b", "allocator": "paged", "block_size": 32, "kv_scale": "head"},
-                     {"name": "z", "allocator": "paged", "block_size": 32, "kv_scale": "head"}],
-        "scheduler": {"max_num_seqs": 4}, "engine": "vllm-v1"}
+        "seed": 0,
+        "workload": {"arrival": {"process": "poisson", "rate_per_s": 3}},
+        "policies": [
+            {"name": "a", "allocator": "contiguous", "kv_cache_dtype": "fp8", "kv_scale": "head"},
+            {"name": "b", "allocator": "paged", "block_size": 32, "kv_scale": "head"},
+            {"name": "z", "allocator": "paged", "block_size": 32, "kv_scale": "head"},
+        ],
+        "scheduler": {"max_num_seqs": 4},
+        "engine": "vllm-v1",
+    }
 
 
 def test_a_set_value_is_a_copy():
@@ -116,17 +144,20 @@ def test_a_set_value_is_a_copy():
     assert raw["model"] == {"name": "m", "num_layers": 2}
 
 
-@pytest.mark.parametrize("path, message", [
-    ("policies[name=zzz].block_size", "no entry of policies matches [name=zzz]"),
-    ("policies[5].block_size", "policies has 3 entries; [5] is out of range"),
-    ("seed.x", "seed is 0, not a mapping"),
-    ("workload[0]", "workload is {\"arrival\": {\"process\": \"poisson\", \"r..., not a list"),
-    ("policies[*", "not a field path"),
-    ("policies..x", "not a field path"),
-    ("policies[x].a", "select list entries with [*], [INDEX] or [KEY=VALUE]"),
-    ("scheduler[*].x", "the scenario has no list at scheduler"),
-    ("[0]", "a field path starts with a key"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("policies[name=zzz].block_size", "no entry of policies matches [name=zzz]"),
+        ("policies[5].block_size", "policies has 3 entries; [5] is out of range"),
+        ("seed.x", "seed is 0, not a mapping"),
+        ("workload[0]", "workload is {\"arrival\": {\"process\": \"poisson\", \"r..., not a list"),
+        ("policies[*", "not a field path"),
+        ("policies..x", "not a field path"),
+        ("policies[x].a", "select list entries with [*], [INDEX] or [KEY=VALUE]"),
+        ("scheduler[*].x", "the scenario has no list at scheduler"),
+        ("[0]", "a field path starts with a key"),
+    ],
+)
 def test_bad_paths_are_input_errors_naming_the_sweep_and_the_entry(path, message):
     with pytest.raises(InputError) as e:
         set_path(raw_scenario(), path, 1, "s.yaml", f"grid.{path}")
@@ -136,28 +167,40 @@ def test_bad_paths_are_input_errors_naming_the_sweep_and_the_entry(path, message
 
 # --- expanding a sweep -----------------------------------------------------------
 def test_points_times_grid_times_seeds_in_the_files_order(tmp_path):
-    sweep = {"scenario": "base.yaml", "points": [{"scheduler.max_num_seqs": 4}, {"scheduler.max_num_seqs": 8}],
-             "grid": {"workload.arrival.rate_per_s": [10, 20]}, "seeds": [3, 4],
-             "set": {"workload.num_requests": 12}}
+    sweep = {
+        "scenario": "base.yaml",
+        "points": [{"scheduler.max_num_seqs": 4}, {"scheduler.max_num_seqs": 8}],
+        "grid": {"workload.arrival.rate_per_s": [10, 20]},
+        "seeds": [3, 4],
+        "set": {"workload.num_requests": 12},
+    }
     plan = load_sweep(write_sweep(tmp_path, sweep))
     assert plan.params == ["scheduler.max_num_seqs", "workload.arrival.rate_per_s"]
     assert [(tuple(p.params.values()), p.seed) for p in plan.points] == [
-        ((s, r), seed) for s in (4, 8) for r in (10, 20) for seed in (3, 4)]
+        ((s, r), seed) for s in (4, 8) for r in (10, 20) for seed in (3, 4)
+    ]
     for p in plan.points:
         scn = p.scenario
-        assert (scn.scheduler.max_num_seqs, scn.workload.arrival.rate_per_s, scn.seed, scn.workload.num_requests) == \
-            (p.params["scheduler.max_num_seqs"], p.params["workload.arrival.rate_per_s"], p.seed, 12)
+        assert (scn.scheduler.max_num_seqs, scn.workload.arrival.rate_per_s, scn.seed, scn.workload.num_requests) == (
+            p.params["scheduler.max_num_seqs"],
+            p.params["workload.arrival.rate_per_s"],
+            p.seed,
+            12,
+        )
     assert len({p.id for p in plan.points}) == 8
     assert plan.name == "sweep" and plan.base_dir == tmp_path
 
 
 def test_quick_replaces_seeds_and_updates_set_and_grid(tmp_path):
-    sweep = {**SWEEP, "set": {"workload.num_requests": 12},
-             "quick": {"seeds": [7], "set": {"workload.num_requests": 6},
-                       "grid": {"workload.num_requests": [6]}}}
+    sweep = {
+        **SWEEP,
+        "set": {"workload.num_requests": 12},
+        "quick": {"seeds": [7], "set": {"workload.num_requests": 6}, "grid": {"workload.num_requests": [6]}},
+    }
     plan = load_sweep(write_sweep(tmp_path, sweep), quick=True)
     assert [(p.params, p.seed) for p in plan.points] == [
-        ({"workload.num_requests": 6, "policies[allocator=paged].block_size": b}, 7) for b in (16, 32)]
+        ({"workload.num_requests": 6, "policies[allocator=paged].block_size": b}, 7) for b in (16, 32)
+    ]
 
 
 def test_without_seeds_a_point_runs_once_with_the_scenarios_seed(tmp_path):
@@ -172,20 +215,26 @@ def test_one_scenario_reached_twice_is_one_id(tmp_path):
     assert ids[0] == ids[2] != ids[1]
 
 
-@pytest.mark.parametrize("sweep, field, message", [
-    ({"grid": {"workload.arrival.rate_per_s": [10, -1]}}, "workload.arrival.rate_per_s",
-     "greater than 0 (at workload.arrival.rate_per_s=-1, seed=1)"),
-    ({"grid": {"workload.arival.rate_per_s": [10]}}, "workload.arival", "did you mean 'arrival'?"),
-    ({"grid": {"policies[*].block_size": [16]}}, "policies[0].block_size", "unknown key 'block_size'"),
-    ({"grids": {}}, "grids", "did you mean 'grid'?"),
-    ({"grid": {"seed": [1, 2]}, "seeds": [1]}, "grid.seed", "sweep seeds there"),
-    ({"seeds": [1, 1]}, "seeds", "distinct"),
-    ({"grid": {"workload.num_requests": [5, 5]}}, "grid.workload.num_requests", "repeats the value 5"),
-    ({"grid": {"workload.num_requests": []}}, "grid.workload.num_requests", "at least one value"),
-    ({"grid": {"x": [1]}, "points": [{"x": 2}]}, "points[0].x", "is also in grid"),
-    ({"seeds": ["a"]}, "seeds.0", "integer"),
-    ({"scenario": "nope.yaml"}, "scenario", "nope.yaml not found"),
-])
+@pytest.mark.parametrize(
+    "sweep, field, message",
+    [
+        (
+            {"grid": {"workload.arrival.rate_per_s": [10, -1]}},
+            "workload.arrival.rate_per_s",
+            "greater than 0 (at workload.arrival.rate_per_s=-1, seed=1)",
+        ),
+        ({"grid": {"workload.arival.rate_per_s": [10]}}, "workload.arival", "did you mean 'arrival'?"),
+        ({"grid": {"policies[*].block_size": [16]}}, "policies[0].block_size", "unknown key 'block_size'"),
+        ({"grids": {}}, "grids", "did you mean 'grid'?"),
+        ({"grid": {"seed": [1, 2]}, "seeds": [1]}, "grid.seed", "sweep seeds there"),
+        ({"seeds": [1, 1]}, "seeds", "distinct"),
+        ({"grid": {"workload.num_requests": [5, 5]}}, "grid.workload.num_requests", "repeats the value 5"),
+        ({"grid": {"workload.num_requests": []}}, "grid.workload.num_requests", "at least one value"),
+        ({"grid": {"x": [1]}, "points": [{"x": 2}]}, "points[0].x", "is also in grid"),
+        ({"seeds": ["a"]}, "seeds.0", "integer"),
+        ({"scenario": "nope.yaml"}, "scenario", "nope.yaml not found"),
+    ],
+)
 def test_bad_sweeps_are_one_input_error_naming_the_sweep_file(tmp_path, sweep, field, message):
     path = write_sweep(tmp_path, {"scenario": "base.yaml", **sweep})
     with pytest.raises(InputError) as e:
@@ -305,17 +354,24 @@ def test_kvsim_sweep_writes_rows_summary_and_plots_and_resumes(tmp_path):
     assert code == 0, stderr
     assert "4 runs (4 distinct), 4 to run on local pool of 2 workers" in stderr
     assert {p.name for p in out.iterdir()} == {
-        "sweep.json", "points", "results.parquet", "summary.csv",
-        "sweep_workload_num_requests.png", "sweep_policies_allocator_paged_block_size.png"}
+        "sweep.json",
+        "points",
+        "results.parquet",
+        "summary.csv",
+        "sweep_workload_num_requests.png",
+        "sweep_policies_allocator_paged_block_size.png",
+    }
     summary = pd.read_csv(out / "summary.csv")
     assert list(summary.columns[:4]) == [*SWEEP["grid"], "policy", "seeds"]
-    assert not any(c.endswith("_ci95") for c in summary.columns)    # one seed: no interval
+    assert not any(c.endswith("_ci95") for c in summary.columns)  # one seed: no interval
     assert len(pd.read_parquet(out / "results.parquet")) == 8
     from kvsim.cli.sweep import sweep_context
-    from kvsim.plots.sweep_figures import write_sweep_plots      # drawn in 2 processes above
+    from kvsim.plots.sweep_figures import write_sweep_plots  # drawn in 2 processes above
+
     (tmp_path / "serial").mkdir()
-    serial = write_sweep_plots(summary, list(SWEEP["grid"]), tmp_path / "serial", workers=1,
-                               context=sweep_context(load_sweep(path)))
+    serial = write_sweep_plots(
+        summary, list(SWEEP["grid"]), tmp_path / "serial", workers=1, context=sweep_context(load_sweep(path))
+    )
     assert len(serial) == 2 and all(p.read_bytes() == (out / p.name).read_bytes() for p in serial)
 
     code, _, stderr = kvsim("sweep", path, "--out", out)
@@ -344,8 +400,7 @@ def test_kvsim_sweep_bad_input_is_one_line_and_writes_nothing(tmp_path):
 
 
 def test_without_ray_installed_ray_is_an_input_error(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", None)     # `import ray` now fails
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails
     code, _, stderr = kvsim("sweep", write_sweep(tmp_path), "--ray", "local", "--out", tmp_path / "out")
-    assert (code, stderr) == (2, "kvsim: error: command line: --ray: Ray is not installed: "
-                                 "pip install 'kvsim[ray]'\n")
+    assert (code, stderr) == (2, "kvsim: error: command line: --ray: Ray is not installed: pip install 'kvsim[ray]'\n")
     assert not (tmp_path / "out").exists()

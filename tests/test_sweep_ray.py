@@ -2,6 +2,7 @@
 and byte for byte in summary.csv; a Ray worker killed mid-sweep has its point rerun.
 Skipped where Ray is not installed (pip install 'kvsim[ray]').
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,13 @@ def session():
     """One local Ray instance of two CPUs for the module. Its workers import this tree's
     kvsim and, to unpickle Recorder, the tests folder."""
     path = os.pathsep.join(p for p in (str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="warning",
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
     yield
     ray.shutdown()
 

@@ -1,6 +1,7 @@
 """What the commands print fits 100 columns: `kvsim run`'s table, notes and verdict
 (`--wide` for everything), `kvsim sweep`'s table per swept field, `kvsim compare`'s
 verdict, `kvsim capacity`'s answer and `kvsim reproduce`'s claims."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -11,29 +12,56 @@ from helpers import kvsim
 from kvsim.cli.table import WIDTH, capacity_lines, claim_lines, layout, run_table, seconds, sweep_tables
 
 LONG = "paged-16-prefix-with-a-rather-long-policy-name"
-COST = ("profile:h100-llama-3-8b + overhead:splitwise-a100-v2 (on h100-80gb: links x1.5) [extrapolated "
-        "in 4542/4542 steps: engine overhead at tp 1 (measured 2-8); prefill_cached attention beyond "
-        "measured work]")
+COST = (
+    "profile:h100-llama-3-8b + overhead:splitwise-a100-v2 (on h100-80gb: links x1.5) [extrapolated "
+    "in 4542/4542 steps: engine overhead at tp 1 (measured 2-8); prefill_cached attention beyond "
+    "measured work]"
+)
 
 SCENARIO = {
-    "name": "tiny", "seed": 3, "model": "llama-3-8b", "gpu": "h100-80gb", "max_model_len": 4096,
-    "kv_cache_memory_gib": 1, "cost_model": "calibrated",
-    "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate_per_s": 20.0},
-                 "prompt_tokens": {"dist": "lognormal", "mean": 800, "cv": 0.5, "min": 16, "max": 3000},
-                 "output_tokens": {"dist": "lognormal", "mean": 100, "cv": 0.5, "min": 4, "max": 500}},
+    "name": "tiny",
+    "seed": 3,
+    "model": "llama-3-8b",
+    "gpu": "h100-80gb",
+    "max_model_len": 4096,
+    "kv_cache_memory_gib": 1,
+    "cost_model": "calibrated",
+    "workload": {
+        "num_requests": 40,
+        "arrival": {"process": "poisson", "rate_per_s": 20.0},
+        "prompt_tokens": {"dist": "lognormal", "mean": 800, "cv": 0.5, "min": 16, "max": 3000},
+        "output_tokens": {"dist": "lognormal", "mean": 100, "cv": 0.5, "min": 4, "max": 500},
+    },
     "slo": {"ttft_p99_s": 2.0, "tpot_p50_s": 0.1},
-    "policies": [{"name": "contiguous-oracle", "allocator": "contiguous", "reserve": "oracle"},
-                 {"name": "paged-16", "allocator": "paged", "block_size": 16},
-                 {"name": LONG, "allocator": "paged", "block_size": 16, "enable_prefix_caching": True}],
+    "policies": [
+        {"name": "contiguous-oracle", "allocator": "contiguous", "reserve": "oracle"},
+        {"name": "paged-16", "allocator": "paged", "block_size": 16},
+        {"name": LONG, "allocator": "paged", "block_size": 16, "enable_prefix_caching": True},
+    ],
 }
 
 
 def summary_row(policy: str, **values) -> dict:
-    row = dict(policy=policy, kv_utilization=0.993, mean_batch_size=141.4, achievable_batch_size=150.0,
-               limited_by_memory=0.1, limited_by_token_budget=0.67, limited_by_arrivals=0.23,
-               throughput_tok_s=12345.0, ttft_p50_s=73.6, ttft_p99_s=1234.5, tpot_p50_s=0.2061,
-               tpot_p99_s=0.0123, prefix_hit_rate=0.209, preemptions=305, requests_rejected=2,
-               fraction_basis="memory", engine="vllm-v1", cost_model=COST)
+    row = dict(
+        policy=policy,
+        kv_utilization=0.993,
+        mean_batch_size=141.4,
+        achievable_batch_size=150.0,
+        limited_by_memory=0.1,
+        limited_by_token_budget=0.67,
+        limited_by_arrivals=0.23,
+        throughput_tok_s=12345.0,
+        ttft_p50_s=73.6,
+        ttft_p99_s=1234.5,
+        tpot_p50_s=0.2061,
+        tpot_p99_s=0.0123,
+        prefix_hit_rate=0.209,
+        preemptions=305,
+        requests_rejected=2,
+        fraction_basis="memory",
+        engine="vllm-v1",
+        cost_model=COST,
+    )
     return {**row, **values}
 
 
@@ -43,8 +71,13 @@ def widest(text: str) -> int:
 
 
 def test_seconds_keep_latencies_short():
-    assert [seconds(x) for x in (0.144, 0.0073, 70.8, 1234.5, float("nan"))] == \
-        ["144ms", "7.3ms", "70.8s", "1,234s", "n/a"]
+    assert [seconds(x) for x in (0.144, 0.0073, 70.8, 1234.5, float("nan"))] == [
+        "144ms",
+        "7.3ms",
+        "70.8s",
+        "1,234s",
+        "n/a",
+    ]
 
 
 def test_a_table_too_wide_cuts_only_the_first_column_and_groups_sit_under_their_heading():
@@ -78,7 +111,7 @@ def test_kvsim_run_prints_essentials_within_100_columns_and_everything_with_wide
     for heading in ("internal", "external", "achv batch", "e2e p99 s", "ttft p90 s", "basis"):
         assert heading in wide, heading
     assert widest(wide) > WIDTH and f"step costs of {LONG}:" in wide
-    assert LONG + " at 20 req/s" in wide          # each policy's sentence
+    assert LONG + " at 20 req/s" in wide  # each policy's sentence
 
 
 def test_compare_echoes_its_verdict(tmp_path):
@@ -95,10 +128,16 @@ def test_compare_echoes_its_verdict(tmp_path):
 
 def test_sweep_prints_a_compact_table_per_swept_field(tmp_path):
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**SCENARIO, "policies": SCENARIO["policies"][:2]}))
-    (tmp_path / "grid.yaml").write_text(yaml.safe_dump({
-        "scenario": "tiny.yaml", "set": {"workload.num_requests": 20},
-        "grid": {"workload.arrival.rate_per_s": [5, 10], "policies[allocator=paged].block_size": [16, 32]},
-        "seeds": [0]}))
+    (tmp_path / "grid.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "scenario": "tiny.yaml",
+                "set": {"workload.num_requests": 20},
+                "grid": {"workload.arrival.rate_per_s": [5, 10], "policies[allocator=paged].block_size": [16, 32]},
+                "seeds": [0],
+            }
+        )
+    )
     code, out, err = kvsim("sweep", tmp_path / "grid.yaml", "--out", tmp_path / "sw", "--workers", 1)
     assert code == 0, err
     assert widest(out) <= WIDTH, out
@@ -108,20 +147,40 @@ def test_sweep_prints_a_compact_table_per_swept_field(tmp_path):
 
 
 def test_sweep_tables_average_over_the_other_fields():
-    summary = pd.DataFrame({"a": [1, 1, 2, 2], "b": ["x", "y", "x", "y"], "policy": ["p"] * 4,
-                            "throughput_tok_s": [10.0, 20.0, 30.0, 50.0]})
+    summary = pd.DataFrame(
+        {
+            "a": [1, 1, 2, 2],
+            "b": ["x", "y", "x", "y"],
+            "policy": ["p"] * 4,
+            "throughput_tok_s": [10.0, 20.0, 30.0, 50.0],
+        }
+    )
     lines = sweep_tables(summary, ["a", "b"])
     rows = [line.split() for line in lines if line.startswith("p ")]
     assert rows == [["p", "1", "15"], ["p", "2", "40"], ["p", "x", "20"], ["p", "y", "35"]]
 
 
 def test_capacity_and_claims_lines_fit():
-    table = pd.DataFrame({"policy": [LONG], "max_rate_per_s": [25.76784531], "lowest_missed_rate_per_s": [26.9],
-                          "probes": [9], "note": ["not monotone: a higher rate met the targets " * 3]})
+    table = pd.DataFrame(
+        {
+            "policy": [LONG],
+            "max_rate_per_s": [25.76784531],
+            "lowest_missed_rate_per_s": [26.9],
+            "probes": [9],
+            "note": ["not monotone: a higher rate met the targets " * 3],
+        }
+    )
     lines = capacity_lines("highest arrival rate within ttft_p99_s <= 1 s " * 3, table)
     assert max(map(len, lines)) <= WIDTH and "25.77" in "\n".join(lines)
-    claims = pd.DataFrame({"id": ["8b"], "verdict": ["holds"], "claim": ["beam search " * 30],
-                           "measured": ["x" * 300], "expected": ["y " * 80]})
+    claims = pd.DataFrame(
+        {
+            "id": ["8b"],
+            "verdict": ["holds"],
+            "claim": ["beam search " * 30],
+            "measured": ["x" * 300],
+            "expected": ["y " * 80],
+        }
+    )
     lines = claim_lines(claims)
     assert max(map(len, lines)) <= WIDTH and lines[0].startswith("8b: holds: beam search")
     assert any(line.startswith("    measured: ") for line in lines)

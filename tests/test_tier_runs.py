@@ -1,5 +1,6 @@
 """KV tiers in a run: what they change and what they must not, the fast path against the
 plain one, fleets with shared tiers, and bad input."""
+
 import copy
 from pathlib import Path
 
@@ -14,13 +15,27 @@ from helpers import kvsim, one_error_line
 PREFIX = {"name": "prefix", "allocator": "paged", "block_size": 16, "enable_prefix_caching": True}
 # A 0.25 GiB pool (2,048 Llama-3-8B token slots) against a corpus of 24,000 tokens.
 BASE = {
-    "name": "tiers", "seed": 5, "model": "llama-3-8b", "gpu": "h100-80gb", "kv_cache_memory_gib": 0.25,
-    "max_model_len": 2048, "cost_model": "calibrated",
-    "workload": {"num_requests": 80, "arrival": {"process": "poisson", "rate_per_s": 8.0},
-                 "rag": {"system_tokens": 64, "corpus_docs": 60, "doc_tokens": 400, "docs_per_request": 2,
-                         "popularity": "zipf", "zipf_s": 1.2},
-                 "prompt_tokens": {"dist": "lognormal", "mean": 60, "cv": 0.5, "min": 8, "max": 200},
-                 "output_tokens": {"dist": "lognormal", "mean": 40, "cv": 0.6, "min": 2, "max": 120}},
+    "name": "tiers",
+    "seed": 5,
+    "model": "llama-3-8b",
+    "gpu": "h100-80gb",
+    "kv_cache_memory_gib": 0.25,
+    "max_model_len": 2048,
+    "cost_model": "calibrated",
+    "workload": {
+        "num_requests": 80,
+        "arrival": {"process": "poisson", "rate_per_s": 8.0},
+        "rag": {
+            "system_tokens": 64,
+            "corpus_docs": 60,
+            "doc_tokens": 400,
+            "docs_per_request": 2,
+            "popularity": "zipf",
+            "zipf_s": 1.2,
+        },
+        "prompt_tokens": {"dist": "lognormal", "mean": 60, "cv": 0.5, "min": 8, "max": 200},
+        "output_tokens": {"dist": "lognormal", "mean": 40, "cv": 0.6, "min": 2, "max": 120},
+    },
     "policies": [PREFIX],
 }
 
@@ -57,7 +72,7 @@ def test_a_host_tier_gives_back_what_the_gpu_evicted():
     assert ts[ts.policy == "disk"].tier_disk_occupancy.max() <= 1
 
 
-RADIX = {"name": "radix", "allocator": "paged"}      # under engine: sglang, SGLang's radix cache
+RADIX = {"name": "radix", "allocator": "paged"}  # under engine: sglang, SGLang's radix cache
 
 
 @pytest.mark.parametrize("policy, top", [(PREFIX, {}), (RADIX, {"engine": "sglang"})], ids=["hash", "hicache"])
@@ -95,8 +110,9 @@ def test_a_fleet_of_one_with_a_shared_tier_is_one_replica_with_its_own():
 
 
 def test_a_shared_tier_serves_every_replica():
-    doc = scenario([tiered("local", cpu_gib=0.25), tiered("shared", cpu_gib=0.25, shared=True)],
-                   replicas=3, router="round-robin")
+    doc = scenario(
+        [tiered("local", cpu_gib=0.25), tiered("shared", cpu_gib=0.25, shared=True)], replicas=3, router="round-robin"
+    )
     r = run(doc, check_invariants=True)
     s = r.summary.set_index("policy")
     assert s.loc["shared", "prefix_hit_rate_cpu"] > s.loc["local", "prefix_hit_rate_cpu"]
@@ -105,29 +121,47 @@ def test_a_shared_tier_serves_every_replica():
         assert 0.5 < s.loc[policy, "tier_cpu_occupancy"] <= 1
     assert r.timeseries.tier_cpu_occupancy.max() <= 1
     per = r.per_replica.set_index(["policy", "replica"])
-    assert per.loc["shared"].tier_cpu_written_gib.nunique() == 1     # one store, counted once
+    assert per.loc["shared"].tier_cpu_written_gib.nunique() == 1  # one store, counted once
 
 
 SGLANG = {"engine": "sglang"}
 
 
-@pytest.mark.parametrize("policy, message, top", [
-    ({**RADIX, "kv_offload": {"cpu_gib": 1, "disk_gib": 4}}, "disk_gib: SGLang HiCache", SGLANG),
-    ({**RADIX, "kv_offload": {"cpu_gib": 1, "shared": True}}, "shared: SGLang HiCache", SGLANG),
-    ({**RADIX, "prefix_cache": "radix", "kv_offload": {"cpu_gib": 1, "policy": "arc"}}, "policy: SGLang HiCache", {}),
-    ({**RADIX, "prefix_cache": "hash", "kv_offload": {"hicache_ratio": 2}}, "hicache_ratio and write_policy", SGLANG),
-    ({**PREFIX, "kv_offload": {"cpu_gib": 1, "write_policy": "write_back"}}, "hicache_ratio and write_policy", {}),
-    ({**RADIX, "kv_offload": {"hicache_ratio": -1}}, "greater than 0", SGLANG),
-    ({**RADIX, "kv_offload": {"cpu_gib": 1, "write_policy": "write_around"}}, "write_through", SGLANG),
-    ({**PREFIX, "kv_offload": {"cpu_gib": -1}}, "greater than or equal to 0", {}),
-    ({"name": "c", "allocator": "contiguous", "kv_offload": {"cpu_gib": 1}}, "contiguous allocation cannot share", {}),
-    ({**PREFIX, "enable_prefix_caching": False, "kv_offload": {"cpu_gib": 1}}, "set enable_prefix_caching", {}),
-    ({"name": "r", "allocator": "paged", "prefix_cache": "radix", "kv_offload": {"cpu_gib": 1, "disk_gib": 1}},
-     "disk_gib: SGLang HiCache", {}),
-    ({**PREFIX, "kv_offload": {"cpu_gib": 1, "chunk_tokens": 24}}, "multiple of block_size", {}),
-    ({**PREFIX, "kv_offload": {"cpu_gb": 1}}, "cpu_gib", {}),
-    ({**PREFIX, "kv_offload": {"cpu_gib": 1, "policy": "mru"}}, "lru", {}),
-])
+@pytest.mark.parametrize(
+    "policy, message, top",
+    [
+        ({**RADIX, "kv_offload": {"cpu_gib": 1, "disk_gib": 4}}, "disk_gib: SGLang HiCache", SGLANG),
+        ({**RADIX, "kv_offload": {"cpu_gib": 1, "shared": True}}, "shared: SGLang HiCache", SGLANG),
+        (
+            {**RADIX, "prefix_cache": "radix", "kv_offload": {"cpu_gib": 1, "policy": "arc"}},
+            "policy: SGLang HiCache",
+            {},
+        ),
+        (
+            {**RADIX, "prefix_cache": "hash", "kv_offload": {"hicache_ratio": 2}},
+            "hicache_ratio and write_policy",
+            SGLANG,
+        ),
+        ({**PREFIX, "kv_offload": {"cpu_gib": 1, "write_policy": "write_back"}}, "hicache_ratio and write_policy", {}),
+        ({**RADIX, "kv_offload": {"hicache_ratio": -1}}, "greater than 0", SGLANG),
+        ({**RADIX, "kv_offload": {"cpu_gib": 1, "write_policy": "write_around"}}, "write_through", SGLANG),
+        ({**PREFIX, "kv_offload": {"cpu_gib": -1}}, "greater than or equal to 0", {}),
+        (
+            {"name": "c", "allocator": "contiguous", "kv_offload": {"cpu_gib": 1}},
+            "contiguous allocation cannot share",
+            {},
+        ),
+        ({**PREFIX, "enable_prefix_caching": False, "kv_offload": {"cpu_gib": 1}}, "set enable_prefix_caching", {}),
+        (
+            {"name": "r", "allocator": "paged", "prefix_cache": "radix", "kv_offload": {"cpu_gib": 1, "disk_gib": 1}},
+            "disk_gib: SGLang HiCache",
+            {},
+        ),
+        ({**PREFIX, "kv_offload": {"cpu_gib": 1, "chunk_tokens": 24}}, "multiple of block_size", {}),
+        ({**PREFIX, "kv_offload": {"cpu_gb": 1}}, "cpu_gib", {}),
+        ({**PREFIX, "kv_offload": {"cpu_gib": 1, "policy": "mru"}}, "lru", {}),
+    ],
+)
 def test_bad_tiers_are_one_line_errors_and_nothing_is_written(tmp_path, policy, message, top):
     scn = tmp_path / "bad.yaml"
     scn.write_text(yaml.safe_dump(scenario([policy], **top)))

@@ -1,5 +1,6 @@
 """Client timeouts: a request past request_timeout_s is aborted wherever it is, its KV
 freed, and it counts once, as failed (kvsim.sim.loop, Scheduler.abort)."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,16 @@ from helpers import OneSecondSteps
 def run(table, allocator, timeout, exact=True, **options):
     opts = dict(max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64, chunked_prefill=True)
     opts.update(options)
-    return simulate("p", table, allocator, OneSecondSteps(), check_invariants=True, exact_steps=exact,
-                    request_timeout_s=timeout, **opts)
+    return simulate(
+        "p",
+        table,
+        allocator,
+        OneSecondSteps(),
+        check_invariants=True,
+        exact_steps=exact,
+        request_timeout_s=timeout,
+        **opts,
+    )
 
 
 def rows(result):
@@ -35,7 +44,7 @@ def test_a_waiting_request_past_its_timeout_leaves_the_queue(exact):
     result = run(RequestTable([0.0, 0.5], [12, 4], [4, 4]), alloc, 2.5, exact)
     got = rows(result)
     assert got[0] == (0.0, 1.0, 2.5, "timed out")
-    assert got[1][2:] == (3.0, "timed out") and got[1][0] != got[1][0]    # never admitted (NaN)
+    assert got[1][2:] == (3.0, "timed out") and got[1][0] != got[1][0]  # never admitted (NaN)
     assert alloc.breakdown(None).free == alloc.capacity
     s = summarize(result, request_table(result))
     assert (s["requests_completed"], s["requests_timed_out"], s["requests_unfinished"]) == (0, 2, 0)
@@ -51,13 +60,13 @@ def test_a_running_request_past_its_timeout_frees_its_kv(exact):
     assert got[0][2:] == (3.5, "timed out")
     assert got[1] == (4.0, 5.0, 6.0, "completed")
     assert alloc.tokens_of(0) is None and alloc.tokens_of(64) is None
-    assert alloc.breakdown(None).free == alloc.capacity     # nothing left held
+    assert alloc.breakdown(None).free == alloc.capacity  # nothing left held
     table = request_table(result)
     row = stage_rows(result, table, [(1.0, 2.0)])[0]
     # counted once: a failure, in neither the latencies nor the throughput
     assert (row["requests"], row["completed"], row["failed"]) == (2, 1, 1)
     assert row["e2e_mean_s"] == 3.0
-    assert row["requests_per_s"] == 1 / 6.0                 # over the stage's span, 0 to 6
+    assert row["requests_per_s"] == 1 / 6.0  # over the stage's span, 0 to 6
 
 
 def test_a_request_finishing_after_its_deadline_timed_out():
@@ -75,7 +84,7 @@ def test_prefix_cached_kv_of_an_aborted_request_stays_reusable():
     result = run(table, alloc, 3.0)
     got = rows(result)
     assert got[0][3] == "timed out" and got[1][3] == "completed"
-    assert result.cached_tokens == 8       # r1 reuses r0's two full blocks
+    assert result.cached_tokens == 8  # r1 reuses r0's two full blocks
 
 
 def test_no_timeout_changes_nothing():

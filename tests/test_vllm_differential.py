@@ -3,6 +3,7 @@
 layer) and every shipped scenario's stream must agree in every step. Needs the
 `kvsim[vllm]` extra and vLLM itself (see kvsim.engines.vllm_reference); skipped without
 them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,19 +22,23 @@ except VllmMissing as e:
     pytest.skip(str(e), allow_module_level=True)
 
 pytestmark = pytest.mark.slow
-SCENARIOS = sorted(p for p in (Path(__file__).parent.parent / "scenarios").rglob("*.yaml")
-                   if "sweeps" not in p.parts)
-RANDOM_SEEDS, WINDOWED_SEEDS = range(300), range(1000, 1100)     # scripts/vllm_differential.py counts them
+SCENARIOS = sorted(p for p in (Path(__file__).parent.parent / "scenarios").rglob("*.yaml") if "sweeps" not in p.parts)
+RANDOM_SEEDS, WINDOWED_SEEDS = range(300), range(1000, 1100)  # scripts/vllm_differential.py counts them
 
 
 def random_setup(rng: np.random.Generator) -> Setup:
     """Small pools (preemption), budgets and max_num_seqs that bind, chunking on and off,
     prefix caching on and off, blocks of 4 and 16 tokens."""
     budget, chunked = int(rng.choice([32, 64, 256])), bool(rng.random() < 0.7)
-    return Setup(num_blocks=int(rng.integers(12, 60)), block_size=int(rng.choice([4, 16])),
-                 max_num_seqs=int(rng.integers(2, 9)), max_num_batched_tokens=budget,
-                 enable_chunked_prefill=chunked, enable_prefix_caching=bool(rng.random() < 0.8),
-                 max_model_len=1024 if chunked else budget)
+    return Setup(
+        num_blocks=int(rng.integers(12, 60)),
+        block_size=int(rng.choice([4, 16])),
+        max_num_seqs=int(rng.integers(2, 9)),
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=bool(rng.random() < 0.8),
+        max_model_len=1024 if chunked else budget,
+    )
 
 
 def windowed_setup(rng: np.random.Generator) -> Setup:
@@ -68,7 +73,7 @@ def test_sliding_window_streams_agree_step_by_step(batch):
 def test_shipped_scenario_streams_agree_step_by_step(path):
     try:
         stream, setup = scenario_stream(path)
-    except InputError as e:          # a scenario that replays data this checkout lacks
+    except InputError as e:  # a scenario that replays data this checkout lacks
         pytest.skip(str(e))
     native, reference = run_native(stream, setup), run_reference(stream, setup)
     assert compare(native, reference) == []

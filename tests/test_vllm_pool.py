@@ -1,5 +1,6 @@
 """The KV pool as vLLM 0.33.0 and SGLang 0.5.10.post1 size it, by hand and against
 published startup logs."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,7 @@ MIB = 1 << 20
 
 def hf(tmp_path, **cfg):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"torch_dtype": "bfloat16", "hidden_act": "silu",
-                                "tie_word_embeddings": False} | cfg))
+    path.write_text(json.dumps({"torch_dtype": "bfloat16", "hidden_act": "silu", "tie_word_embeddings": False} | cfg))
     return model_from_hf_config(path)
 
 
@@ -24,8 +24,8 @@ def hf(tmp_path, **cfg):
 def test_weights_are_parameters_over_tp_plus_the_rotary_cache():
     m = MODEL_PRESETS["llama-2-7b"]
     assert weight_bytes(m, 1) == 6.74e9 * 2 + 4096 * 128 * 2
-    assert weight_bytes(m, 2) == 6.74e9 + 4096 * 128 * 2         # the cos/sin cache is whole on each GPU
-    assert weight_bytes(MODEL_PRESETS["bloom-176b"], 8) == 176.25e9 * 2 / 8   # ALiBi: no rotary cache
+    assert weight_bytes(m, 2) == 6.74e9 + 4096 * 128 * 2  # the cos/sin cache is whole on each GPU
+    assert weight_bytes(MODEL_PRESETS["bloom-176b"], 8) == 176.25e9 * 2 / 8  # ALiBi: no rotary cache
 
 
 def test_capture_sizes_follow_vllms_default_rule():
@@ -38,30 +38,42 @@ def test_capture_sizes_follow_vllms_default_rule():
 
 
 def test_kv_is_split_over_the_kv_heads_replicated_past_them_and_whole_for_mla():
-    assert kv_shards(MODEL_PRESETS["llama-3-8b"], 4) == 4       # 8 KV heads: 2 per GPU
-    assert kv_shards(MODEL_PRESETS["llama-3-8b"], 16) == 8      # one head per GPU, each twice
-    assert kv_shards(MODEL_PRESETS["deepseek-v3"], 8) == 1      # every GPU holds the latent
+    assert kv_shards(MODEL_PRESETS["llama-3-8b"], 4) == 4  # 8 KV heads: 2 per GPU
+    assert kv_shards(MODEL_PRESETS["llama-3-8b"], 16) == 8  # one head per GPU, each twice
+    assert kv_shards(MODEL_PRESETS["deepseek-v3"], 8) == 1  # every GPU holds the latent
 
 
 def test_budget_arithmetic_and_the_log_lines():
     m = MODEL_PRESETS["llama-2-7b"]
     gpu = GPUSpec("g", memory_gib=80, hbm_tb_s=1, bf16_tflops=1)
-    pool = vllm_pool.size_pool(m, gpu, tp=1, gpu_memory_utilization=0.5, max_num_batched_tokens=2048,
-                               max_num_seqs=128)
+    pool = vllm_pool.size_pool(m, gpu, tp=1, gpu_memory_utilization=0.5, max_num_batched_tokens=2048, max_num_seqs=128)
     assert pool.usable_bytes == 40 * GIB
-    assert pool.per_gpu_bytes == pytest.approx(40 * GIB - pool.weight_bytes - pool.non_torch_bytes
-                                               - pool.activation_bytes - pool.cudagraph_bytes)
-    eager = vllm_pool.size_pool(m, gpu, tp=1, gpu_memory_utilization=0.5, max_num_batched_tokens=2048,
-                                max_num_seqs=128, cuda_graphs=False)
-    assert eager.cudagraph_bytes == 0 and eager.per_gpu_bytes == pytest.approx(pool.per_gpu_bytes + pool.cudagraph_bytes)
-    fixed = vllm_pool.size_pool(m, gpu, tp=1, gpu_memory_utilization=0.5, max_num_batched_tokens=2048,
-                                max_num_seqs=128, kv_cache_memory_bytes=10 * GIB)
+    assert pool.per_gpu_bytes == pytest.approx(
+        40 * GIB - pool.weight_bytes - pool.non_torch_bytes - pool.activation_bytes - pool.cudagraph_bytes
+    )
+    eager = vllm_pool.size_pool(
+        m, gpu, tp=1, gpu_memory_utilization=0.5, max_num_batched_tokens=2048, max_num_seqs=128, cuda_graphs=False
+    )
+    assert eager.cudagraph_bytes == 0 and eager.per_gpu_bytes == pytest.approx(
+        pool.per_gpu_bytes + pool.cudagraph_bytes
+    )
+    fixed = vllm_pool.size_pool(
+        m,
+        gpu,
+        tp=1,
+        gpu_memory_utilization=0.5,
+        max_num_batched_tokens=2048,
+        max_num_seqs=128,
+        kv_cache_memory_bytes=10 * GIB,
+    )
     # 10 GiB of 512 KiB tokens: 20,480 tokens, 1,280 blocks of 16; at 4,000 tokens a request
     # takes 250 blocks (vLLM rounds each request up to whole blocks)
     cap = KVCapacity.of(fixed, KVSpec(m, "bf16"), 16, 4000)
     assert (cap.blocks, cap.tokens, cap.concurrency) == (1280, 20480, 5.12)
-    assert cap.lines() == ("GPU KV cache size: 20,480 tokens",
-                           "Maximum concurrency for 4,000 tokens per request: 5.12x")
+    assert cap.lines() == (
+        "GPU KV cache size: 20,480 tokens",
+        "Maximum concurrency for 4,000 tokens per request: 5.12x",
+    )
 
 
 def test_activation_peak_is_the_larger_of_the_step_and_the_sampler():
@@ -81,30 +93,37 @@ def test_sglang_default_fraction_by_hand():
     assert sglang_pool.default_mem_fraction(MODEL_PRESETS["llama-3-8b"], h100, 1) == want == 0.829
     # Llama-2's piecewise graphs stop at 4096 tokens; an MLA model reserves 1.5 GiB instead
     assert sglang_pool.default_mem_fraction(MODEL_PRESETS["llama-2-7b"], h100, 1) == round(
-        (79.19 * 1024 - (reserved - 8 * 8)) / (79.19 * 1024), 3)
+        (79.19 * 1024 - (reserved - 8 * 8)) / (79.19 * 1024), 3
+    )
 
 
 def test_sglang_0_5_23_defaults_under_35_gib_and_graphs_cut_to_max_running_requests():
     # 24 GiB (an L4-class GPU): chunk 4096 and decode graphs up to 48 (SGLang 0.5.10.post1
     # had 2048 and 24); 50 prefill graph sizes up to 4096 (8 + 14 + 8 + 8 + 12)
     gpu = GPUSpec("g", memory_gib=24, hbm_tb_s=1, bf16_tflops=1)
-    assert sglang_pool.gpu_defaults(24 * 1024, 1) == (4096, 48) and sglang_pool.gpu_defaults(24 * 1024, 4) == (4096, 160)
+    assert sglang_pool.gpu_defaults(24 * 1024, 1) == (4096, 48) and sglang_pool.gpu_defaults(24 * 1024, 4) == (
+        4096,
+        160,
+    )
     assert len(sglang_pool.piecewise_sizes(4096)) == 50
     m = MODEL_PRESETS["llama-3-8b"]
     reserved = 512 + 4096 * 1.5 + 1024 / 8 + 48 * 2 + 50 * 8
     assert sglang_pool.default_mem_fraction(m, gpu, 1) == round((24576 - reserved) / 24576, 3) == 0.704
     # max_running_requests 16 cuts the decode graphs to 16 (handle_gpu_memory_settings)
-    assert sglang_pool.default_mem_fraction(m, gpu, 1, max_running_requests=16) == round(
-        (24576 - (reserved - 32 * 2)) / 24576, 3) == 0.706
+    assert (
+        sglang_pool.default_mem_fraction(m, gpu, 1, max_running_requests=16)
+        == round((24576 - (reserved - 32 * 2)) / 24576, 3)
+        == 0.706
+    )
 
 
 def test_sglang_tokens_are_the_fraction_less_weights_in_whole_pages():
     m = MODEL_PRESETS["llama-3-8b"]
     gpu = GPUSpec("g", memory_gib=40.5, hbm_tb_s=1, bf16_tflops=1)
     pool = sglang_pool.size_pool(m, gpu, tp=2, mem_fraction_static=0.5)
-    free = 40 * GIB                                          # 40.5 GiB less the CUDA context
+    free = 40 * GIB  # 40.5 GiB less the CUDA context
     assert pool.per_gpu_bytes == pytest.approx(free * 0.5 - weight_bytes(m, 2))
-    cell = 32 * 4 * 128 * 2 * 2                              # 4 of the 8 KV heads on each GPU
+    cell = 32 * 4 * 128 * 2 * 2  # 4 of the 8 KV heads on each GPU
     kv = KVSpec(m, "bf16")
     assert sglang_pool.tokens_of(pool, kv) == int(pool.per_gpu_bytes // cell)
     assert sglang_pool.tokens_of(pool, kv, page_size=64) == int(pool.per_gpu_bytes // cell) // 64 * 64
@@ -116,56 +135,174 @@ def test_sglang_tokens_are_the_fraction_less_weights_in_whole_pages():
 # a case from a release that did not count CUDA graphs (before 0.21.0) is computed as 0.33.0
 # computes with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, and a V0 case (before 0.8) with
 # V0's profile budget (max_model_len tokens when chunked prefill is off) and no graphs.
-QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
-                head_dim=128, num_hidden_layers=36, vocab_size=151936, max_position_embeddings=40960)
-QWEN3_32B = dict(hidden_size=5120, intermediate_size=25600, num_attention_heads=64, num_key_value_heads=8,
-                 head_dim=128, num_hidden_layers=64, vocab_size=151936, max_position_embeddings=40960)
-LLAMA31_70B = dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
-                   num_hidden_layers=80, vocab_size=128256, max_position_embeddings=131072)
-LLAMA31_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                  num_hidden_layers=32, vocab_size=128256, max_position_embeddings=131072)
+QWEN3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    num_hidden_layers=36,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+)
+QWEN3_32B = dict(
+    hidden_size=5120,
+    intermediate_size=25600,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=128,
+    num_hidden_layers=64,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+)
+LLAMA31_70B = dict(
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    num_hidden_layers=80,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+)
+LLAMA31_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    num_hidden_layers=32,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+)
 LLAMA3_8B = LLAMA31_8B | {"max_position_embeddings": 8192}
-FAQ = ("LMCache documentation, FAQ 'KV Cache Sizes for Popular Models' (LMCache/LMCache "
-       "docs/source/getting_started/faq.rst, added by pull request #1769, October 2025): "
-       "vLLM's 'GPU KV cache size' with default settings on H100")
+FAQ = (
+    "LMCache documentation, FAQ 'KV Cache Sizes for Popular Models' (LMCache/LMCache "
+    "docs/source/getting_started/faq.rst, added by pull request #1769, October 2025): "
+    "vLLM's 'GPU KV cache size' with default settings on H100"
+)
 
 CASES = [
-    dict(id="qwen3-8b-h100", source=FAQ, release="0.11 (Oct 2025)", model=QWEN3_8B, gpu_gib=79.19, tp=1,
-         util=0.9, max_model_len=40960, batched=8192, seqs=1024, graphs=False, tokens=366_400),
-    dict(id="qwen3-32b-h100-tp2", source=FAQ, release="0.11 (Oct 2025)", model=QWEN3_32B, gpu_gib=79.19, tp=2,
-         util=0.9, max_model_len=40960, batched=8192, seqs=1024, graphs=False, tokens=275_760),
-    dict(id="llama-3.1-70b-h100-tp4", source=FAQ, release="0.11 (Oct 2025)", model=LLAMA31_70B, gpu_gib=79.19,
-         tp=4, util=0.9, max_model_len=131072, batched=8192, seqs=1024, graphs=False, tokens=420_208),
+    dict(
+        id="qwen3-8b-h100",
+        source=FAQ,
+        release="0.11 (Oct 2025)",
+        model=QWEN3_8B,
+        gpu_gib=79.19,
+        tp=1,
+        util=0.9,
+        max_model_len=40960,
+        batched=8192,
+        seqs=1024,
+        graphs=False,
+        tokens=366_400,
+    ),
+    dict(
+        id="qwen3-32b-h100-tp2",
+        source=FAQ,
+        release="0.11 (Oct 2025)",
+        model=QWEN3_32B,
+        gpu_gib=79.19,
+        tp=2,
+        util=0.9,
+        max_model_len=40960,
+        batched=8192,
+        seqs=1024,
+        graphs=False,
+        tokens=275_760,
+    ),
+    dict(
+        id="llama-3.1-70b-h100-tp4",
+        source=FAQ,
+        release="0.11 (Oct 2025)",
+        model=LLAMA31_70B,
+        gpu_gib=79.19,
+        tp=4,
+        util=0.9,
+        max_model_len=131072,
+        batched=8192,
+        seqs=1024,
+        graphs=False,
+        tokens=420_208,
+    ),
     # LLM class (offline) on a 24 GB card: 8192 tokens and 256 sequences; the log shows the
     # utilization the example set and "PIECEWISE=51 (largest=512), FULL=35 (largest=256)".
     # The RTX A5000's CUDA total is not in the log: taken as the RTX 3090's 23.58 GiB less the
     # 12 MiB by which its 24,564 MiB fall short of the 3090's 24,576.
-    dict(id="qwen3-8b-a5000", release="0.21.0", model=QWEN3_8B, gpu_gib=23.57, tp=1, util=0.9764,
-         max_model_len=16384, batched=8192, seqs=256, graphs=True, tokens=46_368,
-         source="LMCache issue #3430 (github.com/LMCache/LMCache/issues/3430): 'Available KV cache "
-                "memory: 6.37 GiB', 'GPU KV cache size: 46,368 tokens', Estimated CUDA graph memory 0.52 GiB"),
+    dict(
+        id="qwen3-8b-a5000",
+        release="0.21.0",
+        model=QWEN3_8B,
+        gpu_gib=23.57,
+        tp=1,
+        util=0.9764,
+        max_model_len=16384,
+        batched=8192,
+        seqs=256,
+        graphs=True,
+        tokens=46_368,
+        source="LMCache issue #3430 (github.com/LMCache/LMCache/issues/3430): 'Available KV cache "
+        "memory: 6.37 GiB', 'GPU KV cache size: 46,368 tokens', Estimated CUDA graph memory 0.52 GiB",
+    ),
     # V0: chunked prefill off below 32K, so the profile step holds max_model_len tokens
-    dict(id="llama-3.1-8b-3090-20k", release="V0 (late 2024)", model=LLAMA31_8B, gpu_gib=23.58, tp=1, util=0.9,
-         max_model_len=20000, batched=20000, seqs=256, graphs=False, tokens=1952 * 16,
-         source="vLLM issue #10517 (github.com/vllm-project/vllm/issues/10517), RTX 3090: 'GPU blocks: 1952', "
-                "total_gpu_memory=23.58GiB, non_torch_memory=0.35GiB, peak_torch_memory=17.06GiB"),
-    dict(id="llama-3.1-8b-3090-29k", release="V0 (late 2024)", model=LLAMA31_8B, gpu_gib=23.58, tp=1, util=0.9,
-         max_model_len=29000, batched=29000, seqs=256, graphs=False, tokens=1478 * 16,
-         source="vLLM issue #10517: 'GPU blocks: 1478' at max_model_len 29000, peak_torch_memory=17.98GiB"),
+    dict(
+        id="llama-3.1-8b-3090-20k",
+        release="V0 (late 2024)",
+        model=LLAMA31_8B,
+        gpu_gib=23.58,
+        tp=1,
+        util=0.9,
+        max_model_len=20000,
+        batched=20000,
+        seqs=256,
+        graphs=False,
+        tokens=1952 * 16,
+        source="vLLM issue #10517 (github.com/vllm-project/vllm/issues/10517), RTX 3090: 'GPU blocks: 1952', "
+        "total_gpu_memory=23.58GiB, non_torch_memory=0.35GiB, peak_torch_memory=17.06GiB",
+    ),
+    dict(
+        id="llama-3.1-8b-3090-29k",
+        release="V0 (late 2024)",
+        model=LLAMA31_8B,
+        gpu_gib=23.58,
+        tp=1,
+        util=0.9,
+        max_model_len=29000,
+        batched=29000,
+        seqs=256,
+        graphs=False,
+        tokens=1478 * 16,
+        source="vLLM issue #10517: 'GPU blocks: 1478' at max_model_len 29000, peak_torch_memory=17.98GiB",
+    ),
     # available memory only: 53.29 GiB of 0.9 x 79.22 GiB
-    dict(id="llama-3-8b-h100", release="V0 0.6.5 development (Dec 2024)", model=LLAMA3_8B, gpu_gib=79.22, tp=1,
-         util=0.9, max_model_len=8192, batched=8192, seqs=256, graphs=False, available_gib=53.29,
-         source="vLLM pull request #10511 (github.com/vllm-project/vllm/pull/10511): 'model weights take "
-                "14.96GiB', 'available_kv_cache_memory 53.29GiB'"),
+    dict(
+        id="llama-3-8b-h100",
+        release="V0 0.6.5 development (Dec 2024)",
+        model=LLAMA3_8B,
+        gpu_gib=79.22,
+        tp=1,
+        util=0.9,
+        max_model_len=8192,
+        batched=8192,
+        seqs=256,
+        graphs=False,
+        available_gib=53.29,
+        source="vLLM pull request #10511 (github.com/vllm-project/vllm/pull/10511): 'model weights take "
+        "14.96GiB', 'available_kv_cache_memory 53.29GiB'",
+    ),
 ]
 
 
 def kvsim_case(tmp_path, case):
     model = hf(tmp_path, **case["model"])
     gpu = GPUSpec("published", memory_gib=case["gpu_gib"], hbm_tb_s=1, bf16_tflops=1)
-    pool = vllm_pool.size_pool(model, gpu, tp=case["tp"], gpu_memory_utilization=case["util"],
-                               max_num_batched_tokens=case["batched"], max_num_seqs=case["seqs"],
-                               cuda_graphs=case["graphs"])
+    pool = vllm_pool.size_pool(
+        model,
+        gpu,
+        tp=case["tp"],
+        gpu_memory_utilization=case["util"],
+        max_num_batched_tokens=case["batched"],
+        max_num_seqs=case["seqs"],
+        cuda_graphs=case["graphs"],
+    )
     return model, pool, KVCapacity.of(pool, KVSpec(model, "bf16"), 16, case["max_model_len"])
 
 
@@ -177,8 +314,9 @@ def test_published_vllm_pools(tmp_path, case):
     larger activation peak than kvsim estimates; what the 0.11 servers held beyond that is
     not modelled), so kvsim's pool is 4-17% larger than theirs; the bound is 20%."""
     model, pool, cap = kvsim_case(tmp_path, case)
-    got, want = ((pool.per_gpu_bytes / GIB, case["available_gib"]) if "available_gib" in case
-                 else (cap.tokens, case["tokens"]))
+    got, want = (
+        (pool.per_gpu_bytes / GIB, case["available_gib"]) if "available_gib" in case else (cap.tokens, case["tokens"])
+    )
     error = got / want - 1
     print(f"{case['id']}: kvsim {got:,.2f} vs published {want:,.2f} ({error:+.1%}); vLLM {case['release']}")
     assert abs(error) < (0.02 if case["release"] == "0.21.0" else 0.20)
@@ -191,17 +329,30 @@ def test_published_components(tmp_path):
     assert pool.weight_bytes / GIB == pytest.approx(14.96, abs=0.01)
     for key, peak in (("llama-3.1-8b-3090-20k", 17.06), ("llama-3.1-8b-3090-29k", 17.98)):
         _, pool, _ = kvsim_case(tmp_path, by_id[key])
-        assert pool.weight_bytes / GIB == pytest.approx(14.9888, abs=0.001)      # "took 14.9888 GB"
+        assert pool.weight_bytes / GIB == pytest.approx(14.9888, abs=0.001)  # "took 14.9888 GB"
         assert pool.activation_bytes / GIB == pytest.approx(peak - 14.99, rel=0.10)
     _, pool, _ = kvsim_case(tmp_path, by_id["qwen3-8b-a5000"])
-    assert pool.cudagraph_bytes / GIB == pytest.approx(0.52, rel=0.05)    # (GRAPH_PIECE's source)
+    assert pool.cudagraph_bytes / GIB == pytest.approx(0.52, rel=0.05)  # (GRAPH_PIECE's source)
 
 
 # --- where users see it ------------------------------------------------------------------------
 def test_memory_command_shows_both_engines_pools(capsys):
     from helpers import kvsim
-    code, out, err = kvsim("memory", "--model", "llama-2-7b", "--gpu", "h100-80gb", "--max-model-len", "4096",
-                           "--max-num-batched-tokens", "2048", "--max-num-seqs", "128", "--json")
+
+    code, out, err = kvsim(
+        "memory",
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "h100-80gb",
+        "--max-model-len",
+        "4096",
+        "--max-num-batched-tokens",
+        "2048",
+        "--max-num-seqs",
+        "128",
+        "--json",
+    )
     assert (code, err) == (0, "")
     pools = {p["engine"]: p for p in json.loads(out)["pools"]}
     assert set(pools) == {"vllm-v1", "sglang"}
@@ -217,9 +368,12 @@ def test_memory_command_shows_both_engines_pools(capsys):
 
 def test_memory_command_refuses_a_tp_that_splits_no_heads():
     from helpers import kvsim, one_error_line
+
     line = one_error_line(*kvsim("memory", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--tp", "3"))
-    assert line == ("kvsim: error: command line: --tensor-parallel-size: 3 does not divide llama-3-8b's 32 "
-                    "attention heads; use one of [1, 2, 4, 8, 16, 32]")
+    assert line == (
+        "kvsim: error: command line: --tensor-parallel-size: 3 does not divide llama-3-8b's 32 "
+        "attention heads; use one of [1, 2, 4, 8, 16, 32]"
+    )
 
 
 def test_run_json_states_the_pool_as_vllm_logs_it(tmp_path):
@@ -227,21 +381,33 @@ def test_run_json_states_the_pool_as_vllm_logs_it(tmp_path):
     import yaml
     import pandas as pd
     from helpers import kvsim
-    scenario = {"name": "pool", "model": "llama-2-7b", "gpu": "h100-80gb", "max_model_len": 4096,
-                "cost_model": "roofline",
-                "scheduler": {"max_num_seqs": 128, "max_num_batched_tokens": 2048},
-                "workload": {"num_requests": 5, "arrival": {"process": "burst"},
-                             "prompt_tokens": {"dist": "fixed", "value": 100},
-                             "output_tokens": {"dist": "fixed", "value": 10}},
-                "policies": [{"name": "paged-16", "allocator": "paged", "block_size": 16},
-                             {"name": "contig", "allocator": "contiguous"}]}
+
+    scenario = {
+        "name": "pool",
+        "model": "llama-2-7b",
+        "gpu": "h100-80gb",
+        "max_model_len": 4096,
+        "cost_model": "roofline",
+        "scheduler": {"max_num_seqs": 128, "max_num_batched_tokens": 2048},
+        "workload": {
+            "num_requests": 5,
+            "arrival": {"process": "burst"},
+            "prompt_tokens": {"dist": "fixed", "value": 100},
+            "output_tokens": {"dist": "fixed", "value": 10},
+        },
+        "policies": [
+            {"name": "paged-16", "allocator": "paged", "block_size": 16},
+            {"name": "contig", "allocator": "contiguous"},
+        ],
+    }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
     assert kvsim("run", tmp_path / "s.yaml", "--out", tmp_path / "out", "--quiet")[0] == 0
     pool = json.loads((tmp_path / "out" / "run.json").read_text())["kv_pool"]
     summary = pd.read_csv(tmp_path / "out" / "summary.csv").set_index("policy")
     assert set(pool["engine_log"]) == {"paged-16"}
     tokens = int(summary.loc["paged-16", "kv_capacity_tokens"])
-    assert pool["engine_log"]["paged-16"] == [f"GPU KV cache size: {tokens:,} tokens",
-                                              f"Maximum concurrency for 4,096 tokens per request: "
-                                              f"{tokens / 4096:.2f}x"]
+    assert pool["engine_log"]["paged-16"] == [
+        f"GPU KV cache size: {tokens:,} tokens",
+        f"Maximum concurrency for 4,096 tokens per request: {tokens / 4096:.2f}x",
+    ]
     assert pool["engine"] == "vllm-v1" and pool["cudagraph_bytes_per_gpu"] > 0

@@ -4,6 +4,7 @@ native `vllm-v1` rules and, where vLLM is installed, for vLLM's own scheduler to
 Block ids are vLLM's: kvsim's block b is vLLM's b + 1 (block 0 is vLLM's null block).
 Each case steps a small stream (kvsim.sim.differential) and reads the records.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -40,11 +41,11 @@ def test_a_fully_cached_prompt_recomputes_its_last_block():
     # hash (BlockHashToBlockMap: "we don't de-duplicate").
     stream = [Arrival(0, 0, prompt(8, 2, 100)), Arrival(3, 1, prompt(8, 2, 101))]
     rec = both(stream, SMALL)
-    assert rec[0].tables == {0: [1, 2]} and rec[0].free_blocks == 8     # no slot yet for the sample
+    assert rec[0].tables == {0: [1, 2]} and rec[0].free_blocks == 8  # no slot yet for the sample
     assert rec[1].finished == [0] and rec[1].free_blocks == 10
     assert rec[3].admitted == [(1, 4)] and rec[3].scheduled == {1: 4}
     assert rec[3].tables == {1: [1, 3]}
-    assert rec[3].cached_blocks == {1, 2, 3}   # 2 still cached, queued, not in r1's table
+    assert rec[3].cached_blocks == {1, 2, 3}  # 2 still cached, queued, not in r1's table
 
 
 def test_a_request_admitted_with_an_identical_one_hits_its_first_blocks_only():
@@ -76,10 +77,20 @@ def test_without_chunking_a_prompt_over_the_budget_stops_the_queue():
     # Two decodes leave 14 of 16 tokens; r2's 15-token prompt does not fit them, and the
     # 2-token prompt behind it waits as well (vLLM 0.33.0 `break`s; 0.10.1.1 skipped r2).
     # Once r0 and r1 are done (step 9), r2 takes 15 of the 16 tokens and r3 waits again.
-    setup = Setup(num_blocks=40, block_size=4, max_num_seqs=8, max_num_batched_tokens=16,
-                  enable_chunked_prefill=False, max_model_len=16)
-    stream = [Arrival(0, 0, SeqShape(4, 10, (), 100)), Arrival(0, 1, SeqShape(4, 10, (), 101)),
-              Arrival(1, 2, SeqShape(15, 1, (), 102)), Arrival(1, 3, SeqShape(2, 2, (), 103))]
+    setup = Setup(
+        num_blocks=40,
+        block_size=4,
+        max_num_seqs=8,
+        max_num_batched_tokens=16,
+        enable_chunked_prefill=False,
+        max_model_len=16,
+    )
+    stream = [
+        Arrival(0, 0, SeqShape(4, 10, (), 100)),
+        Arrival(0, 1, SeqShape(4, 10, (), 101)),
+        Arrival(1, 2, SeqShape(15, 1, (), 102)),
+        Arrival(1, 3, SeqShape(2, 2, (), 103)),
+    ]
     rec = both(stream, setup)
     assert rec[0].scheduled == {0: 4, 1: 4}
     assert rec[1].scheduled == {0: 1, 1: 1} and rec[1].admitted == []
@@ -105,12 +116,14 @@ def test_preempted_request_hits_its_own_blocks_when_it_comes_back():
 @pytest.mark.parametrize("case", ["vllm-missing"])
 def test_without_vllm_the_reference_says_how_to_install_it(case, monkeypatch):
     import builtins
+
     real_import = builtins.__import__
 
     def no_vllm(name, *args, **kwargs):
         if name == "vllm" or name.startswith("vllm."):
             raise ImportError(f"No module named {name!r}")
         return real_import(name, *args, **kwargs)
+
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     with pytest.raises(VllmMissing, match=r"pip install 'kvsim\[vllm\]' && pip install --no-deps vllm==0\.33\.0"):
         load_vllm()

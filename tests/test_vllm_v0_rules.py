@@ -1,5 +1,6 @@
 """vLLM V0's (0.6.3.post1) defaults and chunked scheduling, on cases derived by hand from
 the cited code (kvsim/engines/vllm_v0.py, kvsim/config/engine_defaults.py)."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -11,8 +12,15 @@ from kvsim.kvcache import PagedAllocator, SeqShape
 from kvsim.sim.scheduler import Scheduler, SwapSpace
 from kvsim.workload.requests import RequestSpec
 
-UNSET = SimpleNamespace(max_num_seqs=None, max_num_batched_tokens=None, enable_chunked_prefill=None,
-                        preemption_mode=None, watermark=None, schedule_policy=None, async_scheduling=None)
+UNSET = SimpleNamespace(
+    max_num_seqs=None,
+    max_num_batched_tokens=None,
+    enable_chunked_prefill=None,
+    preemption_mode=None,
+    watermark=None,
+    schedule_policy=None,
+    async_scheduling=None,
+)
 
 
 @pytest.mark.parametrize("max_model_len, chunked, budget", [(32768, False, 32768), (32769, True, 512)])
@@ -21,8 +29,13 @@ def test_v0_turns_chunked_prefill_on_over_32k_contexts(max_model_len, chunked, b
     # unset turn it on; SchedulerConfig then gives the budget 512 tokens.
     s = resolve("vllm-v0", UNSET, max_model_len=max_model_len, gpu_name="H100", gpu_memory_gib=80)
     assert (s.enable_chunked_prefill, s.max_num_batched_tokens) == (chunked, budget)
-    given = resolve("vllm-v0", SimpleNamespace(**{**vars(UNSET), "enable_chunked_prefill": False}),
-                    max_model_len=max_model_len, gpu_name="H100", gpu_memory_gib=80)
+    given = resolve(
+        "vllm-v0",
+        SimpleNamespace(**{**vars(UNSET), "enable_chunked_prefill": False}),
+        max_model_len=max_model_len,
+        gpu_name="H100",
+        gpu_memory_gib=80,
+    )
     assert not given.enable_chunked_prefill
 
 
@@ -33,8 +46,16 @@ def test_v0_chunked_prefills_while_a_group_is_swapped_out():
     # (_schedule_chunked_prefill schedules prefills whether or not groups are swapped).
     alloc = PagedAllocator(5, 4)
     swap = SwapSpace(capacity_bytes=1000, bytes_per_token=1.0, bandwidth_bytes_s=1e9)
-    s = Scheduler(alloc, VllmV0(), max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64,
-                  chunked_prefill=True, watermark=0.0, swap=swap)
+    s = Scheduler(
+        alloc,
+        VllmV0(),
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        chunked_prefill=True,
+        watermark=0.0,
+        swap=swap,
+    )
     a, b, c = (Request(RequestSpec(i, 0.0, p, 5), SeqShape(p, 5)) for i, p in enumerate((11, 7, 3)))
     for i, req in enumerate((a, b, c)):
         s.arrive(req, 0.0, i)

@@ -2,6 +2,7 @@
 rebuilds each near the head (kvsim.sim.waiting): by hand on a toy queue, then whole runs
 that keep every waiting request as an index against runs that keep none, under each
 engine, on both paths: the same tables to the last bit."""
+
 import copy
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from test_fast_path import BASE, assert_same, scenario
 
 class Req:
     """A stand-in for a Seq: compared by identity, as Seqs are."""
+
     def __init__(self, index):
         self.index = index
 
@@ -36,19 +38,19 @@ def test_deep_arrivals_are_indices_until_they_near_the_head():
     first = [Req(i) for i in range(5)]
     for i, req in enumerate(first):
         q.arrived(req, i)
-    assert len(q) == 5 and q and made == []                  # two objects, then 2, 3, 4 as indices
+    assert len(q) == 5 and q and made == []  # two objects, then 2, 3, 4 as indices
     assert q.popleft() is first[0] and q[0] is first[1]
     q.remove(first[1])
     assert made == [] and len(q) == 3
-    head = q[0]                                              # request 2 is rebuilt in its place
+    head = q[0]  # request 2 is rebuilt in its place
     assert (head.index, made) == (2, [2]) and q[0] is head and q.popleft() is head
     back = Req("requeued")
-    q.append(back)                                           # behind the indices 3 and 4
+    q.append(back)  # behind the indices 3 and 4
     assert back in q and first[0] not in q and made == [2]
     q.appendleft(first[0])
     q.extendleft([first[1]])
     assert [r.index for r in q] == [1, 0, 3, 4, "requeued"] and made == [2, 3, 4]
-    assert list(q)[2] is q[2]                                # iterating made them objects, once
+    assert list(q)[2] is q[2]  # iterating made them objects, once
     q.remove(back)
     assert back not in q and len(q) == 4
     with pytest.raises(ValueError):
@@ -72,8 +74,11 @@ CASES = {
     "v1 rag": {"workload__rag": {"system_tokens": 50, "corpus_docs": 20, "doc_tokens": 40, "docs_per_request": 3}},
     "time limit": {"time_limit_s": 1.5},
     "fleet": {"replicas": 3, "router": "least-loaded"},
-    "fleet rag": {"replicas": 2, "router": "prefix-aware",
-                  "workload__rag": {"system_tokens": 50, "corpus_docs": 20, "doc_tokens": 40, "docs_per_request": 3}},
+    "fleet rag": {
+        "replicas": 2,
+        "router": "prefix-aware",
+        "workload__rag": {"system_tokens": 50, "corpus_docs": 20, "doc_tokens": 40, "docs_per_request": 3},
+    },
 }
 
 
@@ -94,7 +99,9 @@ def test_a_queue_of_indices_gives_the_same_tables(case, exact, monkeypatch):
     doc = scenario(**CASES[case])
     objects, arrivals = counted_run(doc, 10**9, monkeypatch, exact)
     indices, calls = counted_run(doc, 0, monkeypatch, exact)
-    assert (objects.summary.requests_total.iloc[0], len(objects.summary)) == (BASE["workload"]["num_requests"],
-                                                                             len(BASE["policies"]))
-    assert calls > arrivals            # requests were kept as indices and rebuilt
+    assert (objects.summary.requests_total.iloc[0], len(objects.summary)) == (
+        BASE["workload"]["num_requests"],
+        len(BASE["policies"]),
+    )
+    assert calls > arrivals  # requests were kept as indices and rebuilt
     assert_same(objects, indices)

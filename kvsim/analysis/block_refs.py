@@ -19,6 +19,7 @@ them and drops the deepest first (as it drops a child before its parent); a stre
 millions of block references becomes a few thousand item references (Mooncake's
 synthetic trace: 3.8M blocks of 16 tokens, about six thousand items).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import numpy as np
 
 from kvsim.kvcache.runs import cacheable_runs
 
-_SPAN = 1 << 32          # block indices (and offsets) per run id, packed into one int64
+_SPAN = 1 << 32  # block indices (and offsets) per run id, packed into one int64
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,14 @@ class BlockReferences:
     """Item references in stream order: request by request, each prompt's items in order.
     Arrays are int64 and of one length; `depth` is an item's first block's index in the
     prompt (the same in every prompt holding it)."""
+
     request: np.ndarray
     item: np.ndarray
     weight: np.ndarray
     depth: np.ndarray
     block_size: int
     num_requests: int
-    prompt_tokens: int        # every prompt token of the stream, cacheable or not
+    prompt_tokens: int  # every prompt token of the stream, cacheable or not
 
     @property
     def blocks(self) -> int:
@@ -93,7 +95,11 @@ def block_references(requests, block_size: int) -> BlockReferences:
     heads = np.flatnonzero(new)
     sizes = bounds[piece + 1] - bounds[piece] if len(piece) else np.zeros(0, np.int64)
     return BlockReferences(
-        request=piece_request[heads], item=piece[heads],
+        request=piece_request[heads],
+        item=piece[heads],
         weight=np.add.reduceat(sizes, heads) if len(heads) else sizes,
-        depth=bounds[piece[heads]] % _SPAN, block_size=block_size,
-        num_requests=count, prompt_tokens=prompt_tokens)
+        depth=bounds[piece[heads]] % _SPAN,
+        block_size=block_size,
+        num_requests=count,
+        prompt_tokens=prompt_tokens,
+    )

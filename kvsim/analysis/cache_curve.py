@@ -31,6 +31,7 @@ far, for every C at once. One pass then gives each reference's rank (blocks abov
 and every capacity's hits. MIN's order lowers what is referenced (its next use moves
 away), so it runs once per capacity.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -50,8 +51,7 @@ def cache_curve(refs: BlockReferences, capacities_tokens, policies=POLICIES) -> 
     are tokens (math.inf: unlimited), rounded down to whole blocks."""
     # a capacity beyond every distinct block is an unlimited one (and stays inside int64)
     most = distinct_tokens(refs) // refs.block_size
-    caps = [math.inf if c >= (most + 1) * refs.block_size else int(c // refs.block_size)
-            for c in capacities_tokens]
+    caps = [math.inf if c >= (most + 1) * refs.block_size else int(c // refs.block_size) for c in capacities_tokens]
     prev = refs.previous()
     rows = []
     for policy in policies:
@@ -62,8 +62,9 @@ def cache_curve(refs: BlockReferences, capacities_tokens, policies=POLICIES) -> 
             blocks = _stack_hits(ranks, refs.weight, caps)
         for cap, hit in zip(capacities_tokens, blocks):
             tokens = hit * refs.block_size
-            rows.append((policy, cap, tokens / refs.prompt_tokens if refs.prompt_tokens else 0.0,
-                         tokens, refs.prompt_tokens))
+            rows.append(
+                (policy, cap, tokens / refs.prompt_tokens if refs.prompt_tokens else 0.0, tokens, refs.prompt_tokens)
+            )
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -74,6 +75,7 @@ def distinct_tokens(refs: BlockReferences) -> int:
 
 
 # ------------------------------------------------------------------ stack policies
+
 
 def _positions(policy: str, refs: BlockReferences, prev: np.ndarray) -> np.ndarray:
     """Each reference's place in the policy's order of every reference's new standing
@@ -104,23 +106,22 @@ def _stack_ranks(refs: BlockReferences, prev: np.ndarray, pos: np.ndarray) -> np
     changed is added pairwise (a chunk's references against each other), so the whole
     costs about n * sqrt(n) array operations and no per-reference Python."""
     n = len(pos)
-    held = np.zeros(n + 1, dtype=np.int64)         # weight at each position
+    held = np.zeros(n + 1, dtype=np.int64)  # weight at each position
     ranks = np.full(n, -1, dtype=np.int64)
     starts = np.flatnonzero(np.r_[True, refs.request[1:] != refs.request[:-1]])
     step = max(64, int(math.sqrt(n)))
     marks = np.searchsorted(starts, np.arange(step, n, step), side="right") - 1
-    cuts = np.unique(np.r_[0, starts[marks], n])         # whole requests only
+    cuts = np.unique(np.r_[0, starts[marks], n])  # whole requests only
     for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-        above = np.cumsum(held[::-1])[::-1]        # above[p] = weight at positions >= p
+        above = np.cumsum(held[::-1])[::-1]  # above[p] = weight at positions >= p
         seen = prev[a:b] >= 0
-        q = np.where(seen, pos[np.maximum(prev[a:b], 0)], -1)    # each item's standing now
+        q = np.where(seen, pos[np.maximum(prev[a:b], 0)], -1)  # each item's standing now
         rank = above[q + 1]
         req = refs.request[a:b]
-        if req[0] != req[-1]:      # what earlier requests of the chunk moved: onto positions
-            earlier = req[None, :] < req[:, None]     # above q, and away from positions above q
+        if req[0] != req[-1]:  # what earlier requests of the chunk moved: onto positions
+            earlier = req[None, :] < req[:, None]  # above q, and away from positions above q
             w = refs.weight[a:b]
-            rank = rank + ((earlier & (pos[a:b][None, :] > q[:, None])) @ w
-                           - (earlier & (q[None, :] > q[:, None])) @ w)
+            rank = rank + ((earlier & (pos[a:b][None, :] > q[:, None])) @ w - (earlier & (q[None, :] > q[:, None])) @ w)
         ranks[a:b] = np.where(seen, rank, -1)
         held[q[seen]] -= refs.weight[a:b][seen]
         held[pos[a:b]] += refs.weight[a:b]
@@ -136,6 +137,7 @@ def _stack_hits(ranks: np.ndarray, weight: np.ndarray, caps) -> list[int]:
 
 # ------------------------------------------------------------------ Belady's MIN
 
+
 def _min_hits(refs: BlockReferences, prev: np.ndarray, capacity) -> int:
     """Hit blocks of MIN at `capacity` blocks: after each request the cache keeps the
     blocks used again soonest among what it held and what the request offered (ties: the
@@ -145,17 +147,17 @@ def _min_hits(refs: BlockReferences, prev: np.ndarray, capacity) -> int:
     again = prev >= 0
     if math.isinf(capacity) or capacity >= _peak_awaited(refs, prev):
         return int(refs.weight[again].sum())
-    nxt = np.full(len(prev), -1, dtype=np.int64)       # the request that uses it next; -1: none
+    nxt = np.full(len(prev), -1, dtype=np.int64)  # the request that uses it next; -1: none
     nxt[prev[again]] = refs.request[again]
     cuts = np.flatnonzero(np.r_[True, refs.request[1:] != refs.request[:-1], True]).tolist()
     item, weight, depth, nxt = (a.tolist() for a in (refs.item, refs.weight, refs.depth, nxt))
-    held: dict[int, int] = {}            # item -> blocks cached
-    due: dict[int, int] = {}             # item -> the request that uses it next
-    heap: list[tuple[int, int, int]] = []    # (-next use, -depth, item): the first to drop on top
+    held: dict[int, int] = {}  # item -> blocks cached
+    due: dict[int, int] = {}  # item -> the request that uses it next
+    heap: list[tuple[int, int, int]] = []  # (-next use, -depth, item): the first to drop on top
     push, pop = heapq.heappush, heapq.heappop
     total = hits = 0
     for i, j in zip(cuts[:-1], cuts[1:]):
-        for k in range(i, j):            # the longest cached prefix
+        for k in range(i, j):  # the longest cached prefix
             got = held.get(item[k], 0)
             hits += got
             if got < weight[k]:
@@ -171,7 +173,7 @@ def _min_hits(refs: BlockReferences, prev: np.ndarray, capacity) -> int:
             push(heap, (-nxt[k], -depth[k], it))
         while total > capacity:
             use, _, it = heap[0]
-            if due.get(it) != -use:      # an entry from an earlier standing
+            if due.get(it) != -use:  # an entry from an earlier standing
                 pop(heap)
                 continue
             drop = min(held[it], total - capacity)

@@ -24,6 +24,7 @@ Definitions (also in the documentation, docs/outputs.md):
   (kvsim.analysis.stages): about half the TPOT above, as a token's event and the blank
   line after it are two lines. stages.csv has these per load stage.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,19 @@ from kvsim.sim.loop import STEP_FIELDS, PolicyRun
 from kvsim.engines.base import LIMITS
 
 PARTS = ("token", "reservation", "internal", "external", "free")
-REQUEST_COLUMNS = ("request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s",
-                   "prompt_tokens", "output_tokens", "sequences", "preemptions", "outcome", "reason")
+REQUEST_COLUMNS = (
+    "request_id",
+    "arrival_s",
+    "admitted_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "output_tokens",
+    "sequences",
+    "preemptions",
+    "outcome",
+    "reason",
+)
 
 
 def ten_digits(x: float) -> float:
@@ -48,8 +60,7 @@ def ten_digits(x: float) -> float:
 def step_table(run: PolicyRun) -> pd.DataFrame:
     """One row per step (or bucket); a fleet's, each replica's rows in turn with its index."""
     if run.parts:
-        return pd.concat([step_table(p).assign(replica=r) for r, p in enumerate(run.parts)],
-                         ignore_index=True)
+        return pd.concat([step_table(p).assign(replica=r) for r, p in enumerate(run.parts)], ignore_index=True)
     if run.steps.bucketed:
         return bucket_table(run)
     df = pd.DataFrame(run.steps.columns())
@@ -57,7 +68,7 @@ def step_table(run: PolicyRun) -> pd.DataFrame:
     for part in PARTS:
         df[part] = df[part] / cap
     df["limited_by"] = pd.Categorical.from_codes(df["limit"].astype(int), LIMITS)
-    for name in (TIER_NAMES if run.tiers is not None else ()):
+    for name in TIER_NAMES if run.tiers is not None else ():
         held = df.pop(f"tier_{name}_chunks")
         df[f"tier_{name}_occupancy"] = held / max(run.tiers.get(f"seen_chunks_{name}", 0), 1)
     df.insert(0, "step", np.arange(len(df), dtype=np.int64))
@@ -74,17 +85,25 @@ def bucket_table(run: PolicyRun) -> pd.DataFrame:
     b = run.steps.buckets()
     busy = b["busy"]
     cap = float(run.capacity_slots)
-    df = pd.DataFrame({"policy": run.name, "bucket": b["bucket"],
-                       "time_s": b["bucket"] * run.steps.bucket_s, "step_s": busy,
-                       "steps": b["steps"].astype(np.int64),
-                       "running": b["dt_running"] / busy, "max_running": b["peak_running"].astype(np.int64),
-                       "waiting": b["dt_waiting"] / busy,
-                       "prefill_tokens": b["prefill_tokens"].astype(np.int64),
-                       "decode_tokens": b["decode_tokens"].astype(np.int64),
-                       **{part: b[f"dt_{part}"] / busy / cap for part in PARTS}})
-    for name in (TIER_NAMES if run.tiers is not None else ()):
-        df[f"tier_{name}_occupancy"] = (b[f"dt_tier_{name}_chunks"] / busy
-                                        / max(run.tiers.get(f"seen_chunks_{name}", 0), 1))
+    df = pd.DataFrame(
+        {
+            "policy": run.name,
+            "bucket": b["bucket"],
+            "time_s": b["bucket"] * run.steps.bucket_s,
+            "step_s": busy,
+            "steps": b["steps"].astype(np.int64),
+            "running": b["dt_running"] / busy,
+            "max_running": b["peak_running"].astype(np.int64),
+            "waiting": b["dt_waiting"] / busy,
+            "prefill_tokens": b["prefill_tokens"].astype(np.int64),
+            "decode_tokens": b["decode_tokens"].astype(np.int64),
+            **{part: b[f"dt_{part}"] / busy / cap for part in PARTS},
+        }
+    )
+    for name in TIER_NAMES if run.tiers is not None else ():
+        df[f"tier_{name}_occupancy"] = (
+            b[f"dt_tier_{name}_chunks"] / busy / max(run.tiers.get(f"seen_chunks_{name}", 0), 1)
+        )
     limits = np.stack([b[f"dt_limit_{i}"] for i in range(len(LIMITS))], axis=1)
     df["limited_by"] = pd.Categorical.from_codes(limits.argmax(axis=1) if len(df) else [], LIMITS)
     return df
@@ -105,8 +124,10 @@ def _bucket_figures(run: PolicyRun) -> dict:
     fractions = {f"{p}_fraction": weighted(b[f"w_{p}"] / run.capacity_slots) for p in PARTS}
     logical = b["dt_allocated"] + b["dt_shared"]
     return {
-        "limits": {f"limited_by_{name}": float(b[f"dt_limit_{i}"] / busy) if busy > 0 else math.nan
-                   for i, name in enumerate(LIMITS)},
+        "limits": {
+            f"limited_by_{name}": float(b[f"dt_limit_{i}"] / busy) if busy > 0 else math.nan
+            for i, name in enumerate(LIMITS)
+        },
         "fractions": fractions,
         "basis": "memory" if w > 0 else "none",
         "waste": float((b["dt_allocated"] - b["dt_token"]) / b["dt_allocated"]) if b["dt_allocated"] else 0.0,
@@ -124,26 +145,49 @@ def request_table(run: PolicyRun) -> pd.DataFrame:
     first sample's, finished at the last one's, completed when all are."""
     req, rec, per = run.requests, run.records, run.per
     arrival = np.repeat(req.arrival_s, per) if run.arrived_s is None else run.arrived_s
-    columns = (np.repeat(req.id_column(), per), arrival, rec.admitted_s,
-               rec.first_token_s, rec.finish_s, np.repeat(req.prompt_tokens, per),
-               np.repeat(req.output_tokens, per), np.full(len(rec), run.width, dtype=np.int64),
-               rec.preemptions, rec.names(), rec.reason_column())
+    columns = (
+        np.repeat(req.id_column(), per),
+        arrival,
+        rec.admitted_s,
+        rec.first_token_s,
+        rec.finish_s,
+        np.repeat(req.prompt_tokens, per),
+        np.repeat(req.output_tokens, per),
+        np.full(len(rec), run.width, dtype=np.int64),
+        rec.preemptions,
+        rec.names(),
+        rec.reason_column(),
+    )
     df = pd.DataFrame(dict(zip(REQUEST_COLUMNS, columns)))
     df["stage"] = 0 if req.stage is None else np.repeat(req.stage, per)
     if run.replica is not None:
         df["replica"] = np.repeat(run.replica, per)
     if df.request_id.duplicated().any():
         rank = df.outcome.map({"rejected": 3, "timed out": 2, "unfinished": 1, "completed": 0})
-        df = (df.assign(rank=rank).groupby("request_id", sort=True)
-              .agg(arrival_s=("arrival_s", "first"), admitted_s=("admitted_s", "min"),
-                   first_token_s=("first_token_s", "min"), finish_s=("finish_s", "max"),
-                   prompt_tokens=("prompt_tokens", "first"), output_tokens=("output_tokens", "first"),
-                   sequences=("sequences", "size"), preemptions=("preemptions", "sum"),
-                   rank=("rank", "max"), reason=("reason", "max"), stage=("stage", "first"),
-                   **({"replica": ("replica", "first")} if run.replica is not None else {}))
-              .reset_index())
-        df.insert(len(REQUEST_COLUMNS) - 2, "outcome",
-                  df.pop("rank").map({3: "rejected", 2: "timed out", 1: "unfinished", 0: "completed"}))
+        df = (
+            df.assign(rank=rank)
+            .groupby("request_id", sort=True)
+            .agg(
+                arrival_s=("arrival_s", "first"),
+                admitted_s=("admitted_s", "min"),
+                first_token_s=("first_token_s", "min"),
+                finish_s=("finish_s", "max"),
+                prompt_tokens=("prompt_tokens", "first"),
+                output_tokens=("output_tokens", "first"),
+                sequences=("sequences", "size"),
+                preemptions=("preemptions", "sum"),
+                rank=("rank", "max"),
+                reason=("reason", "max"),
+                stage=("stage", "first"),
+                **({"replica": ("replica", "first")} if run.replica is not None else {}),
+            )
+            .reset_index()
+        )
+        df.insert(
+            len(REQUEST_COLUMNS) - 2,
+            "outcome",
+            df.pop("rank").map({3: "rejected", 2: "timed out", 1: "unfinished", 0: "completed"}),
+        )
     df.insert(0, "policy", run.name)
     return df
 
@@ -154,8 +198,10 @@ def _step_figures(run: PolicyRun) -> dict:
     col = {name: steps[:, i] for i, name in enumerate(STEP_FIELDS)}
     dt = col["step_s"]
     busy = dt.sum()
-    limits = {f"limited_by_{name}": float(dt[col["limit"] == i].sum() / busy) if busy > 0 else math.nan
-              for i, name in enumerate(LIMITS)}
+    limits = {
+        f"limited_by_{name}": float(dt[col["limit"] == i].sum() / busy) if busy > 0 else math.nan
+        for i, name in enumerate(LIMITS)
+    }
     memory_bound = col["limit"] == LIMITS.index("memory")
     w = dt * memory_bound
 
@@ -223,10 +269,17 @@ def summarize(run: PolicyRun, requests: pd.DataFrame, scale_share: float = 0.0) 
         "throughput_tok_s": float((done.output_tokens * done.sequences).sum() / makespan) if makespan > 0 else 0.0,
         "request_throughput": float(len(done) / makespan) if makespan > 0 else 0.0,
         "ttft_mean_s": mean(ttft),
-        "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "ttft_p99_s": pct(ttft, 99),
-        "tpot_p50_s": pct(tpot, 50), "tpot_p90_s": pct(tpot, 90), "tpot_p99_s": pct(tpot, 99),
+        "ttft_p50_s": pct(ttft, 50),
+        "ttft_p90_s": pct(ttft, 90),
+        "ttft_p99_s": pct(ttft, 99),
+        "tpot_p50_s": pct(tpot, 50),
+        "tpot_p90_s": pct(tpot, 90),
+        "tpot_p99_s": pct(tpot, 99),
         "itl_mean_s": itl_mean,
-        "e2e_mean_s": mean(e2e), "e2e_p50_s": pct(e2e, 50), "e2e_p90_s": pct(e2e, 90), "e2e_p99_s": pct(e2e, 99),
+        "e2e_mean_s": mean(e2e),
+        "e2e_p50_s": pct(e2e, 50),
+        "e2e_p90_s": pct(e2e, 90),
+        "e2e_p99_s": pct(e2e, 99),
         "scale_fraction": fractions["token_fraction"] * scale_share,
         "preemptions": run.preemptions,
         "swaps": run.swaps,
@@ -247,8 +300,10 @@ def tier_columns(run: PolicyRun) -> dict:
     prompt = run.prompt_tokens or 1
     t = run.tiers or {}
     tiers = {name: t.get(f"hit_tokens_{name}", 0.0) for name in TIER_NAMES}
-    row = {"prefix_hit_rate_gpu": (run.cached_tokens - sum(tiers.values())) / prompt if run.prompt_tokens else 0.0,
-           **{f"prefix_hit_rate_{name}": tokens / prompt for name, tokens in tiers.items()}}
+    row = {
+        "prefix_hit_rate_gpu": (run.cached_tokens - sum(tiers.values())) / prompt if run.prompt_tokens else 0.0,
+        **{f"prefix_hit_rate_{name}": tokens / prompt for name, tokens in tiers.items()},
+    }
     for name in TIER_NAMES:
         row[f"tier_{name}_written_gib"] = t.get(f"written_bytes_{name}", 0.0) / 2**30
         row[f"tier_{name}_read_gib"] = t.get(f"read_bytes_{name}", 0.0) / 2**30
@@ -265,7 +320,7 @@ def tier_columns(run: PolicyRun) -> dict:
         busy = float(dt.sum())
         held = {name: float((a[:, len(STEP_FIELDS) + i] * dt).sum()) for i, name in enumerate(TIER_NAMES)}
     for name in TIER_NAMES:
-        cap = t.get(f"seen_chunks_{name}", 0.0)      # a fleet's: over replica-time, of each one's
+        cap = t.get(f"seen_chunks_{name}", 0.0)  # a fleet's: over replica-time, of each one's
         row[f"tier_{name}_occupancy"] = held[name] / busy / cap if busy > 0 and cap else 0.0
     row["tier_load_s"] = t.get("load_s", 0.0)
     row["tier_load_share"] = row["tier_load_s"] / busy if busy > 0 else 0.0

@@ -10,6 +10,7 @@ the sustained rate is the highest swept rate before the first one that is not. W
 finite number of requests the queue, and so the latency, is bounded: the rise is
 steep but finite, and the threshold is a choice, stated with every result.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ MAX_RATES = 64
 
 def parse_rates(text: str, src: str = "command line", field: str = "--rates") -> list[float]:
     """'0.5,1,2,4' or 'START:STOP:STEP' (STOP included) -> sorted distinct rates."""
+
     def number(item: str) -> float:
         return positive_number(item, src, field, f"'{item}' is not a positive number of requests per second")
 
@@ -51,10 +53,18 @@ def with_rate(scn, rate: float, src: str = "command line"):
     """The scenario with its arrival rate replaced (Poisson, gamma or constant arrivals only)."""
     arrival = scn.workload.arrival
     if arrival is None or not hasattr(arrival, "rate_per_s"):
-        what = ("a trace's own arrivals" if arrival is None else "load stages" if hasattr(arrival, "stages")
-                else f"'{arrival.process}' arrivals")
-        raise InputError(src, "--rates", f"the scenario has {what}; a rate sweep needs "
-                         "workload.arrival.process poisson, gamma or constant")
+        what = (
+            "a trace's own arrivals"
+            if arrival is None
+            else "load stages"
+            if hasattr(arrival, "stages")
+            else f"'{arrival.process}' arrivals"
+        )
+        raise InputError(
+            src,
+            "--rates",
+            f"the scenario has {what}; a rate sweep needs workload.arrival.process poisson, gamma or constant",
+        )
     workload = scn.workload.model_copy(update={"arrival": arrival.model_copy(update={"rate_per_s": rate})})
     return scn.model_copy(update={"workload": workload})
 
@@ -66,8 +76,18 @@ def normalized_latency(requests: pd.DataFrame) -> pd.Series:
     return per.groupby(done["policy"].astype(str), sort=False).mean()
 
 
-COLUMNS = ["rate_per_s", "policy", "normalized_latency_s", "throughput_tok_s", "request_throughput",
-           "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "mean_batch_size", "requests_completed"]
+COLUMNS = [
+    "rate_per_s",
+    "policy",
+    "normalized_latency_s",
+    "throughput_tok_s",
+    "request_throughput",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "mean_batch_size",
+    "requests_completed",
+]
 
 
 def sweep_table(points: list[tuple[float, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
@@ -78,8 +98,7 @@ def sweep_table(points: list[tuple[float, pd.DataFrame, pd.DataFrame]]) -> pd.Da
         frame = summary.assign(rate_per_s=rate, policy=summary["policy"].astype(str))
         frame["normalized_latency_s"] = frame["policy"].map(norm).astype(float)
         frames.append(frame[[c for c in COLUMNS if c in frame]])
-    return pd.concat(frames, ignore_index=True).sort_values(["rate_per_s"], kind="mergesort",
-                                                            ignore_index=True)
+    return pd.concat(frames, ignore_index=True).sort_values(["rate_per_s"], kind="mergesort", ignore_index=True)
 
 
 def unloaded_latency(table: pd.DataFrame) -> float:
@@ -110,8 +129,12 @@ def summary_lines(table: pd.DataFrame, divergence: float = DIVERGENCE) -> list[s
             continue
         row = table[(table["policy"] == policy) & (table["rate_per_s"] == rate)].iloc[0]
         top = rate == table["rate_per_s"].max()
-        lines.append(f"{policy}: sustains {rate:g} req/s{' (the highest swept: sweep further)' if top else ''}, "
-                     f"{row['throughput_tok_s']:,.0f} tok/s at {row['normalized_latency_s']:.3g} s/token")
-    lines.append(f"(sustained: normalized latency within {divergence:g}x the unloaded "
-                 f"{limit / divergence:.3g} s/token, i.e. at most {limit:.3g} s/token)")
+        lines.append(
+            f"{policy}: sustains {rate:g} req/s{' (the highest swept: sweep further)' if top else ''}, "
+            f"{row['throughput_tok_s']:,.0f} tok/s at {row['normalized_latency_s']:.3g} s/token"
+        )
+    lines.append(
+        f"(sustained: normalized latency within {divergence:g}x the unloaded "
+        f"{limit / divergence:.3g} s/token, i.e. at most {limit:.3g} s/token)"
+    )
     return lines

@@ -4,6 +4,7 @@ A target names a summary column (ttft_p99_s, tpot_p50_s, ...) and an upper bound
 simulated seconds. A row misses a target when the value is above it, or is missing
 (NaN: no request completed), since nothing was shown to meet it.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,14 +25,15 @@ def parse_targets(text: str, src: str = "command line", field: str = "--slo") ->
     """'ttft_p99_s=2,tpot_p50_s=0.1' -> {column: seconds}, validated against the SLO block."""
     from kvsim.config.errors import InputError, positive_number
     from kvsim.config.scenario import SLO
+
     targets = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
         if not sep or name.strip() not in SLO.model_fields:
-            raise InputError(src, field, f"'{item}' is not NAME=SECONDS with NAME one of "
-                             f"{', '.join(SLO.model_fields)}")
-        targets[name.strip()] = positive_number(value, src, field,
-                                                f"'{item}': the target must be a positive number of seconds")
+            raise InputError(src, field, f"'{item}' is not NAME=SECONDS with NAME one of {', '.join(SLO.model_fields)}")
+        targets[name.strip()] = positive_number(
+            value, src, field, f"'{item}': the target must be a positive number of seconds"
+        )
     if not targets:
         raise InputError(src, field, "give at least one target, e.g. ttft_p99_s=2,tpot_p50_s=0.1")
     return targets

@@ -34,6 +34,7 @@ re-tokenizes the text (kvsim.workload.inference_perf).
 Without streaming (api.streaming false) the client sees no tokens: ttft, itl and tpot
 are empty, as inference-perf reports them.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,9 +44,20 @@ import pandas as pd
 
 PERCENTILES = {"mean": None, "p50": 50, "p90": 90, "p99": 99}
 METRICS = ("ttft", "e2e", "itl", "tpot")
-COLUMNS = ("policy", "stage", "rate_per_s", "duration_s", "requests", "completed", "failed", "unfinished",
-           *(f"{m}_{k}_s" for m in METRICS for k in PERCENTILES),
-           "input_tokens_per_s", "output_tokens_per_s", "requests_per_s")
+COLUMNS = (
+    "policy",
+    "stage",
+    "rate_per_s",
+    "duration_s",
+    "requests",
+    "completed",
+    "failed",
+    "unfinished",
+    *(f"{m}_{k}_s" for m in METRICS for k in PERCENTILES),
+    "input_tokens_per_s",
+    "output_tokens_per_s",
+    "requests_per_s",
+)
 
 
 def stage_rows(run, table: pd.DataFrame, stages: list[tuple[float, float]], streaming: bool = True) -> list[dict]:
@@ -56,9 +68,16 @@ def stage_rows(run, table: pd.DataFrame, stages: list[tuple[float, float]], stre
         mine = table[table.stage == k]
         done = mine[mine.outcome == "completed"]
         failed = int((mine.outcome == "rejected").sum() + (mine.outcome == "timed out").sum())
-        row = {"policy": run.name, "stage": k, "rate_per_s": rate, "duration_s": duration,
-               "requests": len(mine), "completed": len(done), "failed": failed,
-               "unfinished": int((mine.outcome == "unfinished").sum())}
+        row = {
+            "policy": run.name,
+            "stage": k,
+            "rate_per_s": rate,
+            "duration_s": duration,
+            "requests": len(mine),
+            "completed": len(done),
+            "failed": failed,
+            "unfinished": int((mine.outcome == "unfinished").sum()),
+        }
         e2e = (done.finish_s - done.arrival_s).to_numpy()
         row.update(_spread("e2e", e2e))
         if streaming:
@@ -72,9 +91,11 @@ def stage_rows(run, table: pd.DataFrame, stages: list[tuple[float, float]], stre
         ended = mine[mine.outcome != "unfinished"]
         total = float(ended.finish_s.max() - mine.arrival_s.min()) if len(ended) else math.nan
         per_s = (lambda x: float(x) / total) if total > 0 else (lambda x: math.nan)
-        row.update(input_tokens_per_s=per_s(done.prompt_tokens.sum()),
-                   output_tokens_per_s=per_s((done.output_tokens * done.sequences).sum()),
-                   requests_per_s=per_s(len(done)))
+        row.update(
+            input_tokens_per_s=per_s(done.prompt_tokens.sum()),
+            output_tokens_per_s=per_s((done.output_tokens * done.sequences).sum()),
+            requests_per_s=per_s(len(done)),
+        )
         rows.append({c: row[c] for c in COLUMNS})
     return rows
 
@@ -114,7 +135,7 @@ def _token_gaps(run, done: pd.DataFrame, n: np.ndarray, span: np.ndarray):
             yield span[many] / (n[many] - 1), n[many] - 1
             continue
         steps = part.steps.array()
-        ends = steps[:, 0] + steps[:, 1]            # time_s + step_s
+        ends = steps[:, 0] + steps[:, 1]  # time_s + step_s
         gaps = np.diff(ends, prepend=np.nan)
         # each request decodes from its first token to its finish, except in its stalls
         # (a preemption: one gap, from the last token before it to the first after)
@@ -140,7 +161,7 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     total = int(w.sum())
     h = (total - 1) * q / 100.0
     lo = int(math.floor(h))
-    ends = np.cumsum(w)                     # the expanded list's k-th element is v[searchsorted(ends, k+1)]
-    at = lambda k: float(v[np.searchsorted(ends, k + 1)])   # noqa: E731
+    ends = np.cumsum(w)  # the expanded list's k-th element is v[searchsorted(ends, k+1)]
+    at = lambda k: float(v[np.searchsorted(ends, k + 1)])  # noqa: E731
     hi = min(lo + 1, total - 1)
     return at(lo) + (h - lo) * (at(hi) - at(lo))

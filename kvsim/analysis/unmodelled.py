@@ -16,6 +16,7 @@ dequantizing it costs is priced only where the step costs were measured with tha
 (a profile's per-dtype decode fit). Elsewhere, for a policy that uses one, the notes say
 that the dequantization is not modelled.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,9 +25,11 @@ from kvsim.cost.model import StepBatch, make_cost_model
 from kvsim.model.specs import KVSpec, resolve_kv_dtype
 
 SETTINGS = {"block_size": "block size", "kv_cache_dtype": "KV dtype", "kv_scale": "KV scale granularity"}
-PROBES = (StepBatch.build([(2048, 0)], []),                         # a long prefill
-          StepBatch.build([], [2000] * 64),                         # 64 sequences decoding
-          StepBatch.build([(512, 1024)], [3000] * 16 + [500] * 16))  # a chunk among decodes
+PROBES = (
+    StepBatch.build([(2048, 0)], []),  # a long prefill
+    StepBatch.build([], [2000] * 64),  # 64 sequences decoding
+    StepBatch.build([(512, 1024)], [3000] * 16 + [500] * 16),
+)  # a chunk among decodes
 
 
 SIXTEEN_BIT = ("fp32", "fp16", "bf16")
@@ -38,9 +41,17 @@ def cost_for(scn, policy, base_dir: Path):
     kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale, policy.kv_scale_group_size)
     _, options = policy.allocator_kind(scn.engine_name)
     settings = scn.engine_settings()
-    cost = make_cost_model(scn.cost_model, model, gpu, kv, scn.tensor_parallel_size,
-                           block_size=options.get("block_size"), base_dir=base_dir, engine=settings.engine,
-                           limits=(settings.max_num_seqs, settings.max_num_batched_tokens))
+    cost = make_cost_model(
+        scn.cost_model,
+        model,
+        gpu,
+        kv,
+        scn.tensor_parallel_size,
+        block_size=options.get("block_size"),
+        base_dir=base_dir,
+        engine=settings.engine,
+        limits=(settings.max_num_seqs, settings.max_num_batched_tokens),
+    )
     return cost, kv.kv_cache_dtype
 
 
@@ -88,11 +99,15 @@ def unmodelled_settings(scn, base_dir: Path) -> dict[str, list]:
 def notes(scn, base_dir: Path) -> list[str]:
     """One sentence per setting with no modelled effect on step time, and one naming the
     quantized KV dtypes whose dequantization is not priced."""
-    out = [f"{SETTINGS[field]} ({', '.join(map(str, values))}): no modelled effect on step time; "
-           "these policies differ through memory alone"
-           for field, values in unmodelled_settings(scn, base_dir).items()]
+    out = [
+        f"{SETTINGS[field]} ({', '.join(map(str, values))}): no modelled effect on step time; "
+        "these policies differ through memory alone"
+        for field, values in unmodelled_settings(scn, base_dir).items()
+    ]
     dtypes = unpriced_dequantization(scn, base_dir)
     if dtypes:
-        out.append(f"KV dtype {', '.join(dtypes)}: attention reads its fewer bytes; dequantizing it "
-                   "is not modelled (no step time measured with that dtype)")
+        out.append(
+            f"KV dtype {', '.join(dtypes)}: attention reads its fewer bytes; dequantizing it "
+            "is not modelled (no step time measured with that dtype)"
+        )
     return out

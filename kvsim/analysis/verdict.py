@@ -8,6 +8,7 @@ and labelled so: nothing ever waited ('busy' basis) means arrivals set the batch
 requests waited while the pool was at least 90% taken means memory; otherwise a
 scheduler limit (sequence cap or token budget) that the run did not record.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ import pandas as pd
 
 from kvsim.analysis.slo import misses
 
-LIMITS = {   # summary column -> words
+LIMITS = {  # summary column -> words
     "limited_by_memory": "memory",
     "limited_by_watermark": "the admission watermark",
     "limited_by_max_num_seqs": "the sequence cap (max_num_seqs)",
@@ -25,8 +26,8 @@ LIMITS = {   # summary column -> words
     "limited_by_preemption": "preemption",
     "limited_by_arrivals": "arrivals (nothing waiting)",
 }
-TIE = 0.99     # throughputs this close are the same: latency decides
-FULL = 0.9     # share of the pool taken (not free) above which waiting means memory
+TIE = 0.99  # throughputs this close are the same: latency decides
+FULL = 0.9  # share of the pool taken (not free) above which waiting means memory
 
 
 def _num(row: Mapping, column: str) -> float:
@@ -58,18 +59,20 @@ def arrival_limited(row: Mapping) -> bool:
     return limiting_factor(row)[0] == LIMITS["limited_by_arrivals"]
 
 
-def sentence(row: Mapping, targets: Mapping[str, float] | None = None,
-             rate: float | None = None) -> str:
+def sentence(row: Mapping, targets: Mapping[str, float] | None = None, rate: float | None = None) -> str:
     """One quotable sentence about one policy's summary row."""
     name = row.get("policy", "?")
     at = f" at {rate:g} req/s" if rate else ""
     if targets:
         missed = misses(row, targets)
-        slo = ("meets every latency target (" + _targets_text(targets) + ")" if not missed
-               else "misses " + "; ".join(missed))
+        slo = (
+            "meets every latency target (" + _targets_text(targets) + ")"
+            if not missed
+            else "misses " + "; ".join(missed)
+        )
         slo += ", with"
     else:
-        slo = "reaches"      # pick() says once that no targets are set
+        slo = "reaches"  # pick() says once that no targets are set
     tput = _num(row, "throughput_tok_s")
     p99, tpot = _num(row, "ttft_p99_s"), _num(row, "tpot_p50_s")
     what, share, inferred = limiting_factor(row)
@@ -77,8 +80,10 @@ def sentence(row: Mapping, targets: Mapping[str, float] | None = None,
     if inferred:
         limit += " (inferred: this run records no limited_by_* columns)"
     batch = _num(row, "mean_batch_size")
-    return (f"{name}{at} {slo} {tput:,.0f} output tok/s, TTFT p99 {_s(p99)} and TPOT p50 "
-            f"{_s(tpot)}; its batch (mean {batch:.1f}) was limited by {limit}.")
+    return (
+        f"{name}{at} {slo} {tput:,.0f} output tok/s, TTFT p99 {_s(p99)} and TPOT p50 "
+        f"{_s(tpot)}; its batch (mean {batch:.1f}) was limited by {limit}."
+    )
 
 
 def pick(summary: pd.DataFrame, targets: Mapping[str, float] | None = None) -> str:
@@ -93,11 +98,18 @@ def pick(summary: pd.DataFrame, targets: Mapping[str, float] | None = None) -> s
     close = [r for r in ok if tput[id(r)] >= TIE * top] or ok
     best = min(close, key=lambda r: _num(r, "ttft_p99_s") if not math.isnan(_num(r, "ttft_p99_s")) else math.inf)
     why = "it meets every target and" if targets else "it"
-    unset = (f" {len(ok)} of {len(rows)} policies meet every target." if targets and len(ok) < len(rows)
-             else "" if targets else " No latency targets are set: add an slo: block to weigh latency.")
+    unset = (
+        f" {len(ok)} of {len(rows)} policies meet every target."
+        if targets and len(ok) < len(rows)
+        else ""
+        if targets
+        else " No latency targets are set: add an slo: block to weigh latency."
+    )
     if len(close) > 1:
-        return (f"Pick {best['policy']}: {why} matches the best throughput ({top:,.0f} tok/s, within 1%) "
-                f"with the lowest TTFT p99 ({_s(_num(best, 'ttft_p99_s'))}).{unset}")
+        return (
+            f"Pick {best['policy']}: {why} matches the best throughput ({top:,.0f} tok/s, within 1%) "
+            f"with the lowest TTFT p99 ({_s(_num(best, 'ttft_p99_s'))}).{unset}"
+        )
     return f"Pick {best['policy']}: {why} has the highest throughput ({top:,.0f} tok/s).{unset}"
 
 
@@ -120,12 +132,17 @@ def nothing_completed(summary: pd.DataFrame, requests: pd.DataFrame, time_limit_
     if rejected:
         reasons = requests.loc[requests["outcome"] == "rejected", "reason"].astype(str)
         top = reasons.value_counts()
-        why.append(f"{rejected:,} request(s) were rejected (most: {top.index[0]})" if len(top) and top.index[0]
-                   else f"{rejected:,} request(s) were rejected")
+        why.append(
+            f"{rejected:,} request(s) were rejected (most: {top.index[0]})"
+            if len(top) and top.index[0]
+            else f"{rejected:,} request(s) were rejected"
+        )
     if unfinished:
         if time_limit_s is not None:
-            why.append(f"time_limit_s ({time_limit_s:g} s of simulated time) ended the run before "
-                       f"any of {unfinished:,} request(s) finished: raise it or drop it")
+            why.append(
+                f"time_limit_s ({time_limit_s:g} s of simulated time) ended the run before "
+                f"any of {unfinished:,} request(s) finished: raise it or drop it"
+            )
         else:
             why.append(f"{unfinished:,} request(s) were still running when the run ended")
     return "; ".join(why) or "the workload produced no requests"

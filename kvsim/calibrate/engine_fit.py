@@ -47,6 +47,7 @@ step, so its derivative costs no simulation; the runs' simulations are kept per 
 so a fit over some of the same runs reuses them, and a fit may start from residuals
 and a Jacobian already known (a leave-one-out fit, from the all-runs fit's end).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,7 +64,7 @@ from kvsim.cost.overhead import Comm, Overhead
 TARGETS = {"e2e": 0.08, "ttft": 0.15, "answered": 0.15}
 MAX_ITERATIONS = 12
 FD_STEP = 0.02
-KEEP = 2            # simulations kept: the current point's and the last trial's
+KEEP = 2  # simulations kept: the current point's and the last trial's
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Param:
     low: float
     high: float
     start: float
-    post_hoc: bool = False      # changes no step: the simulations are reused
+    post_hoc: bool = False  # changes no step: the simulations are reused
 
 
 PARAMS = (
@@ -86,31 +87,46 @@ PARAMS = (
 )
 START = {p.name: p.start for p in PARAMS}
 FREE = tuple(p.name for p in PARAMS if p.name != "launch_per_layer_us")
-BUS_GB_S = 360.0     # the shipped H100 profiles' assumed all-reduce bandwidth (80% of 450 GB/s)
+BUS_GB_S = 360.0  # the shipped H100 profiles' assumed all-reduce bandwidth (80% of 450 GB/s)
 
 
 def overhead(theta: dict, label: str = "overhead:fitted", gpu: str = "h100-80gb") -> Overhead:
     """The Overhead a parameter set describes."""
     t = {**START, **theta}
-    return Overhead(label, step_s=t["step_us"] * 1e-6, per_seq_s=t["per_seq_us"] * 1e-6,
-                    comm=Comm(latency_s=t["allreduce_us"] * 1e-6, bus_gb_s=BUS_GB_S), gpu=gpu,
-                    launch_per_layer_s=t["launch_per_layer_us"] * 1e-6,
-                    graphs=GraphTerms(piecewise_per_layer_s=t["piecewise_per_layer_us"] * 1e-6),
-                    kernels=(("attention_decode", t["attention_decode"]),),
-                    api=ApiServer(request_s=t["api_ms"] * 1e-3), linear="envelope")
+    return Overhead(
+        label,
+        step_s=t["step_us"] * 1e-6,
+        per_seq_s=t["per_seq_us"] * 1e-6,
+        comm=Comm(latency_s=t["allreduce_us"] * 1e-6, bus_gb_s=BUS_GB_S),
+        gpu=gpu,
+        launch_per_layer_s=t["launch_per_layer_us"] * 1e-6,
+        graphs=GraphTerms(piecewise_per_layer_s=t["piecewise_per_layer_us"] * 1e-6),
+        kernels=(("attention_decode", t["attention_decode"]),),
+        api=ApiServer(request_s=t["api_ms"] * 1e-3),
+        linear="envelope",
+    )
 
 
 def document(theta: dict, name: str, gpu: str = "h100-80gb") -> dict:
     """The kvsim-overhead/3 fields of a parameter set (the fitted coefficients only)."""
     t = {**START, **theta}
-    r = lambda x: round(float(x), 6)     # noqa: E731
-    return {"format": "kvsim-overhead/3", "name": name, "gpu": gpu,
-            "host": {"step_ms": r(t["step_us"] / 1e3), "per_seq_ms": r(t["per_seq_us"] / 1e3),
-                     "per_prefill_token_ms": 0.0, "launch_per_layer_ms": r(t["launch_per_layer_us"] / 1e3)},
-            "comm": {"latency_us": r(t["allreduce_us"]), "latency_per_hop_us": 0.0, "bus_gb_s": BUS_GB_S},
-            "graphs": {"rule": "vllm-0.33.0", "piecewise_per_layer_ms": r(t["piecewise_per_layer_us"] / 1e3)},
-            "kernels": {"attention_decode": r(t["attention_decode"])},
-            "api": {"request_ms": r(t["api_ms"]), "per_prompt_token_us": 0.0}, "linear": "envelope"}
+    r = lambda x: round(float(x), 6)  # noqa: E731
+    return {
+        "format": "kvsim-overhead/3",
+        "name": name,
+        "gpu": gpu,
+        "host": {
+            "step_ms": r(t["step_us"] / 1e3),
+            "per_seq_ms": r(t["per_seq_us"] / 1e3),
+            "per_prefill_token_ms": 0.0,
+            "launch_per_layer_ms": r(t["launch_per_layer_us"] / 1e3),
+        },
+        "comm": {"latency_us": r(t["allreduce_us"]), "latency_per_hop_us": 0.0, "bus_gb_s": BUS_GB_S},
+        "graphs": {"rule": "vllm-0.33.0", "piecewise_per_layer_ms": r(t["piecewise_per_layer_us"] / 1e3)},
+        "kernels": {"attention_decode": r(t["attention_decode"])},
+        "api": {"request_ms": r(t["api_ms"]), "per_prompt_token_us": 0.0},
+        "linear": "envelope",
+    }
 
 
 def residuals(measured: Sequence[MeasuredStage], predicted: Sequence[PredictedStage]) -> np.ndarray:
@@ -141,7 +157,7 @@ class Objective:
     def __init__(self, replays: Sequence[Replay], workers: int = 1):
         self.replays = list(replays)
         self.workers = workers
-        self.evaluations = 0       # simulations of every run
+        self.evaluations = 0  # simulations of every run
 
     @staticmethod
     def engine_key(theta: dict) -> tuple:
@@ -153,18 +169,18 @@ class Objective:
         missing = [i for i, c in enumerate(caches) if key not in c]
         if missing:
             from kvsim.sim.parallel import ordered_map
+
             o = overhead(theta)
             # the longest first, so that it does not end the batch alone
             order = sorted(range(len(missing)), key=lambda k: -len(self.replays[missing[k]].requests))
-            runs = ordered_map(lambda k: self.replays[missing[k]].simulate(o), len(missing),
-                               self.workers, first=order)
+            runs = ordered_map(lambda k: self.replays[missing[k]].simulate(o), len(missing), self.workers, first=order)
             for i, run in zip(missing, runs):
                 caches[i][key] = run
             self.evaluations += 1
         out = []
         for c in caches:
-            c[key] = c.pop(key)                # the most recently used last
-            while len(c) > KEEP:               # a fit revisits only its current point
+            c[key] = c.pop(key)  # the most recently used last
+            while len(c) > KEEP:  # a fit revisits only its current point
                 c.pop(next(iter(c)))
             out.append(c[key])
         return out
@@ -181,9 +197,15 @@ class Objective:
         return np.concatenate(self.per_run(theta))
 
 
-def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | None = None,
-        max_iterations: int = MAX_ITERATIONS, on_iteration: Callable | None = None,
-        known: tuple[np.ndarray, np.ndarray] | None = None, tolerance: float = 1e-3) -> dict:
+def fit(
+    objective: Objective,
+    start: dict | None = None,
+    free: Sequence[str] | None = None,
+    max_iterations: int = MAX_ITERATIONS,
+    on_iteration: Callable | None = None,
+    known: tuple[np.ndarray, np.ndarray] | None = None,
+    tolerance: float = 1e-3,
+) -> dict:
     """Projected Levenberg-Marquardt over the `free` parameters (default FREE), the rest
     held at `start`; returns {"theta", "objective", "iterations", "evaluations",
     "converged", "residuals", "jacobian"} (the Jacobian at the end, as last updated).
@@ -229,7 +251,7 @@ def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | N
             jac, fresh = differences(x, r), True
         jac = np.array(jac, dtype=float)
         improved = small = False
-        for _ in range(6 if fresh else 2):     # a carried Jacobian that misses is taken again
+        for _ in range(6 if fresh else 2):  # a carried Jacobian that misses is taken again
             a = jac.T @ jac
             step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -jac.T @ r)
             trial = np.clip(x + step * span, low, high)
@@ -241,7 +263,7 @@ def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | N
         if improved:
             moved = (trial - x) / span
             gain = 1 - float(rt @ rt) / cost
-            if moved @ moved > 0:        # Broyden: the residuals' change along the step
+            if moved @ moved > 0:  # Broyden: the residuals' change along the step
                 jac = jac + np.outer(rt - r - jac @ moved, moved) / float(moved @ moved)
             x, r, cost = trial, rt, float(rt @ rt)
             lam = max(lam / 3, 1e-6)
@@ -252,7 +274,14 @@ def fit(objective: Objective, start: dict | None = None, free: Sequence[str] | N
             converged = True
             break
         if not improved:
-            last, jac = jac, None    # the carried Jacobian may be what failed: take it again
+            last, jac = jac, None  # the carried Jacobian may be what failed: take it again
         fresh = False
-    return {"theta": at(x), "objective": cost, "iterations": it, "evaluations": objective.evaluations,
-            "converged": converged, "residuals": r, "jacobian": last if jac is None else jac}
+    return {
+        "theta": at(x),
+        "objective": cost,
+        "iterations": it,
+        "evaluations": objective.evaluations,
+        "converged": converged,
+        "residuals": r,
+        "jacobian": last if jac is None else jac,
+    }

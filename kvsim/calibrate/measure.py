@@ -26,6 +26,7 @@ meta.json); its times do not describe the real model. On CUDA the timer is CUDA 
 around each op, with the host's launch latency kept out (Timer); on CPU it is
 perf_counter.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,7 +47,7 @@ from kvsim.cost.profiles import FORMAT, Profile
 from kvsim.model.specs import GPU_PRESETS, ModelSpec
 from kvsim.calibrate.validate import no_room, rms_norm, rope, validate
 
-KV_STORAGE = {"bf16": 16, "fp8": 8, "int8": 8}     # int4 has no torch storage type: not measured
+KV_STORAGE = {"bf16": 16, "fp8": 8, "int8": 8}  # int4 has no torch storage type: not measured
 # More than any GPU L2 or CPU last-level cache that kvsim calibrates on: weights and KV
 # are spread over this many bytes so that no timed call finds them still cached.
 CACHE_BYTES = 256 * 2**20
@@ -56,8 +57,9 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise InputError("command line", "calibrate", "PyTorch is not installed; "
-                         "pip install 'kvsim[calibrate]'") from None
+        raise InputError(
+            "command line", "calibrate", "PyTorch is not installed; pip install 'kvsim[calibrate]'"
+        ) from None
     return torch
 
 
@@ -74,7 +76,7 @@ class Timer:
     doubles and the call is timed again. `launched=True` times calls as the host
     launches them, latency included."""
 
-    SPIN_CYCLES = 2_000_000                 # about 1 ms at an H100's or H200's clock
+    SPIN_CYCLES = 2_000_000  # about 1 ms at an H100's or H200's clock
     MAX_SPIN_CYCLES = SPIN_CYCLES << 8
 
     def __init__(self, torch, device: str, warmup: int, reps: int, launched: bool = False):
@@ -107,13 +109,15 @@ class Timer:
             start.record()
             fn()
             end.record()
-            fed = self.launched or not start.query()     # the GPU still spinning: no gaps
+            fed = self.launched or not start.query()  # the GPU still spinning: no gaps
             cuda.synchronize()
             if fed:
                 return start.elapsed_time(end) * 1e-3
             if self.spin >= self.MAX_SPIN_CYCLES:
-                raise RuntimeError("the host could not enqueue a timed call while the GPU spun "
-                                   "(more kernels than the launch queue holds?)")
+                raise RuntimeError(
+                    "the host could not enqueue a timed call while the GPU spun "
+                    "(more kernels than the launch queue holds?)"
+                )
             self.spin *= 2
 
 
@@ -124,31 +128,48 @@ def plan(model: ModelSpec, device: str, quick: bool) -> dict:
     for key in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size"):
         measured[key] = max(shape[key] // scale, 1)
     tps = [1, 2] if quick else [1, 2, 4, 8]
-    grid = {"tokens": [1, 4, 8, 64, 256] if quick else token_grid(16384, per_octave=4),
-            "chunks": [16, 64] if quick else [64, 256, 1024, 4096, 8192],
-            "cached": [0, 128] if quick else [0, 1024, 4096, 12288],
-            "batches": [1, 4] if quick else [1, 4, 16, 64, 256],
-            "contexts": [64, 256] if quick else [256, 1024, 4096, 16384],
-            "block_sizes": [16, 32] if quick else [8, 16, 32],
-            "warmup": 1 if quick else 3, "reps": 5 if quick else 10,
-            # skip points whose tensors would not fit comfortably: K+V elements gathered
-            # for decode, and query x key pairs for a masked prefill
-            "max_kv_elems": 1 << 30, "max_pairs": 1 << 26}
-    return {"shape": shape, "measured": measured, "scale": scale,
-            "tps": [t for t in tps if measured["num_heads"] % t == 0], **grid}
+    grid = {
+        "tokens": [1, 4, 8, 64, 256] if quick else token_grid(16384, per_octave=4),
+        "chunks": [16, 64] if quick else [64, 256, 1024, 4096, 8192],
+        "cached": [0, 128] if quick else [0, 1024, 4096, 12288],
+        "batches": [1, 4] if quick else [1, 4, 16, 64, 256],
+        "contexts": [64, 256] if quick else [256, 1024, 4096, 16384],
+        "block_sizes": [16, 32] if quick else [8, 16, 32],
+        "warmup": 1 if quick else 3,
+        "reps": 5 if quick else 10,
+        # skip points whose tensors would not fit comfortably: K+V elements gathered
+        # for decode, and query x key pairs for a masked prefill
+        "max_kv_elems": 1 << 30,
+        "max_pairs": 1 << 26,
+    }
+    return {
+        "shape": shape,
+        "measured": measured,
+        "scale": scale,
+        "tps": [t for t in tps if measured["num_heads"] % t == 0],
+        **grid,
+    }
 
 
 def measure_linear(torch, p: dict, dev: str, dtype, timer: Timer, log=print) -> pd.DataFrame:
     s = p["measured"]
     h, d, heads, kvh = s["hidden_size"], s["head_dim"], s["num_heads"], s["num_kv_heads"]
     ffn, vocab = s["intermediate_size"], s["vocab_size"]
-    rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype)   # noqa: E731
+    rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype)  # noqa: E731
     rows = []
     for tp in p["tps"]:
         qh, kh, f = heads // tp, max(kvh // tp, 1), math.ceil(ffn / tp)
-        w = rotation(lambda: {"qkv": rnd(h, (qh + 2 * kh) * d), "o": rnd(qh * d, h), "up": rnd(h, 2 * f),
-                              "down": rnd(f, h), "lm": rnd(h, math.ceil(vocab / tp)), "norm": rnd(h)})
-        emb = rnd(vocab, h)      # a lookup reads only its rows: one table is enough
+        w = rotation(
+            lambda: {
+                "qkv": rnd(h, (qh + 2 * kh) * d),
+                "o": rnd(qh * d, h),
+                "up": rnd(h, 2 * f),
+                "down": rnd(f, h),
+                "lm": rnd(h, math.ceil(vocab / tp)),
+                "norm": rnd(h),
+            }
+        )
+        emb = rnd(vocab, h)  # a lookup reads only its rows: one table is enough
         for n in p["tokens"]:
             x, y, up = rnd(n, h), rnd(n, qh * d), rnd(n, 2 * f)
             q, cos = rnd(n, qh + kh, d), rnd(n, 1, d // 2)
@@ -163,7 +184,8 @@ def measure_linear(torch, p: dict, dev: str, dtype, timer: Timer, log=print) -> 
                 "mlp_act": lambda: torch.nn.functional.silu(up[:, :f]) * up[:, f:],
                 "mlp_down_proj": lambda: up[:, :f] @ w()["down"],
                 "add": lambda: x + x,
-                "lm_head": lambda: x @ w()["lm"]}
+                "lm_head": lambda: x @ w()["lm"],
+            }
             ops["post_attention_layernorm"] = ops["input_layernorm"]
             times = timer.rounds({op: ops[op] for op in LINEAR_OPS})
             rows.append({"tp": tp, "num_tokens": n, **{op: times[op] * 1e3 for op in LINEAR_OPS}})
@@ -195,7 +217,7 @@ def measure_attention(torch, p: dict, dev: str, dtype, timer: Timer, log=print) 
     s = p["measured"]
     d, heads, kvh = s["head_dim"], s["num_heads"], s["num_kv_heads"]
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype)   # noqa: E731
+    rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype)  # noqa: E731
     rows = []
     for tp in [t for t in p["tps"] if kvh % t == 0]:
         qh, kh = heads // tp, kvh // tp
@@ -205,10 +227,24 @@ def measure_attention(torch, p: dict, dev: str, dtype, timer: Timer, log=print) 
                     continue
                 q, k, v = rnd(1, qh, n, d), rnd(1, kh, ctx + n, d), rnd(1, kh, ctx + n, d)
                 mask = torch.ones(n, ctx + n, dtype=torch.bool, device=dev).tril(diagonal=ctx)
-                fn = (lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)) if ctx == 0 else \
-                     (lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True))
-                rows.append(_row("prefill", tp, 1, n, ctx, 16, "bf16", timer(fn),
-                                 _kv_write(torch, timer, n, kh, d, 16, "bf16", dev, dtype)))
+                fn = (
+                    (lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True))
+                    if ctx == 0
+                    else (lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True))
+                )
+                rows.append(
+                    _row(
+                        "prefill",
+                        tp,
+                        1,
+                        n,
+                        ctx,
+                        16,
+                        "bf16",
+                        timer(fn),
+                        _kv_write(torch, timer, n, kh, d, 16, "bf16", dev, dtype),
+                    )
+                )
         for bs in p["block_sizes"]:
             for kv_dtype in KV_STORAGE:
                 for batch in p["batches"]:
@@ -216,16 +252,36 @@ def measure_attention(torch, p: dict, dev: str, dtype, timer: Timer, log=print) 
                         if 2 * batch * ctx * kh * d > p["max_kv_elems"]:
                             continue
                         fn = _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype)
-                        rows.append(_row("decode", tp, batch, 0, ctx, bs, kv_dtype, timer(fn),
-                                         _kv_write(torch, timer, batch, kh, d, bs, kv_dtype, dev, dtype)))
+                        rows.append(
+                            _row(
+                                "decode",
+                                tp,
+                                batch,
+                                0,
+                                ctx,
+                                bs,
+                                kv_dtype,
+                                timer(fn),
+                                _kv_write(torch, timer, batch, kh, d, bs, kv_dtype, dev, dtype),
+                            )
+                        )
         log(f"  attention at tp {tp}: done")
     return pd.DataFrame(rows)
 
 
 def _row(phase, tp, batch, chunk, ctx, bs, kv_dtype, t, write) -> dict:
-    return {"phase": phase, "tp": tp, "batch_size": batch, "chunk_tokens": chunk, "context": ctx,
-            "block_size": bs, "kv_dtype": kv_dtype, "kv_bits": KV_STORAGE[kv_dtype],
-            "time_ms": t * 1e3, "kv_write_ms": write * 1e3}
+    return {
+        "phase": phase,
+        "tp": tp,
+        "batch_size": batch,
+        "chunk_tokens": chunk,
+        "context": ctx,
+        "block_size": bs,
+        "kv_dtype": kv_dtype,
+        "kv_bits": KV_STORAGE[kv_dtype],
+        "time_ms": t * 1e3,
+        "kv_write_ms": write * 1e3,
+    }
 
 
 def _storage(torch, kv_dtype: str, dtype):
@@ -244,16 +300,19 @@ def _paged_decode(torch, batch, ctx, qh, kh, d, bs, kv_dtype, dev, dtype):
     gen = torch.Generator(device="cpu").manual_seed(0)
     tables = torch.randperm(n_blocks, generator=gen)[: n_blocks // (batch * per_seq) * batch * per_seq]
     tables = _cycler(tables.view(-1, batch, per_seq).to(dev))
-    raw = [torch.zeros(n_blocks, bs, kh, d, device=dev, dtype=held) for _ in "kv"]   # zeros: no denormals
+    raw = [torch.zeros(n_blocks, bs, kh, d, device=dev, dtype=held) for _ in "kv"]  # zeros: no denormals
     q, scale = torch.randn(batch, qh, 1, d, device=dev, dtype=dtype), 0.05
 
     def step():
         table = tables()
-        k, v = (_as(torch, c[table], kv_dtype).view(batch, per_seq * bs, kh, d)[:, :ctx]
-                .transpose(1, 2).to(dtype) for c in raw)
+        k, v = (
+            _as(torch, c[table], kv_dtype).view(batch, per_seq * bs, kh, d)[:, :ctx].transpose(1, 2).to(dtype)
+            for c in raw
+        )
         if kv_dtype == "int8":
             k, v = k * scale, v * scale
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
     return step
 
 
@@ -266,10 +325,11 @@ def _kv_write(torch, timer, tokens, kh, d, bs, kv_dtype, dev, dtype) -> float:
     where = torch.randperm(slots, device=dev)[: slots // tokens * tokens].view(-1, tokens)
     where = _cycler(where)
 
-    def write():                  # each call writes other slots
+    def write():  # each call writes other slots
         at = where()
         for c in cache:
             c.index_copy_(0, at, new)
+
     return timer(write)
 
 
@@ -308,34 +368,58 @@ def calibrate(model: ModelSpec, device: str, quick: bool, gpu_name: str | None, 
     peak, bw = (preset.bf16_tflops * 1e12, preset.hbm_tb_s * 1e12) if preset else (1e12, 1e11)
     fits = fit_attention({c: att[c].values for c in att}, p["measured"], peak, bw)
     log("measuring all-reduce where tp workers fit (GPUs, or CPU processes)")
-    allreduce, why_not = measure_allreduce(torch, device, p["tps"], p["tokens"], p["measured"]["hidden_size"],
-                                           p["warmup"], p["reps"], log)
+    allreduce, why_not = measure_allreduce(
+        torch, device, p["tps"], p["tokens"], p["measured"]["hidden_size"], p["warmup"], p["reps"], log
+    )
     if allreduce is None:
         log(f"  all-reduce not measured: {why_not}")
         known = gpu_fits().get("h100-80gb" if gpu == "h200" else gpu)
-        allreduce = dict(known["allreduce"]) if known else {
-            "bus_gb_s": 100.0, "latency_s": 1e-5, "source": "ASSUMED placeholder"}
+        allreduce = (
+            dict(known["allreduce"])
+            if known
+            else {"bus_gb_s": 100.0, "latency_s": 1e-5, "source": "ASSUMED placeholder"}
+        )
         allreduce["source"] += f"; calibrate could not measure it: {why_not}"
     meta = {
-        "format": FORMAT, "name": f"{gpu}-{model.name}" + ("-quick" if quick else ""), "gpu": gpu,
-        "device": description, "model": p["shape"], "measured_shape": p["measured"],
-        "shape_scale": p["scale"], "dtype": str(dtype).replace("torch.", ""),
+        "format": FORMAT,
+        "name": f"{gpu}-{model.name}" + ("-quick" if quick else ""),
+        "gpu": gpu,
+        "device": description,
+        "model": p["shape"],
+        "measured_shape": p["measured"],
+        "shape_scale": p["scale"],
+        "dtype": str(dtype).replace("torch.", ""),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-        "tools": {"kvsim": __version__, "torch": torch.__version__, "python": platform.python_version(),
-                  "cuda": torch.version.cuda if device == "cuda" else None},
+        "tools": {
+            "kvsim": __version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cuda": torch.version.cuda if device == "cuda" else None,
+        },
         "source": "kvsim calibrate: PyTorch eager ops (matmul, SDPA, gather through a block table)",
-        "license": "measurements made by the user", "peak_flops": peak, "bandwidth": bw,
-        "origin": {"linear": "measured", "attention": "fitted on the measured points in attention.csv",
-                   "allreduce": allreduce["source"]},
-        "attention": fits, "allreduce": allreduce, "step_overhead_s": 0.0,
+        "license": "measurements made by the user",
+        "peak_flops": peak,
+        "bandwidth": bw,
+        "origin": {
+            "linear": "measured",
+            "attention": "fitted on the measured points in attention.csv",
+            "allreduce": allreduce["source"],
+        },
+        "attention": fits,
+        "allreduce": allreduce,
+        "step_overhead_s": 0.0,
         "step_overhead_source": "not measured; the engine's comes from cost_model.overhead",
-        "notes": ["decode = PyTorch gather through a block table + SDPA, not a fused paged kernel",
-                  "elementwise ops (RMSNorm, RoPE, SiLU-and-mul) are eager PyTorch, several kernels each",
-                  "int4 KV not measured (no torch storage type)"]
-                 + (["CUDA times exclude the host's launch latency (the GPU fed without gaps)"]
-                    if device == "cuda" else [])
-                 + ([f"--quick on CPU: widths divided by {p['scale']}; times do not describe the "
-                     "real model"] if p["scale"] > 1 else []),
+        "notes": [
+            "decode = PyTorch gather through a block table + SDPA, not a fused paged kernel",
+            "elementwise ops (RMSNorm, RoPE, SiLU-and-mul) are eager PyTorch, several kernels each",
+            "int4 KV not measured (no torch storage type)",
+        ]
+        + (["CUDA times exclude the host's launch latency (the GPU fed without gaps)"] if device == "cuda" else [])
+        + (
+            [f"--quick on CPU: widths divided by {p['scale']}; times do not describe the real model"]
+            if p["scale"] > 1
+            else []
+        ),
     }
     profile = Profile(meta, linear, att)
     why = no_room(torch, p["measured"], device, dtype)

@@ -28,6 +28,7 @@ cache warm), so what a window leaves out is the stage's later, steady part, and 
 start (the first stage's cold prefix cache) weighs more: short windows bias a fit.
 `kvsim validate` simulates whole runs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,11 +49,12 @@ POLICY = {"name": "vllm", "allocator": "paged", "block_size": 16, "enable_prefix
 @dataclass(frozen=True)
 class PredictedStage:
     """One stage as kvsim predicts the load generator reports it (a stages.csv row)."""
+
     index: int
     sent: int
     completed: int
     failed: int
-    latency: dict              # what -> {stat: seconds}: e2e, ttft, itl, tpot x mean, p50, p90, p99
+    latency: dict  # what -> {stat: seconds}: e2e, ttft, itl, tpot x mean, p50, p90, p99
 
     def get(self, what: str, stat: str = "mean") -> float | None:
         return self.latency.get(what, {}).get(stat)
@@ -65,16 +67,23 @@ class PredictedStage:
     def from_row(cls, row: dict) -> "PredictedStage":
         latency = {}
         for what in ("e2e", "ttft", "itl", "tpot"):
-            stats = {s: row[f"{what}_{s}_s"] for s in ("mean", "p50", "p90", "p99")
-                     if row[f"{what}_{s}_s"] == row[f"{what}_{s}_s"]}      # not NaN
+            stats = {
+                s: row[f"{what}_{s}_s"]
+                for s in ("mean", "p50", "p90", "p99")
+                if row[f"{what}_{s}_s"] == row[f"{what}_{s}_s"]
+            }  # not NaN
             if stats:
                 latency[what] = stats
-        return cls(int(row["stage"]), int(row["requests"]), int(row["completed"]),
-                   int(row["failed"]) + int(row["unfinished"]), latency)
+        return cls(
+            int(row["stage"]),
+            int(row["requests"]),
+            int(row["completed"]),
+            int(row["failed"]) + int(row["unfinished"]),
+            latency,
+        )
 
 
-def scenario_of(run: BenchmarkRun, gpu: str = "h100-80gb", window_s: float | None = None,
-                seed: int = 0) -> dict:
+def scenario_of(run: BenchmarkRun, gpu: str = "h100-80gb", window_s: float | None = None, seed: int = 0) -> dict:
     """The scenario (as YAML would give it) that simulates `run`; see the module docstring."""
     src = str(run.inference_perf)
     workload = expand(read_yaml(run.inference_perf, "inference-perf config sections"), src)
@@ -96,52 +105,74 @@ def scenario_of(run: BenchmarkRun, gpu: str = "h100-80gb", window_s: float | Non
     else:
         model = run.model.split("/")[-1].lower()
     limits = {k: run.setting(k, v) for k, v in V1_DEFAULTS.items()}
-    return {"name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in run.name) or "run",
-            "seed": seed, "model": model, "gpu": gpu, "engine": "vllm-v1",
-            "tensor_parallel_size": run.tp, "gpu_memory_utilization": 0.9,
-            "max_model_len": limits["max_model_len"],
-            "scheduler": {"max_num_seqs": limits["max_num_seqs"],
-                          "max_num_batched_tokens": limits["max_num_batched_tokens"]},
-            "cost_model": "calibrated", "workload": workload, "policies": [dict(POLICY)]}
+    return {
+        "name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in run.name) or "run",
+        "seed": seed,
+        "model": model,
+        "gpu": gpu,
+        "engine": "vllm-v1",
+        "tensor_parallel_size": run.tp,
+        "gpu_memory_utilization": 0.9,
+        "max_model_len": limits["max_model_len"],
+        "scheduler": {
+            "max_num_seqs": limits["max_num_seqs"],
+            "max_num_batched_tokens": limits["max_num_batched_tokens"],
+        },
+        "cost_model": "calibrated",
+        "workload": workload,
+        "policies": [dict(POLICY)],
+    }
 
 
 class Replay:
     """One run, ready to simulate under any overhead (see the module docstring): the
     scenario, its KV pool and its request stream are built once."""
 
-    def __init__(self, run: BenchmarkRun, gpu: str = "h100-80gb", *, window_s: float | None = None,
-                 seed: int = 0):
+    def __init__(self, run: BenchmarkRun, gpu: str = "h100-80gb", *, window_s: float | None = None, seed: int = 0):
         self.run, self.window_s = run, window_s
         src = str(run.inference_perf)
         self.scenario = scn = validate_scenario(scenario_of(run, gpu, window_s, seed), src)
         self.plan = plan = resolve(scn, run.path, src)
         self.policy = plan.policies[0]
-        self.settings = self.policy.settings        # every default filled
+        self.settings = self.policy.settings  # every default filled
         self.requests = plan.requests
         self.timeout_s = plan.request_timeout_s
 
     def cost(self, overhead: Overhead) -> Profiled:
         plan, policy = self.plan, self.policy
         s = policy.settings
-        return Profiled(plan.model, plan.gpu, policy.kv, plan.tensor_parallel_size, None,
-                        policy.options.get("block_size"), overhead,
-                        limits=(s.max_num_seqs, s.max_num_batched_tokens))
+        return Profiled(
+            plan.model,
+            plan.gpu,
+            policy.kv,
+            plan.tensor_parallel_size,
+            None,
+            policy.options.get("block_size"),
+            overhead,
+            limits=(s.max_num_seqs, s.max_num_batched_tokens),
+        )
 
     def simulate(self, overhead: Overhead) -> PolicyRun:
         """The engine's side of the run (what the API server's delay does not change)."""
         plan, policy = self.plan, self.policy
-        allocator = make_allocator(policy.kind, plan.pool.pool_bytes, policy.kv, plan.max_model_len,
-                                   **policy.options)
-        run = simulate(POLICY["name"], self.requests, allocator, self.cost(overhead),
-                       engine=policy.settings.engine, request_timeout_s=plan.request_timeout_s,
-                       **policy.scheduler_options(plan))
-        run.requests = None           # the replay holds the stream (a worker sends less back)
+        allocator = make_allocator(policy.kind, plan.pool.pool_bytes, policy.kv, plan.max_model_len, **policy.options)
+        run = simulate(
+            POLICY["name"],
+            self.requests,
+            allocator,
+            self.cost(overhead),
+            engine=policy.settings.engine,
+            request_timeout_s=plan.request_timeout_s,
+            **policy.scheduler_options(plan),
+        )
+        run.requests = None  # the replay holds the stream (a worker sends less back)
         return run
 
     def report(self, run: PolicyRun, overhead: Overhead) -> list[PredictedStage]:
         """Each stage as the client saw it: the engine's times and the API server's delay."""
         from kvsim.analysis.metrics import request_table
         from kvsim.analysis.stages import stage_rows
+
         run.requests = self.requests
         table = request_table(run)
         if overhead.api is not None:

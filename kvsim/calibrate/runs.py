@@ -21,6 +21,7 @@ server-sent event; inter-token latency every gap between consecutive events of e
 streamed request; time per output token each request's (last event - first event) /
 (events - 1).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,12 @@ import yaml
 from kvsim.config.errors import InputError
 from kvsim.model.specs import MODEL_PRESETS
 
-LATENCIES = {"e2e": "request_latency", "ttft": "time_to_first_token",
-             "itl": "inter_token_latency", "tpot": "time_per_output_token"}
+LATENCIES = {
+    "e2e": "request_latency",
+    "ttft": "time_to_first_token",
+    "itl": "inter_token_latency",
+    "tpot": "time_per_output_token",
+}
 STATS = {"mean": "mean", "p50": "median", "p90": "p90", "p99": "p99"}
 SERVER_FIELDS = ("tensor_parallelism", "max_model_len", "max_num_batched_tokens", "max_num_seqs")
 
@@ -42,14 +47,15 @@ SERVER_FIELDS = ("tensor_parallelism", "max_model_len", "max_num_batched_tokens"
 class MeasuredStage:
     """One load stage as the load generator reported it (latencies in seconds; a
     latency no success reported is absent)."""
+
     index: int
     rate_per_s: float
     duration_s: float
     sent: int
     completed: int
     failed: int
-    latency: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]   # (e2e, ((mean, x), ...)), ...
-    prompt_tokens: float | None = None    # the successes' mean prompt length, as the client counted it
+    latency: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]  # (e2e, ((mean, x), ...)), ...
+    prompt_tokens: float | None = None  # the successes' mean prompt length, as the client counted it
 
     def get(self, what: str, stat: str = "mean") -> float | None:
         return dict(dict(self.latency).get(what, ())).get(stat)
@@ -64,9 +70,9 @@ class MeasuredStage:
 class BenchmarkRun:
     path: Path
     name: str
-    model: str                 # the server's model name
-    hf_config: Path | None     # its config.json, if found (else a kvsim preset of that name)
-    server: tuple[tuple[str, int], ...]   # SERVER_FIELDS the folder sets
+    model: str  # the server's model name
+    hf_config: Path | None  # its config.json, if found (else a kvsim preset of that name)
+    server: tuple[tuple[str, int], ...]  # SERVER_FIELDS the folder sets
     inference_perf: Path
     stages: tuple[MeasuredStage, ...]
 
@@ -102,20 +108,28 @@ def read_run(path: str | Path) -> BenchmarkRun:
     if not reports:
         raise InputError(str(d), "stage_N_lifecycle_metrics.json", "no stage reports in the folder")
     if len(reports) != len(stages_cfg):
-        raise InputError(str(ip), "load.stages", f"{len(stages_cfg)} stages configured, "
-                         f"{len(reports)} stage reports in the folder")
+        raise InputError(
+            str(ip), "load.stages", f"{len(stages_cfg)} stages configured, {len(reports)} stage reports in the folder"
+        )
     stages = tuple(_stage(i, p, stages_cfg[i]) for i, p in enumerate(reports))
     hf = find_hf_config(d, model)
     if hf is None and model.split("/")[-1].lower() not in MODEL_PRESETS:
-        raise InputError(str(d / "exp-config.yaml"), "model", f"no config.json for {model!r} in the folder "
-                         f"or in models/{model.split('/')[-1]}/ beside it, and no kvsim preset of that name")
+        raise InputError(
+            str(d / "exp-config.yaml"),
+            "model",
+            f"no config.json for {model!r} in the folder "
+            f"or in models/{model.split('/')[-1]}/ beside it, and no kvsim preset of that name",
+        )
     return BenchmarkRun(d, d.name, model, hf, tuple(server), ip, stages)
 
 
 def find_hf_config(d: Path, model: str) -> Path | None:
     base = model.split("/")[-1]
-    for p in (d / "config.json", d.parent / "models" / base / "config.json",
-              d.parent.parent / "models" / base / "config.json"):
+    for p in (
+        d / "config.json",
+        d.parent / "models" / base / "config.json",
+        d.parent.parent / "models" / base / "config.json",
+    ):
         if p.is_file():
             return p
     return None
@@ -143,8 +157,15 @@ def _stage(i: int, path: Path, cfg: dict) -> MeasuredStage:
             if dist:
                 latency.append((ours, tuple((s, float(dist[k])) for s, k in STATS.items())))
         prompt = (ok.get("prompt_len") or {}).get("mean")
-        return MeasuredStage(i, float(cfg["rate"]), float(cfg["duration"]), int(load["count"]),
-                             int(ok["count"]), int(bad["count"]), tuple(latency),
-                             None if prompt is None else float(prompt))
+        return MeasuredStage(
+            i,
+            float(cfg["rate"]),
+            float(cfg["duration"]),
+            int(load["count"]),
+            int(ok["count"]),
+            int(bad["count"]),
+            tuple(latency),
+            None if prompt is None else float(prompt),
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(str(path), "file", f"not an inference-perf stage report: {e!r}") from None

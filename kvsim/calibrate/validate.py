@@ -16,6 +16,7 @@ leaves to the engine overhead (kvsim.cost.overhead). On CUDA a step is replayed 
 a CUDA graph, so its time, like the parts', leaves out the host's launch latency; the
 same step launched eagerly is timed too (`launched_ms`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,8 +32,7 @@ BLOCK = 16
 
 def steps(quick: bool) -> list[tuple[str, StepBatch]]:
     """(label, batch) for every step measured: prompts, decode batches, one mixed."""
-    prompts, batches, contexts = (([16, 64], [1, 4], [64, 256]) if quick else
-                                  ([128, 512, 2048], [1, 8, 32], [512, 2048]))
+    prompts, batches, contexts = ([16, 64], [1, 4], [64, 256]) if quick else ([128, 512, 2048], [1, 8, 32], [512, 2048])
     out = [(f"prefill {t}", StepBatch.build([(t, 0)], [])) for t in prompts]
     out += [(f"decode {b} x {c}", StepBatch.build([], [c] * b)) for b in batches for c in contexts]
     t, b, c = prompts[1], batches[-1], contexts[0]
@@ -46,11 +46,19 @@ class Forward:
         self.torch, self.dev, self.dtype = torch, dev, dtype
         h, d, f = shape["hidden_size"], shape["head_dim"], shape["intermediate_size"]
         self.qh, self.kh, self.d, self.f = shape["num_heads"], shape["num_kv_heads"], d, f
-        rnd = lambda *s: torch.randn(*s, device=dev, dtype=dtype) * 0.02   # noqa: E731
-        self.layers = [{"n1": 1 + rnd(h), "qkv": rnd(h, (self.qh + 2 * self.kh) * d), "o": rnd(self.qh * d, h),
-                        "n2": 1 + rnd(h), "up": rnd(h, 2 * f), "down": rnd(f, h),
-                        "kv": torch.zeros(2, max_kv_tokens, self.kh, d, device=dev, dtype=dtype)}
-                       for _ in range(shape["num_layers"])]
+        rnd = lambda *s: torch.randn(*s, device=dev, dtype=dtype) * 0.02  # noqa: E731
+        self.layers = [
+            {
+                "n1": 1 + rnd(h),
+                "qkv": rnd(h, (self.qh + 2 * self.kh) * d),
+                "o": rnd(self.qh * d, h),
+                "n2": 1 + rnd(h),
+                "up": rnd(h, 2 * f),
+                "down": rnd(f, h),
+                "kv": torch.zeros(2, max_kv_tokens, self.kh, d, device=dev, dtype=dtype),
+            }
+            for _ in range(shape["num_layers"])
+        ]
         self.emb, self.lm = rnd(shape["vocab_size"], h), rnd(h, shape["vocab_size"])
         self.slots = max_kv_tokens
 
@@ -65,17 +73,20 @@ class Forward:
         per_seq = -(-ctx // BLOCK)
         table = blocks[: len(ctxs) * per_seq].view(len(ctxs), per_seq)
         # a prompt's tokens go to fresh blocks; each decode token to its context's last slot
-        fresh = blocks[len(ctxs) * per_seq:][: -(-sum(prompts) // BLOCK)]
+        fresh = blocks[len(ctxs) * per_seq :][: -(-sum(prompts) // BLOCK)]
         prompt_slots = (fresh[:, None] * BLOCK + torch.arange(BLOCK)).flatten()[: sum(prompts)]
         decode_slots = table[:, (ctx - 1) // BLOCK] * BLOCK + (ctx - 1) % BLOCK if ctxs else prompt_slots[:0]
         n, half = batch.new_tokens, self.d // 2
-        return {"ids": torch.randint(0, self.emb.shape[0], (n,), generator=gen).to(dev),
-                "slots": torch.cat([prompt_slots, decode_slots]).to(dev), "table": table.to(dev),
-                "ctx": ctx, "prompts": prompts,
-                "cos": torch.rand(n, 1, half, device=dev, dtype=self.dtype),
-                "sin": torch.rand(n, 1, half, device=dev, dtype=self.dtype),
-                "last": torch.tensor([t - 1 for t in itertools.accumulate(prompts)]
-                                     + list(range(sum(prompts), n))).to(dev)}
+        return {
+            "ids": torch.randint(0, self.emb.shape[0], (n,), generator=gen).to(dev),
+            "slots": torch.cat([prompt_slots, decode_slots]).to(dev),
+            "table": table.to(dev),
+            "ctx": ctx,
+            "prompts": prompts,
+            "cos": torch.rand(n, 1, half, device=dev, dtype=self.dtype),
+            "sin": torch.rand(n, 1, half, device=dev, dtype=self.dtype),
+            "last": torch.tensor([t - 1 for t in itertools.accumulate(prompts)] + list(range(sum(prompts), n))).to(dev),
+        }
 
     def __call__(self, s: dict):
         torch, F = self.torch, self.torch.nn.functional
@@ -89,9 +100,12 @@ class Forward:
             w["kv"][1].index_copy_(0, s["slots"], v)
             outs, start = [], 0
             for n in s["prompts"]:
-                qs, ks, vs = (t[start:start + n].transpose(0, 1)[None] for t in (q, k, v))
-                outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
-                            [0].transpose(0, 1).reshape(n, qh * d))
+                qs, ks, vs = (t[start : start + n].transpose(0, 1)[None] for t in (q, k, v))
+                outs.append(
+                    F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)[0]
+                    .transpose(0, 1)
+                    .reshape(n, qh * d)
+                )
                 start += n
             if s["ctx"]:
                 outs.append(self._decode(w["kv"], q[start:], s["table"], s["ctx"]))
@@ -104,8 +118,12 @@ class Forward:
         """Every sequence's K and V gathered through its block table, then attended. K and
         V are gathered each from its own cache, as kvsim.calibrate.measure times decode."""
         b, span = table.shape[0], table.shape[1] * BLOCK
-        k, v = (c.view(-1, BLOCK, self.kh, self.d)[table]               # b, blocks, BLOCK, kh, d
-                .view(b, span, self.kh, self.d)[:, :ctx].transpose(1, 2) for c in kv)
+        k, v = (
+            c.view(-1, BLOCK, self.kh, self.d)[table]  # b, blocks, BLOCK, kh, d
+            .view(b, span, self.kh, self.d)[:, :ctx]
+            .transpose(1, 2)
+            for c in kv
+        )
         out = self.torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)
         return out.reshape(b, self.qh * self.d)
 
@@ -130,17 +148,24 @@ def rms_norm(torch, x, w):
 
 
 def rope(torch, x, cos, sin):
-    a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
 def validate(torch, profile: Profile, dev: str, dtype, timer, quick: bool, log=print) -> dict:
     """Measured vs predicted times of whole forward steps; stored in the profile's meta."""
     s = dict(profile.meta["measured_shape"])
-    model = ModelSpec(name=s["name"], num_layers=s["num_layers"], num_heads=s["num_heads"],
-                      num_kv_heads=s["num_kv_heads"], head_dim=s["head_dim"], hidden_size=s["hidden_size"],
-                      intermediate_size=s["intermediate_size"], vocab_size=s["vocab_size"],
-                      params=_gated_params(s))
+    model = ModelSpec(
+        name=s["name"],
+        num_layers=s["num_layers"],
+        num_heads=s["num_heads"],
+        num_kv_heads=s["num_kv_heads"],
+        head_dim=s["head_dim"],
+        hidden_size=s["hidden_size"],
+        intermediate_size=s["intermediate_size"],
+        vocab_size=s["vocab_size"],
+        params=_gated_params(s),
+    )
     gpu = GPUSpec(profile.meta["gpu"], 0.0, profile.meta["bandwidth"] / 1e12, profile.meta["peak_flops"] / 1e12)
     predict = Profiled(model, gpu, KVSpec(model, "bf16"), 1, profile, BLOCK)
     plan = steps(quick)
@@ -152,22 +177,27 @@ def validate(torch, profile: Profile, dev: str, dtype, timer, quick: bool, log=p
         states = {label: net.prepare(batch) for label, batch in plan}
         calls = {label: (lambda st=st: net(st)) for label, st in states.items()}
         # on CUDA, also as eager PyTorch launches it: how much of a step is host latency
-        launched = (type(timer)(torch, dev, timer.warmup, timer.reps, launched=True).rounds(calls)
-                    if timer.cuda else {})
-        measured = timer.rounds({label: _graphed(torch, fn) for label, fn in calls.items()}
-                                if timer.cuda else calls)
+        launched = type(timer)(torch, dev, timer.warmup, timer.reps, launched=True).rounds(calls) if timer.cuda else {}
+        measured = timer.rounds({label: _graphed(torch, fn) for label, fn in calls.items()} if timer.cuda else calls)
     rows = []
     for label, batch in plan:
         predicted = predict.step_time(batch)
-        rows.append({"step": label, "measured_ms": round(measured[label] * 1e3, 4),
-                     "predicted_ms": round(predicted * 1e3, 4),
-                     "error": round((predicted - measured[label]) / measured[label], 4)}
-                    | ({"launched_ms": round(launched[label] * 1e3, 4)} if launched else {}))
-    return {"method": "whole forward steps timed back to back vs the profile's sum of parts "
-                      "(tp 1, KV in the model dtype, block 16; kvsim.calibrate.validate)"
-                      + ("; launched_ms: the same steps timed as launched, host latency included"
-                         if launched else ""),
-            "mape": round(float(np.mean([abs(r["error"]) for r in rows])), 4), "steps": rows}
+        rows.append(
+            {
+                "step": label,
+                "measured_ms": round(measured[label] * 1e3, 4),
+                "predicted_ms": round(predicted * 1e3, 4),
+                "error": round((predicted - measured[label]) / measured[label], 4),
+            }
+            | ({"launched_ms": round(launched[label] * 1e3, 4)} if launched else {})
+        )
+    return {
+        "method": "whole forward steps timed back to back vs the profile's sum of parts "
+        "(tp 1, KV in the model dtype, block 16; kvsim.calibrate.validate)"
+        + ("; launched_ms: the same steps timed as launched, host latency included" if launched else ""),
+        "mape": round(float(np.mean([abs(r["error"]) for r in rows])), 4),
+        "steps": rows,
+    }
 
 
 def no_room(torch, shape: dict, dev: str, dtype) -> str | None:

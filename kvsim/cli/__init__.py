@@ -2,6 +2,7 @@
 
 Exports: main (app.py: run, memory); cost.py: cost, calibrate; args.py: argument parsers both use.
 """
+
 import os
 
 # Arrow's default allocator (mimalloc) reserves 1 GiB of address space at its first

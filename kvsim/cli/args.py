@@ -1,4 +1,5 @@
 """Command-line arguments that name a model or a GPU, shared by every command."""
+
 from __future__ import annotations
 
 import difflib
@@ -18,9 +19,11 @@ def model_arg(name: str):
             raise InputError("command line", "--model", str(e)) from None
     close = difflib.get_close_matches(name.lower(), list(MODEL_PRESETS), n=1, cutoff=0.6)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise InputError("command line", "--model",
-                     f"unknown model '{name}'{hint}; choose a preset ({', '.join(MODEL_PRESETS)}) "
-                     "or give a config.json path")
+    raise InputError(
+        "command line",
+        "--model",
+        f"unknown model '{name}'{hint}; choose a preset ({', '.join(MODEL_PRESETS)}) or give a config.json path",
+    )
 
 
 def gpu_arg(name: str):

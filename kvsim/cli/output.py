@@ -1,6 +1,7 @@
 """What `kvsim run` and `kvsim compare`/`reproduce` share: running with a progress bar,
 writing a run's folder (swapped in whole) and run.json. The terminal table is
 kvsim.cli.table's."""
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,17 @@ from pathlib import Path
 from kvsim import __version__
 
 
-def simulate_with_progress(scn, base_dir, src: str, quiet: bool, check_invariants: bool, label: str = "",
-                           **run_options):
+def simulate_with_progress(
+    scn, base_dir, src: str, quiet: bool, check_invariants: bool, label: str = "", **run_options
+):
     """run_scenario with a progress bar; `run_options` are its exact_steps, bucket_s and workers."""
     from kvsim.analysis.results import run_scenario
+
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
     try:
-        results = run_scenario(scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants,
-                               **run_options)
+        results = run_scenario(
+            scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants, **run_options
+        )
     except BaseException:
         bar.close(finished=False)
         raise
@@ -37,12 +41,16 @@ def run_meta(scn, src: str, results, started: float) -> dict:
     policy's step-cost model (its summary column), and the policy settings that leave step
     time unchanged (kvsim.analysis.unmodelled)."""
     from kvsim.analysis.unmodelled import notes
+
     pool = results.pool
     gib = 1 << 30
     return {
-        "kvsim_version": __version__, "python": platform.python_version(),
+        "kvsim_version": __version__,
+        "python": platform.python_version(),
         "versions": dict(_versions()),
-        "scenario": src, "seed": scn.seed, "policies": [p.name for p in scn.policies],
+        "scenario": src,
+        "seed": scn.seed,
+        "policies": [p.name for p in scn.policies],
         "wall_time_s": round(time.monotonic() - started, 3),
         "kv_pool": {
             "tensor_parallel_size": scn.tensor_parallel_size,
@@ -70,6 +78,7 @@ def engine_args(scn) -> dict:
     """run.json's record of the scenario's vllm_args or sglang_args: what they set and the
     flags kvsim accepted and ignored (kvsim.config.engine_flags)."""
     from kvsim.config.engine_flags import ARGS_FIELDS, parse
+
     for key, engine in ARGS_FIELDS.items():
         text = getattr(scn, key)
         if text is not None:
@@ -82,6 +91,7 @@ def engine_args(scn) -> dict:
 def _versions() -> dict:
     """The installed versions run.json names."""
     from importlib import metadata
+
     out = {}
     for name in ("numpy", "pandas", "matplotlib", "pydantic", "click"):
         try:
@@ -119,12 +129,20 @@ def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
     scenario = scn.model_dump(mode="json", exclude_none=True)
     context = context_line(scenario, results.summary)
     series = results.timeseries
-    if results.per_replica is not None:        # a fleet's figures show replica 0
+    if results.per_replica is not None:  # a fleet's figures show replica 0
         series = series[series.replica == 0]
-    jobs = [lambda: _write_tables(results, scn, folder),
-            *plot_jobs(with_settings(results.summary, scenario), series, results.requests, folder,
-                       context=context, targets=scn.slo.targets() if scn.slo else None,
-                       notes=meta.get("timing_notes", ()))]
+    jobs = [
+        lambda: _write_tables(results, scn, folder),
+        *plot_jobs(
+            with_settings(results.summary, scenario),
+            series,
+            results.requests,
+            folder,
+            context=context,
+            targets=scn.slo.targets() if scn.slo else None,
+            notes=meta.get("timing_notes", ()),
+        ),
+    ]
     # the longest jobs first, so that none ends the run alone: the latency CDFs, the step
     # series, the breakdown; the tables last, unless they are long (a million requests'
     # Parquet file takes longer than any figure)
@@ -137,7 +155,7 @@ def _write_tables(results, scn, folder: Path) -> None:
     _write_table(results.summary, folder, "summary")
     if results.stages is not None:
         _write_table(results.stages, folder, "stages")
-    if results.per_replica is not None:        # a fleet: its rows per replica too
+    if results.per_replica is not None:  # a fleet: its rows per replica too
         _write_table(results.per_replica, folder, "replica_summary")
     results.timeseries.to_parquet(folder / "timeseries.parquet", index=False)
     results.requests.to_parquet(folder / "requests.parquet", index=False)
@@ -147,13 +165,16 @@ def _write_tables(results, scn, folder: Path) -> None:
 def _write_table(table, folder: Path, name: str) -> None:
     """NAME.csv and NAME.json (NaN as null) of a summary-like table."""
     table.to_csv(folder / f"{name}.csv", index=False)
-    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in table.to_dict(orient="records")]
+    rows = [
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+        for r in table.to_dict(orient="records")
+    ]
     (folder / f"{name}.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
 
 
 def _scenario_yaml(scn) -> str:
     import yaml
+
     return yaml.safe_dump(scn.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
 
@@ -169,18 +190,26 @@ class Progress:
         if not self.enabled:
             return
         if policy != self.current:
-            self._end(finished=True)      # the runner moved on: that policy is done
+            self._end(finished=True)  # the runner moved on: that policy is done
             from tqdm import tqdm
+
             index = self.policies.index(policy) + 1 if policy in self.policies else 0
             self.current = policy
-            self.bar = tqdm(total=total, desc=f"{self.label}[{index}/{len(self.policies)}] {policy}",
-                            unit="req", delay=2, file=sys.stderr, leave=True, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total,
+                desc=f"{self.label}[{index}/{len(self.policies)}] {policy}",
+                unit="req",
+                delay=2,
+                file=sys.stderr,
+                leave=True,
+                dynamic_ncols=True,
+            )
         self.bar.update(done - self.bar.n)
 
     def _end(self, finished: bool) -> None:
         if self.bar is not None:
             if finished:
-                self.bar.update(self.bar.total - self.bar.n)   # the last rejections end without a step
+                self.bar.update(self.bar.total - self.bar.n)  # the last rejections end without a step
             self.bar.close()
         self.bar = None
 

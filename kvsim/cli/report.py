@@ -1,5 +1,6 @@
 """`kvsim compare` (run folders -> report.html), `kvsim reproduce` (the claims table),
 and the rate sweep behind `kvsim run --rates`."""
+
 from __future__ import annotations
 
 import sys
@@ -16,8 +17,13 @@ from kvsim.config.errors import InputError
 
 @click.command()
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("results/compare"),
-              show_default=True, help="Folder for report.html and its PNGs.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("results/compare"),
+    show_default=True,
+    help="Folder for report.html and its PNGs.",
+)
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 def compare(dirs, out, force):
     """Compare run folders (or a rate sweep's folder) in one self-contained report.html.
@@ -40,24 +46,41 @@ def compare(dirs, out, force):
 
 @click.command()
 @click.option("--quick", is_flag=True, help="Fewer requests and rates: about a minute on 2 cores.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("results/claims"),
-              show_default=True, help="Folder for claims.csv, claims.md, report.html and figures.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("results/claims"),
+    show_default=True,
+    help="Folder for claims.csv, claims.md, report.html and figures.",
+)
 @click.option("--claim", "only", multiple=True, metavar="ID", help="Only this claim (repeatable), e.g. 1 or 4.")
-@click.option("--scenarios", type=click.Path(file_okay=False, path_type=Path),
-              help="The claim scenarios [default: scenarios/claims/ of this checkout].")
-@click.option("--traces", type=click.Path(file_okay=False, path_type=Path),
-              help="Folder with the public traces the Mooncake claims read (Mooncake's synthetic_trace.jsonl) "
-                   "[default: ../shared/data/traces beside the checkout, if there].")
+@click.option(
+    "--scenarios",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The claim scenarios [default: scenarios/claims/ of this checkout].",
+)
+@click.option(
+    "--traces",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder with the public traces the Mooncake claims read (Mooncake's synthetic_trace.jsonl) "
+    "[default: ../shared/data/traces beside the checkout, if there].",
+)
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 def reproduce(quick, out, only, scenarios, traces, force):
     """Measure published claims (KV-cache explainers, the vLLM paper, Mooncake) and print a verdict for each.
 
     Runs the scenarios in scenarios/claims/ and writes claims.csv, claims.md and
     report.html: per claim what kvsim measured, what was claimed, and whether it holds."""
-    from kvsim.reproduce.claims import (Context, default_scenarios, default_traces,
-                                        reproduce as run_claims, select, write)
+    from kvsim.reproduce.claims import (
+        Context,
+        default_scenarios,
+        default_traces,
+        reproduce as run_claims,
+        select,
+        write,
+    )
 
-    select(only)     # unknown ids fail before anything runs
+    select(only)  # unknown ids fail before anything runs
     _refuse_foreign(out, "claims.csv", force)
     command = "kvsim reproduce" + (" --quick" if quick else "") + "".join(f" --claim {c}" for c in only)
     started = time.monotonic()
@@ -77,14 +100,26 @@ def reproduce(quick, out, only, scenarios, traces, force):
 
 class RateRun(NamedTuple):
     """One rate of `kvsim run --rates`: the scenario at that rate, its results and run.json."""
+
     rate: float
     scenario: Any
     results: Any
     meta: dict
 
 
-def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: bool,
-              check_invariants: bool, started: float, wide: bool = False, **run_options) -> None:
+def run_rates(
+    scn,
+    base_dir,
+    src: str,
+    rates: list[float],
+    out: Path,
+    *,
+    quiet: bool,
+    check_invariants: bool,
+    started: float,
+    wide: bool = False,
+    **run_options,
+) -> None:
     """`kvsim run --rates`: one run folder per rate under `out`, then the sweep's curves."""
     from kvsim.plots.colours import settings_frame
     from kvsim.plots.curves import rate_sweep
@@ -95,13 +130,15 @@ def run_rates(scn, base_dir, src: str, rates: list[float], out: Path, *, quiet: 
     runs = []
     for i, rate in enumerate(rates):
         at = with_rate(scn, rate, src)
-        results = simulate_with_progress(at, base_dir, src, quiet, check_invariants,
-                                         label=f"{rate:g} req/s ({i + 1}/{len(rates)}) ", **run_options)
+        results = simulate_with_progress(
+            at, base_dir, src, quiet, check_invariants, label=f"{rate:g} req/s ({i + 1}/{len(rates)}) ", **run_options
+        )
         runs.append(RateRun(rate, at, results, run_meta(at, src, results, started)))
     table = sweep_table([(run.rate, run.results.summary, run.results.requests) for run in runs])
 
     def write(tmp: Path) -> None:
         from kvsim.cli.output import _scenario_yaml
+
         for run in runs:
             folder = tmp / f"rate-{run.rate:g}"
             folder.mkdir()

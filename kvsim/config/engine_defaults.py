@@ -27,6 +27,7 @@ TensorRT-LLM's tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, Sch
 as its 1.x API reference documents them, and tensorrt_llm/builder.py BuildConfig
 (max_batch_size 2048, max_num_tokens 8192, the defaults the LLM API falls back to).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,60 +36,85 @@ DEFAULT_ENGINE = "vllm-v1"
 # engine vllm-reference runs this vLLM release's own scheduler, installed so:
 VLLM_VERSION = "0.33.0"
 VLLM_INSTALL = f"pip install 'kvsim[vllm]' && pip install --no-deps vllm=={VLLM_VERSION}"
-GIB = 2 ** 30
+GIB = 2**30
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     """What one run's scheduler works with: the scenario's values, or its engine's defaults."""
+
     engine: str
     max_num_seqs: int
     max_num_batched_tokens: int
     enable_chunked_prefill: bool
-    preemption_mode: str | None     # None: the engine chooses per request (V0: groups swap)
+    preemption_mode: str | None  # None: the engine chooses per request (V0: groups swap)
     watermark: float
-    schedule_policy: str = "fcfs"   # SGLang: fcfs or lpm (longest prefix match first); TensorRT-LLM:
-                                    # its capacity_scheduler_policy
+    schedule_policy: str = "fcfs"  # SGLang: fcfs or lpm (longest prefix match first); TensorRT-LLM:
+    # its capacity_scheduler_policy
     async_scheduling: bool = False  # vLLM V1: plan the next step while this one runs
 
 
-def resolve(engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib: float,
-            pool_tokens: int | None = None) -> EngineSettings:
+def resolve(
+    engine: str, s, *, max_model_len: int, gpu_name: str, gpu_memory_gib: float, pool_tokens: int | None = None
+) -> EngineSettings:
     """Effective settings of scheduler block `s` (kvsim.config.scenario.SchedulerSettings) under `engine`.
     pool_tokens (the KV pool in token slots) sizes SGLang's max_running_requests."""
     big = gpu_memory_gib >= 70 and "a100" not in gpu_name.lower()
     if engine == "vllm-v0":
         chunked = max_model_len > 32768 if s.enable_chunked_prefill is None else s.enable_chunked_prefill
-        return EngineSettings(engine, s.max_num_seqs or 256,
-                              s.max_num_batched_tokens or (512 if chunked else max(max_model_len, 2048)),
-                              chunked, s.preemption_mode,
-                              0.01 if s.watermark is None else s.watermark)
-    if engine in ("vllm-v1", "vllm-reference"):     # vllm-reference: vLLM's own, stepped synchronously
-        huge = gpu_memory_gib >= 160          # vLLM 0.33.0: B200-class GPUs get 16384 tokens
-        return EngineSettings(engine, s.max_num_seqs or (1024 if big or huge else 256),
-                              s.max_num_batched_tokens or (16384 if huge else 8192 if big else 2048),
-                              True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
-                              s.preemption_mode or "recompute", s.watermark or 0.0,
-                              async_scheduling=engine == "vllm-v1" if s.async_scheduling is None
-                              else s.async_scheduling)
+        return EngineSettings(
+            engine,
+            s.max_num_seqs or 256,
+            s.max_num_batched_tokens or (512 if chunked else max(max_model_len, 2048)),
+            chunked,
+            s.preemption_mode,
+            0.01 if s.watermark is None else s.watermark,
+        )
+    if engine in ("vllm-v1", "vllm-reference"):  # vllm-reference: vLLM's own, stepped synchronously
+        huge = gpu_memory_gib >= 160  # vLLM 0.33.0: B200-class GPUs get 16384 tokens
+        return EngineSettings(
+            engine,
+            s.max_num_seqs or (1024 if big or huge else 256),
+            s.max_num_batched_tokens or (16384 if huge else 8192 if big else 2048),
+            True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
+            s.preemption_mode or "recompute",
+            s.watermark or 0.0,
+            async_scheduling=engine == "vllm-v1" if s.async_scheduling is None else s.async_scheduling,
+        )
     if engine == "trtllm":
-        return EngineSettings(engine, s.max_num_seqs or 2048, s.max_num_batched_tokens or 8192,
-                              bool(s.enable_chunked_prefill), "recompute", 0.0,
-                              s.capacity_scheduler_policy or "GUARANTEED_NO_EVICT")
+        return EngineSettings(
+            engine,
+            s.max_num_seqs or 2048,
+            s.max_num_batched_tokens or 8192,
+            bool(s.enable_chunked_prefill),
+            "recompute",
+            0.0,
+            s.capacity_scheduler_policy or "GUARANTEED_NO_EVICT",
+        )
     chunk = 2048 if gpu_memory_gib < 20 else 4096 if gpu_memory_gib < 60 else 8192 if gpu_memory_gib < 160 else 16384
     seqs = s.max_num_seqs
     if seqs is None:
-        if pool_tokens is None:      # before the pool is sized (activation estimate)
+        if pool_tokens is None:  # before the pool is sized (activation estimate)
             seqs = 2048
         else:
             seqs = max(1, min(pool_tokens // 2, min(max(int(pool_tokens / max_model_len * 512), 2048), 4096)))
-    return EngineSettings(engine, seqs, s.max_num_batched_tokens or chunk,
-                          True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
-                          s.preemption_mode or "recompute", s.watermark or 0.0,
-                          s.schedule_policy or "fcfs")
+    return EngineSettings(
+        engine,
+        seqs,
+        s.max_num_batched_tokens or chunk,
+        True if s.enable_chunked_prefill is None else s.enable_chunked_prefill,
+        s.preemption_mode or "recompute",
+        s.watermark or 0.0,
+        s.schedule_policy or "fcfs",
+    )
 
 
 def prefix_defaults(engine: str) -> tuple[bool, str]:
     """(enable_prefix_caching, prefix_cache) for a paged policy that leaves them unset."""
-    return {"vllm-v0": (False, "hash"), "vllm-v1": (True, "hash"), "vllm-reference": (True, "hash"),
-            "sglang": (True, "radix"), "trtllm": (True, "hash")}[engine]
+    return {
+        "vllm-v0": (False, "hash"),
+        "vllm-v1": (True, "hash"),
+        "vllm-reference": (True, "hash"),
+        "sglang": (True, "radix"),
+        "trtllm": (True, "hash"),
+    }[engine]

@@ -22,6 +22,7 @@ servers read them: vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) 
 --config.key value; SGLang's argparse takes unique prefixes of a flag (--tp for --tp-size).
 A leading `vllm serve` or `python -m sglang.launch_server` is dropped.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -36,8 +37,16 @@ from kvsim.config.errors import InputError
 
 DATA = Path(__file__).parent.parent / "data" / "engine_flags.json"
 RELEASES = {"vllm": "vllm 0.33.0", "sglang": "sglang 0.5.10.post1"}
-KV_DTYPES = {"auto": "auto", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
-             "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+KV_DTYPES = {
+    "auto": "auto",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+}
 
 
 @dataclass(frozen=True)
@@ -47,13 +56,14 @@ class Flag:
     integer, float, bool, str, or a {flag value: kvsim value} table); scale multiplies a
     number on its way in; refused: why kvsim does not model it (then `default` is the one
     value it accepts, the release's default, as a switch's "true"/"false" for switches)."""
+
     field: str | None
     value: object
     note: str
     scale: float = 1.0
     refused: str | None = None
     default: str | None = None
-    invert: bool = False       # a switch that turns its field off (SGLang's --disable-radix-cache)
+    invert: bool = False  # a switch that turns its field off (SGLang's --disable-radix-cache)
 
 
 def refuse(why: str, default: str | None = None) -> Flag:
@@ -67,15 +77,20 @@ VLLM: dict[str, Flag] = {
     "--max-num-batched-tokens": Flag("scheduler.max_num_batched_tokens", "size", "tokens one step may hold"),
     "--max-num-seqs": Flag("scheduler.max_num_seqs", "int", "requests one step may hold"),
     "--gpu-memory-utilization": Flag("gpu_memory_utilization", "float", "share of GPU memory vLLM may use"),
-    "--kv-cache-memory-bytes": Flag("kv_cache_memory_gib", "size", "the KV cache per GPU, fixed (skips the profile)",
-                                    scale=2 ** -30),
+    "--kv-cache-memory-bytes": Flag(
+        "kv_cache_memory_gib", "size", "the KV cache per GPU, fixed (skips the profile)", scale=2**-30
+    ),
     "--enable-prefix-caching": Flag("policy.enable_prefix_caching", "bool", "prefix caching (V1's default: on)"),
     "--block-size": Flag("policy.block_size", "int", "tokens per KV block (default 16)"),
-    "--kv-cache-dtype": Flag("policy.kv_cache_dtype", {k: v for k, v in KV_DTYPES.items() if k not in ("bf16", "fp16")},
-                             "KV cache dtype: auto (the model's), bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2"),
+    "--kv-cache-dtype": Flag(
+        "policy.kv_cache_dtype",
+        {k: v for k, v in KV_DTYPES.items() if k not in ("bf16", "fp16")},
+        "KV cache dtype: auto (the model's), bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2",
+    ),
     "--enable-chunked-prefill": Flag("scheduler.enable_chunked_prefill", "bool", "split long prompts over steps"),
-    "--async-scheduling": Flag("scheduler.async_scheduling", "bool",
-                               "plan the next step while this one runs (V1's default: on)"),
+    "--async-scheduling": Flag(
+        "scheduler.async_scheduling", "bool", "plan the next step while this one runs (V1's default: on)"
+    ),
     "--enforce-eager": Flag("enforce_eager", "bool", "no CUDA graphs, so none counted in the pool"),
     # what vLLM 0.33.0 does that kvsim does not simulate
     "--pipeline-parallel-size": refuse("pipeline parallelism", "1"),
@@ -97,8 +112,7 @@ VLLM: dict[str, Flag] = {
     "--max-cudagraph-capture-size": refuse("a CUDA-graph capture limit other than the default"),
     "--long-prefill-token-threshold": refuse("a cap on one request's prefill tokens per step", "0"),
     "--scheduling-policy": refuse("priority scheduling", "fcfs"),
-    "--performance-mode": refuse("a performance mode other than balanced (it changes the batch defaults)",
-                                 "balanced"),
+    "--performance-mode": refuse("a performance mode other than balanced (it changes the batch defaults)", "balanced"),
     "--stream-interval": refuse("streaming more than one token per chunk", "1"),
     "--disable-sliding-window": refuse("sliding-window models run with full attention", "false"),
     "--disable-hybrid-kv-cache-manager": refuse("the unified KV manager for hybrid models", "false"),
@@ -113,21 +127,28 @@ VLLM: dict[str, Flag] = {
 # V0's flags (vLLM 0.6.3.post1), where the scenario's engine is vllm-v0; 0.33.0 has neither
 VLLM_V0 = {
     "--swap-space": Flag("scheduler.swap_space_gib", "float", "CPU memory per GPU for swapped-out KV, GiB"),
-    "--preemption-mode": Flag("scheduler.preemption_mode", {"recompute": "recompute", "swap": "swap"},
-                              "recompute or swap preempted requests"),
+    "--preemption-mode": Flag(
+        "scheduler.preemption_mode", {"recompute": "recompute", "swap": "swap"}, "recompute or swap preempted requests"
+    ),
 }
 
 SGLANG: dict[str, Flag] = {
-    "--model-path": Flag("model", "str", "the model: a kvsim preset, its Hugging Face id, or a local folder or config.json"),
+    "--model-path": Flag(
+        "model", "str", "the model: a kvsim preset, its Hugging Face id, or a local folder or config.json"
+    ),
     "--tensor-parallel-size": Flag("tensor_parallel_size", "int", "GPUs the model is split over"),
     "--context-length": Flag("max_model_len", "int", "longest request in tokens"),
     "--mem-fraction-static": Flag("mem_fraction_static", "float", "share of GPU memory for weights and the KV pool"),
-    "--chunked-prefill-size": Flag("scheduler.max_num_batched_tokens", "int",
-                                   "prefill tokens per step (-1: no chunking)"),
+    "--chunked-prefill-size": Flag(
+        "scheduler.max_num_batched_tokens", "int", "prefill tokens per step (-1: no chunking)"
+    ),
     "--max-running-requests": Flag("scheduler.max_num_seqs", "int", "requests running at once"),
     "--page-size": Flag("policy.block_size", "int", "tokens per KV page (default 1)"),
-    "--schedule-policy": Flag("scheduler.schedule_policy", {"fcfs": "fcfs", "lpm": "lpm"},
-                              "order of the waiting queue: fcfs or lpm (longest prefix match)"),
+    "--schedule-policy": Flag(
+        "scheduler.schedule_policy",
+        {"fcfs": "fcfs", "lpm": "lpm"},
+        "order of the waiting queue: fcfs or lpm (longest prefix match)",
+    ),
     "--kv-cache-dtype": Flag("policy.kv_cache_dtype", KV_DTYPES, "KV cache dtype: auto, bf16, fp8_e4m3, fp8_e5m2"),
     "--disable-radix-cache": Flag("policy.enable_prefix_caching", "bool", "no prefix cache", invert=True),
     # what SGLang does that kvsim does not simulate
@@ -143,16 +164,23 @@ SGLANG: dict[str, Flag] = {
     "--schedule-conservativeness": refuse("a scheduling conservativeness other than the default", "1.0"),
     "--cuda-graph-max-bs": refuse("a CUDA-graph batch limit other than the default"),
     "--disable-cuda-graph": refuse("running without CUDA graphs", "false"),
-    "--enable-hierarchical-cache": refuse("hierarchical caching set by flags (give the policy's kv_offload: "
-                                          "cpu_gib or hicache_ratio, write_policy)", "false"),
+    "--enable-hierarchical-cache": refuse(
+        "hierarchical caching set by flags (give the policy's kv_offload: cpu_gib or hicache_ratio, write_policy)",
+        "false",
+    ),
     "--enable-lora": refuse("LoRA adapters", "false"),
     "--enable-mixed-chunk": refuse("mixing decodes into chunked-prefill steps", "false"),
     "--enable-priority-scheduling": refuse("priority scheduling", "false"),
 }
 TABLES = {"vllm": VLLM, "sglang": SGLANG}
-DROP = (("vllm", "serve"), ("python", "-m", "vllm.entrypoints.openai.api_server"),
-        ("python3", "-m", "vllm.entrypoints.openai.api_server"),
-        ("python", "-m", "sglang.launch_server"), ("python3", "-m", "sglang.launch_server"), ("sglang", "serve"))
+DROP = (
+    ("vllm", "serve"),
+    ("python", "-m", "vllm.entrypoints.openai.api_server"),
+    ("python3", "-m", "vllm.entrypoints.openai.api_server"),
+    ("python", "-m", "sglang.launch_server"),
+    ("python3", "-m", "sglang.launch_server"),
+    ("sglang", "serve"),
+)
 
 
 @lru_cache(maxsize=None)
@@ -172,6 +200,7 @@ def _aliases(engine: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class Parsed:
     """What a command line sets ({field: value}), and the flags it gave that kvsim ignores."""
+
     sets: dict
     ignored: tuple[str, ...]
 
@@ -184,16 +213,20 @@ def parse(text: str, engine: str, src: str, where: str, v0: bool = False) -> Par
     except ValueError as e:
         raise InputError(src, where, f"cannot be read as a command line ({e})") from None
     for prefix in DROP:
-        if tuple(tokens[:len(prefix)]) == prefix:
-            tokens = tokens[len(prefix):]
+        if tuple(tokens[: len(prefix)]) == prefix:
+            tokens = tokens[len(prefix) :]
     sets, ignored, seen = {}, [], set()
     i = 0
     while i < len(tokens):
         token, i = tokens[i], i + 1
         if not token.startswith("-") or _number(token):
             if "model" in sets or engine != "vllm":
-                raise InputError(src, where, f"unexpected '{token}': flags start with --"
-                                 + ("" if engine != "vllm" else "; give the model once, first or after --model"))
+                raise InputError(
+                    src,
+                    where,
+                    f"unexpected '{token}': flags start with --"
+                    + ("" if engine != "vllm" else "; give the model once, first or after --model"),
+                )
             sets["model"] = token
             continue
         name, value = _name(token, engine)
@@ -217,13 +250,17 @@ def parse(text: str, engine: str, src: str, where: str, v0: bool = False) -> Par
             if flag.default is not None and value.lower() == flag.default:
                 ignored.append(given)
                 continue
-            raise InputError(src, where, f"{canonical}: kvsim does not model {flag.refused}"
-                             + (f" (only {flag.default}, the default)" if flag.default is not None else ""))
+            raise InputError(
+                src,
+                where,
+                f"{canonical}: kvsim does not model {flag.refused}"
+                + (f" (only {flag.default}, the default)" if flag.default is not None else ""),
+            )
         if flag.field in sets:
             raise InputError(src, where, f"{canonical} sets {flag.field}, given already")
         sets[flag.field] = _value(flag, canonical, value, src, where)
     if engine == "sglang" and sets.get("scheduler.max_num_batched_tokens") == -1:
-        del sets["scheduler.max_num_batched_tokens"]          # SGLang: -1 turns chunking off
+        del sets["scheduler.max_num_batched_tokens"]  # SGLang: -1 turns chunking off
         sets["scheduler.enable_chunked_prefill"] = False
     return Parsed(sets, tuple(ignored))
 
@@ -238,7 +275,7 @@ def _name(token: str, engine: str) -> tuple[str, str | None]:
         return "--optimization-level", token[2:].lstrip("=")
     name, _, value = token.partition("=")
     if engine == "vllm":
-        name = name.split(".", 1)[0]          # --compilation-config.mode: the flag, one key of it
+        name = name.split(".", 1)[0]  # --compilation-config.mode: the flag, one key of it
         if name.startswith("--"):
             name = "--" + name[2:].replace("_", "-")
     return name, (value if "=" in token else None)
@@ -253,13 +290,16 @@ def _canonical(name: str, engine: str, table: dict, src: str, where: str) -> tup
         target = aliases["--" + name[5:]]
         if known(engine).get(target, {}).get("switch"):
             return target, True
-    if engine == "sglang" and name.startswith("--"):      # argparse's unique prefixes
+    if engine == "sglang" and name.startswith("--"):  # argparse's unique prefixes
         matches = sorted({v for k, v in aliases.items() if k.startswith(name)})
         if len(matches) == 1:
             return matches[0], False
     if engine == "vllm" and name in ("--swap-space", "--preemption-mode"):
-        raise InputError(src, where, f"{name} is vLLM V0's (engine: vllm-v0); vLLM 0.33.0 has no such flag "
-                         "(V1 preempts by recomputation)")
+        raise InputError(
+            src,
+            where,
+            f"{name} is vLLM V0's (engine: vllm-v0); vLLM 0.33.0 has no such flag (V1 preempts by recomputation)",
+        )
     close = difflib.get_close_matches(name, list(aliases), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise InputError(src, where, f"unknown flag {name}{hint}; {RELEASES[engine]} has no such flag")
@@ -284,8 +324,11 @@ def _value(flag: Flag, name: str, value: str, src: str, where: str):
             return float(value)
         return value
     except ValueError as e:
-        why = str(e) if kind in ("bool",) or isinstance(kind, dict) else \
-            f"must be {'a whole number' if kind in ('int', 'size') else 'a number'}"
+        why = (
+            str(e)
+            if kind in ("bool",) or isinstance(kind, dict)
+            else f"must be {'a whole number' if kind in ('int', 'size') else 'a number'}"
+        )
         raise InputError(src, where, f"{name} {value}: {why}") from None
 
 
@@ -296,21 +339,30 @@ def size(value: str) -> int:
     if not match:
         return int(value)
     number, suffix = match.groups()
-    mult = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12}.get(suffix) or 2 ** (10 * "KMGT".index(suffix) + 10)
+    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(suffix) or 2 ** (10 * "KMGT".index(suffix) + 10)
     return int(float(number) * mult)
 
 
 # Hugging Face ids of kvsim's model presets (their config.json give the presets' shapes;
 # chat and instruct variants share them)
 HF_IDS = {
-    "meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
-    "meta-llama/Llama-2-13b-hf": "llama-2-13b", "meta-llama/Llama-2-13b-chat-hf": "llama-2-13b",
-    "meta-llama/Llama-2-70b-hf": "llama-2-70b", "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b",
-    "meta-llama/Meta-Llama-3-8B": "llama-3-8b", "meta-llama/Meta-Llama-3-8B-Instruct": "llama-3-8b",
-    "meta-llama/Meta-Llama-3-70B": "llama-3-70b", "meta-llama/Meta-Llama-3-70B-Instruct": "llama-3-70b",
-    "mistralai/Mistral-7B-v0.1": "mistral-7b", "mistralai/Mistral-7B-Instruct-v0.1": "mistral-7b",
-    "Qwen/Qwen2-7B": "qwen2-7b", "Qwen/Qwen2-7B-Instruct": "qwen2-7b", "facebook/opt-13b": "opt-13b",
-    "deepseek-ai/DeepSeek-V2": "deepseek-v2", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+    "meta-llama/Llama-2-7b-hf": "llama-2-7b",
+    "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
+    "meta-llama/Llama-2-13b-hf": "llama-2-13b",
+    "meta-llama/Llama-2-13b-chat-hf": "llama-2-13b",
+    "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+    "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b",
+    "meta-llama/Meta-Llama-3-8B": "llama-3-8b",
+    "meta-llama/Meta-Llama-3-8B-Instruct": "llama-3-8b",
+    "meta-llama/Meta-Llama-3-70B": "llama-3-70b",
+    "meta-llama/Meta-Llama-3-70B-Instruct": "llama-3-70b",
+    "mistralai/Mistral-7B-v0.1": "mistral-7b",
+    "mistralai/Mistral-7B-Instruct-v0.1": "mistral-7b",
+    "Qwen/Qwen2-7B": "qwen2-7b",
+    "Qwen/Qwen2-7B-Instruct": "qwen2-7b",
+    "facebook/opt-13b": "opt-13b",
+    "deepseek-ai/DeepSeek-V2": "deepseek-v2",
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3",
     "bigscience/bloom": "bloom-176b",
 }
 ARGS_FIELDS = {"vllm_args": "vllm", "sglang_args": "sglang"}
@@ -326,16 +378,18 @@ def apply(raw: dict, key: str, text: str, src: str, base: Path, override: bool =
     if engine == "vllm" and named == "sglang":
         raise InputError(src, key, "vLLM's flags, but engine is sglang; give sglang_args instead")
     parsed = parse(text, engine, src, key, v0=named == "vllm-v0")
-    raw = json.loads(json.dumps(raw))          # a deep copy of plain YAML data
+    raw = json.loads(json.dumps(raw))  # a deep copy of plain YAML data
     if engine == "sglang" and named is None:
         raw["engine"] = "sglang"
-    raw.setdefault("policies", [{"name": engine, "allocator": "paged"}])    # the server's own
+    raw.setdefault("policies", [{"name": engine, "allocator": "paged"}])  # the server's own
 
     def put(holder: dict, name: str, value, shown: str) -> None:
         if name in holder and holder[name] != value and not override:
-            raise InputError(src, key, f"sets {shown} to {value!r}, but the scenario gives {holder[name]!r}; "
-                             "give it once")
+            raise InputError(
+                src, key, f"sets {shown} to {value!r}, but the scenario gives {holder[name]!r}; give it once"
+            )
         holder[name] = value
+
     for field, value in parsed.sets.items():
         if field == "model":
             put(raw, "model", _model(value, base, absolute=override), "model")
@@ -344,8 +398,12 @@ def apply(raw: dict, key: str, text: str, src: str, base: Path, override: bool =
         elif field.startswith("policy."):
             paged = [p for p in raw["policies"] if isinstance(p, dict) and p.get("allocator") == "paged"]
             if not paged:
-                raise InputError(src, key, f"{field.split('.', 1)[1]} is set per paged policy, and the scenario "
-                                 "has none (add one with allocator: paged)")
+                raise InputError(
+                    src,
+                    key,
+                    f"{field.split('.', 1)[1]} is set per paged policy, and the scenario "
+                    "has none (add one with allocator: paged)",
+                )
             for policy in paged:
                 put(policy, field.split(".", 1)[1], value, f"{field.split('.', 1)[1]} of policy {policy.get('name')}")
         else:
@@ -358,6 +416,7 @@ def _model(value: str, base: Path, absolute: bool):
     config.json (a file, or a folder holding one, relative to `base`: kept relative to
     the scenario, or made absolute for one given on the command line)."""
     from kvsim.model.specs import MODEL_PRESETS
+
     if value in MODEL_PRESETS or value in HF_IDS:
         return HF_IDS.get(value, value)
     path = base / value
@@ -365,26 +424,53 @@ def _model(value: str, base: Path, absolute: bool):
         path, value = path / "config.json", str(Path(value) / "config.json")
     if path.is_file():
         return {"hf_config": str(path.resolve()) if absolute else value}
-    return value        # the scenario's own message for an unknown model then names it
+    return value  # the scenario's own message for an unknown model then names it
 
 
 # known flags kvsim ignores though a server runs differently with them: kernel and backend choices
-KERNEL_CHOICES = ("--attention-backend", "--moe-backend", "--linear-backend", "--mamba-backend",
-                  "--all2all-backend", "--disable-custom-all-reduce", "--enable-flashinfer-autotune",
-                  "--kernel-config", "--distributed-executor-backend", "--attention-config",
-                  "--prefill-attention-backend", "--decode-attention-backend", "--sampling-backend",
-                  "--grammar-backend", "--moe-runner-backend", "--disable-custom-all-reduce")
+KERNEL_CHOICES = (
+    "--attention-backend",
+    "--moe-backend",
+    "--linear-backend",
+    "--mamba-backend",
+    "--all2all-backend",
+    "--disable-custom-all-reduce",
+    "--enable-flashinfer-autotune",
+    "--kernel-config",
+    "--distributed-executor-backend",
+    "--attention-config",
+    "--prefill-attention-backend",
+    "--decode-attention-backend",
+    "--sampling-backend",
+    "--grammar-backend",
+    "--moe-runner-backend",
+    "--disable-custom-all-reduce",
+)
 
 
 def table(engine: str) -> list[dict]:
     """Every flag kvsim understands for the engine, for the documentation: what it sets,
     what kvsim does not model, and what it ignores."""
     flags = TABLES[engine] | (VLLM_V0 if engine == "vllm" else {})
-    rows = [{"flag": name, "kind": "not modelled" if f.refused else "sets",
-             "field": f.field, "note": f.note + (" (engine: vllm-v0)" if name in VLLM_V0 else "")}
-            for name, f in flags.items()]
-    rows += [{"flag": name, "kind": "ignored", "field": None,
-              "note": "a kernel choice kvsim's step costs do not tell apart" if name in KERNEL_CHOICES
-              else "no simulated quantity"}
-             for name in known(engine) if name not in flags]
+    rows = [
+        {
+            "flag": name,
+            "kind": "not modelled" if f.refused else "sets",
+            "field": f.field,
+            "note": f.note + (" (engine: vllm-v0)" if name in VLLM_V0 else ""),
+        }
+        for name, f in flags.items()
+    ]
+    rows += [
+        {
+            "flag": name,
+            "kind": "ignored",
+            "field": None,
+            "note": "a kernel choice kvsim's step costs do not tell apart"
+            if name in KERNEL_CHOICES
+            else "no simulated quantity",
+        }
+        for name in known(engine)
+        if name not in flags
+    ]
     return rows

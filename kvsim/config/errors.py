@@ -1,4 +1,5 @@
 """The one error type for bad input: the CLI prints it on one line and exits with 2."""
+
 from __future__ import annotations
 
 import re
@@ -29,6 +30,6 @@ def positive_number(text: str, src: str, field: str, message: str) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not (value > 0 and value != float("inf")):     # NaN fails the first test
+    if not (value > 0 and value != float("inf")):  # NaN fails the first test
         raise InputError(src, field, message)
     return value

@@ -38,6 +38,7 @@ What each part of the file becomes:
 
 A scenario's own workload.request_timeout_s replaces the file's timeout.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -47,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kvsim.config.errors import InputError
 
-AIOHTTP_DEFAULT_TIMEOUT_S = 300.0   # aiohttp.client.DEFAULT_TIMEOUT = ClientTimeout(total=5 * 60)
+AIOHTTP_DEFAULT_TIMEOUT_S = 300.0  # aiohttp.client.DEFAULT_TIMEOUT = ClientTimeout(total=5 * 60)
 
 
 class _Strict(BaseModel):
@@ -58,6 +59,7 @@ class SharedPrefix(_Strict):
     """num_groups system prompts of system_prompt_len tokens, each followed by
     num_prompts_per_group questions of question_len tokens; output_len tokens asked
     of each (inference-perf's defaults)."""
+
     num_groups: int = Field(10, ge=1)
     num_prompts_per_group: int = Field(10, ge=1)
     system_prompt_len: int = Field(100, ge=0)
@@ -74,6 +76,7 @@ class SharedPrefix(_Strict):
 class Distribution(_Strict):
     """Lengths drawn from a normal distribution, clipped to [min, max] and rounded
     (utils/distribution.py generate_distribution); total_count lengths are drawn."""
+
     min: int = Field(10, ge=0)
     max: int = Field(1024, ge=0)
     mean: float = 512
@@ -91,11 +94,12 @@ class Distribution(_Strict):
 
 class InferencePerf(_Strict):
     """The data an inference-perf config asks for (its `data` section and api.streaming)."""
+
     type: Literal["shared_prefix", "random"]
     shared_prefix: SharedPrefix | None = None
     input_distribution: Distribution | None = None
     output_distribution: Distribution | None = None
-    streaming: bool = True     # api.streaming: without it the client sees no first token
+    streaming: bool = True  # api.streaming: without it the client sees no first token
 
     @model_validator(mode="after")
     def _parts(self):
@@ -104,8 +108,10 @@ class InferencePerf(_Strict):
             if self.shared_prefix is None:
                 raise ValueError("type shared_prefix needs a shared_prefix block")
             if distributions:
-                raise ValueError("shared_prefix with input/output_distribution: inference-perf at b81afa4 "
-                                 "ignores the distributions (later releases sample from them); remove them")
+                raise ValueError(
+                    "shared_prefix with input/output_distribution: inference-perf at b81afa4 "
+                    "ignores the distributions (later releases sample from them); remove them"
+                )
         else:
             if self.shared_prefix is not None:
                 raise ValueError("type random takes no shared_prefix (inference-perf refuses it)")
@@ -122,10 +128,23 @@ IGNORED = "ignored"
 KNOWN = {
     "api": {"type", "streaming", "headers"},
     "data": {"type", "path", "input_distribution", "output_distribution", "shared_prefix"},
-    "load": {"type", "interval", "stages", "sweep", "num_workers", "worker_max_concurrency",
-             "worker_max_tcp_connections", "circuit_breakers", "request_timeout"},
+    "load": {
+        "type",
+        "interval",
+        "stages",
+        "sweep",
+        "num_workers",
+        "worker_max_concurrency",
+        "worker_max_tcp_connections",
+        "circuit_breakers",
+        "request_timeout",
+    },
     "server": {"type", "model_name", "base_url", "ignore_eos", "api_key"},
-    "metrics": None, "report": None, "storage": None, "tokenizer": None, "circuit_breakers": None,
+    "metrics": None,
+    "report": None,
+    "storage": None,
+    "tokenizer": None,
+    "circuit_breakers": None,
 }
 DATA_TYPES = ("shared_prefix", "random")
 LOAD_TYPES = {"constant": "inference-perf-constant", "poisson": "inference-perf-poisson"}
@@ -142,22 +161,33 @@ def expand(cfg, src: str) -> dict:
     for name, section in (("api", api), ("data", data), ("load", load), ("server", server)):
         _known_keys(section, dict.fromkeys(KNOWN[name]), src, name + ".")
     if api.get("type", "completion") != "completion":
-        raise InputError(src, "api.type", f"'{api['type']}' is not supported: shared_prefix and random "
-                         "data send completions only (api.type completion)")
+        raise InputError(
+            src,
+            "api.type",
+            f"'{api['type']}' is not supported: shared_prefix and random "
+            "data send completions only (api.type completion)",
+        )
     if cfg.get("circuit_breakers") or load.get("circuit_breakers"):
         where = "circuit_breakers" if cfg.get("circuit_breakers") else "load.circuit_breakers"
-        raise InputError(src, where, "circuit breakers are not supported (they end a stage on "
-                         "live metrics); remove them")
+        raise InputError(
+            src, where, "circuit breakers are not supported (they end a stage on live metrics); remove them"
+        )
     if server.get("ignore_eos", True) is not True:
-        raise InputError(src, "server.ignore_eos", "must be true: kvsim generates every request's "
-                         "whole output length and cannot know where the model would stop")
+        raise InputError(
+            src,
+            "server.ignore_eos",
+            "must be true: kvsim generates every request's "
+            "whole output length and cannot know where the model would stop",
+        )
     data_type = data.get("type", "mock")
     if data_type not in DATA_TYPES:
-        raise InputError(src, "data.type", f"'{data_type}' is not supported; kvsim reads "
-                         f"{' and '.join(DATA_TYPES)}")
-    block = {k: data[k] for k in ("type", "shared_prefix", "input_distribution", "output_distribution")
-             if data.get(k) is not None}
-    block["streaming"] = api.get("streaming", False)    # inference-perf's default is False
+        raise InputError(src, "data.type", f"'{data_type}' is not supported; kvsim reads {' and '.join(DATA_TYPES)}")
+    block = {
+        k: data[k]
+        for k in ("type", "shared_prefix", "input_distribution", "output_distribution")
+        if data.get(k) is not None
+    }
+    block["streaming"] = api.get("streaming", False)  # inference-perf's default is False
     try:
         parsed = InferencePerf.model_validate(block)
     except ValidationError as e:
@@ -165,8 +195,11 @@ def expand(cfg, src: str) -> dict:
         field = ".".join(str(p) for p in err["loc"])
         where = ("api." if field == "streaming" else "data.") + field if field else "data"
         raise InputError(src, where, err["msg"].removeprefix("Value error, ")) from None
-    return {"inference_perf": parsed.model_dump(exclude_none=True),
-            "arrival": _arrival(load, src), "request_timeout_s": _timeout(load, src)}
+    return {
+        "inference_perf": parsed.model_dump(exclude_none=True),
+        "arrival": _arrival(load, src),
+        "request_timeout_s": _timeout(load, src),
+    }
 
 
 def _section(cfg: dict, key: str, src: str) -> dict:
@@ -183,8 +216,9 @@ def _known_keys(section: dict, known: dict, src: str, prefix: str) -> None:
         if key not in known:
             close = difflib.get_close_matches(str(key), list(known), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise InputError(src, prefix + str(key), f"not a key of inference-perf's config{hint}; "
-                             f"known: {', '.join(sorted(known))}")
+            raise InputError(
+                src, prefix + str(key), f"not a key of inference-perf's config{hint}; known: {', '.join(sorted(known))}"
+            )
 
 
 def _arrival(load: dict, src: str) -> dict:
@@ -192,12 +226,17 @@ def _arrival(load: dict, src: str) -> dict:
     if kind not in LOAD_TYPES:
         raise InputError(src, "load.type", f"'{kind}' is not supported; kvsim reads {', '.join(LOAD_TYPES)}")
     if load.get("sweep") is not None:
-        raise InputError(src, "load.sweep", "not supported: a sweep's stages come from probing a real "
-                         "server; give load.stages")
+        raise InputError(
+            src, "load.sweep", "not supported: a sweep's stages come from probing a real server; give load.stages"
+        )
     workers = load.get("num_workers", 1)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise InputError(src, "load.num_workers", "must be a whole number of at least 1 (kvsim follows "
-                         "the multi-process load generator; num_workers 0 runs another one)")
+        raise InputError(
+            src,
+            "load.num_workers",
+            "must be a whole number of at least 1 (kvsim follows "
+            "the multi-process load generator; num_workers 0 runs another one)",
+        )
     interval = _number(load.get("interval", 1.0), src, "load.interval", minimum=0)
     stages = load.get("stages")
     if not isinstance(stages, list) or not stages:
@@ -209,7 +248,7 @@ def _arrival(load: dict, src: str) -> dict:
             raise InputError(src, where, "must be {rate: requests per second, duration: seconds}")
         rate = _number(stage["rate"], src, where + ".rate", minimum=0, open_min=True)
         duration = _number(stage["duration"], src, where + ".duration", minimum=1)
-        if duration != int(duration):      # inference-perf's LoadStage.duration is an int
+        if duration != int(duration):  # inference-perf's LoadStage.duration is an int
             raise InputError(src, where + ".duration", "must be a whole number of seconds")
         out.append({"rate_per_s": rate, "duration_s": duration, "process": LOAD_TYPES[kind]})
     return {"stages": out, "drain": True, "poll_s": 1.0, "pause_s": interval + 1.0}
@@ -217,14 +256,19 @@ def _arrival(load: dict, src: str) -> dict:
 
 def _timeout(load: dict, src: str) -> float:
     value = load.get("request_timeout")
-    if not value:        # None or 0: inference-perf passes aiohttp's sentinel, its default
+    if not value:  # None or 0: inference-perf passes aiohttp's sentinel, its default
         return AIOHTTP_DEFAULT_TIMEOUT_S
     return _number(value, src, "load.request_timeout", minimum=0, open_min=True)
 
 
 def _number(value, src: str, field: str, *, minimum: float, open_min: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
-        and value != float("inf") and (value > minimum if open_min else value >= minimum)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == value
+        and value != float("inf")
+        and (value > minimum if open_min else value >= minimum)
+    )
     if not ok:
         raise InputError(src, field, f"must be a number {'>' if open_min else '>='} {minimum:g}")
     return float(value)

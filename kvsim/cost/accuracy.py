@@ -17,6 +17,7 @@ profile measured on a GPU that kvsim predicts without it (its own shape model, o
 sibling's scaled by HBM bandwidth), the report sets that prediction against the measured
 linear ops (``against_prediction``): how far kvsim was from this GPU before it was measured.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,11 @@ def attention_heldout(profile: Profile) -> dict[str, float]:
         pred[folds == k] = predict_attention(fit, {c: v[folds == k] for c, v in cols.items()}, shape, peak, bw)
     t = rows.time_ms.values * 1e-3
     pre = rows.phase.values == "prefill"
-    parts = {"attn_prefill_whole_prompt": pre & (rows.context.values == 0),
-             "attn_prefill_chunk_on_cache": pre & (rows.context.values > 0), "attn_decode": ~pre}
+    parts = {
+        "attn_prefill_whole_prompt": pre & (rows.context.values == 0),
+        "attn_prefill_chunk_on_cache": pre & (rows.context.values > 0),
+        "attn_decode": ~pre,
+    }
     return {name: mape(pred[m], t[m]) for name, m in parts.items() if m.any()}
 
 
@@ -82,31 +86,40 @@ def against_prediction(profile: Profile) -> dict | None:
 
     def step(suffix: str):
         return sum(both[op + suffix] * (1 if op in PER_STEP_OPS else shape["num_layers"]) for op in LINEAR_OPS)
+
     err = step("_predicted") / step("") - 1
     small = both.num_tokens.values <= 128
-    return {"prediction": f"{fits['device']}; fitted on {', '.join(fits['models'])}",
-            "ops": {op: summary(both[op + "_predicted"] / both[op] - 1) for op in LINEAR_OPS},
-            "step": {"<= 128 tokens": summary(err[small]), "> 128 tokens": summary(err[~small])}}
+    return {
+        "prediction": f"{fits['device']}; fitted on {', '.join(fits['models'])}",
+        "ops": {op: summary(both[op + "_predicted"] / both[op] - 1) for op in LINEAR_OPS},
+        "step": {"<= 128 tokens": summary(err[small]), "> 128 tokens": summary(err[~small])},
+    }
 
 
 def report(profile: Profile) -> dict:
     linear_origin = str(profile.meta.get("origin", {}).get("linear", "measured"))
     lin = {} if linear_origin.startswith("predicted") else linear_heldout(profile)
-    per_op = {**{k: v for k, v in lin.items() if not profile.meta.get("origin", {}).get(k, "").startswith(
-        "predicted")}, **attention_heldout(profile)}
-    out = {"profile": profile.name, "linear_origin": linear_origin,
-           "method": "linear ops: even token counts predict odd ones; attention: 5-fold CV",
-           "mape": {k: round(v, 4) for k, v in per_op.items()},
-           "overall_mape": round(float(np.mean(list(per_op.values()))), 4) if per_op else None}
+    per_op = {
+        **{k: v for k, v in lin.items() if not profile.meta.get("origin", {}).get(k, "").startswith("predicted")},
+        **attention_heldout(profile),
+    }
+    out = {
+        "profile": profile.name,
+        "linear_origin": linear_origin,
+        "method": "linear ops: even token counts predict odd ones; attention: 5-fold CV",
+        "mape": {k: round(v, 4) for k, v in per_op.items()},
+        "overall_mape": round(float(np.mean(list(per_op.values()))), 4) if per_op else None,
+    }
     if "validation" in profile.meta:
         out["end_to_end"] = profile.meta["validation"]
     acc = SHIPPED / "accuracy.json"
     if (SHIPPED / profile.name).is_dir() and acc.is_file():
         src = json.loads(acc.read_text())
-        out["source_data"] = {"interpolation_vs_all_measured": src["interpolation"].get(profile.name),
-                              "gpu_shape_model_leave_one_shape_out":
-                                  src["leave_one_shape_out"].get(profile.meta["gpu"]),
-                              "attention_5fold": src["attention"]}
+        out["source_data"] = {
+            "interpolation_vs_all_measured": src["interpolation"].get(profile.name),
+            "gpu_shape_model_leave_one_shape_out": src["leave_one_shape_out"].get(profile.meta["gpu"]),
+            "attention_5fold": src["attention"],
+        }
     elif not linear_origin.startswith("predicted") and (against := against_prediction(profile)):
         out["against_prediction"] = against
     return out

@@ -22,13 +22,14 @@ delay added to what the client sees (`respond`): a request then reaches the engi
 the moment it was sent, milliseconds early, which moves which step it joins by at
 most one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from kvsim.cost.graphs import CudaGraphs
 
-GRAPH_RULES = ("vllm-0.33.0",)         # how capture sizes are chosen (kvsim.cost.graphs)
+GRAPH_RULES = ("vllm-0.33.0",)  # how capture sizes are chosen (kvsim.cost.graphs)
 SCALED_PARTS = ("linear", "attention_decode", "attention_prefill", "lm_head")
 
 
@@ -61,8 +62,10 @@ class ApiServer:
         return cls(_non_negative(doc, "request_ms") * 1e-3, _non_negative(doc, "per_prompt_token_us") * 1e-6)
 
     def to_doc(self) -> dict:
-        return {"request_ms": round(self.request_s * 1e3, 6),
-                "per_prompt_token_us": round(self.per_prompt_token_s * 1e6, 6)}
+        return {
+            "request_ms": round(self.request_s * 1e3, 6),
+            "per_prompt_token_us": round(self.per_prompt_token_s * 1e6, 6),
+        }
 
     def delay(self, prompt_tokens):
         """Seconds added to a request's time to first token (scalar or array of prompts)."""

@@ -23,15 +23,27 @@ weighted by 1/time), with numpy only:
   Efficiency is e_max / (1 + (W_half/W)^k): half of e_max at W_half. Because the form
   is in efficiencies, not seconds, it transfers to another GPU through its peaks.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "lm_head")
 ELEMENTWISE_OPS = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
-LINEAR_OPS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
-              "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add", "lm_head")
-PER_STEP_OPS = ("emb", "lm_head")       # once a step; every other linear op once a layer
+LINEAR_OPS = (
+    "emb",
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+    "lm_head",
+)
+PER_STEP_OPS = ("emb", "lm_head")  # once a step; every other linear op once a layer
 ACT_BYTES = 2
 
 
@@ -39,20 +51,29 @@ def gemm_kn(shape: dict, op: str, tp: int) -> tuple[float, float]:
     """(K, N) of one GPU's share of a GEMM; M is the token count."""
     h, heads, kv, d = shape["hidden_size"], shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
     ffn = shape["intermediate_size"] * (2 if shape.get("gated_mlp", True) else 1)
-    qkv = shape.get("qkv_width", (heads + 2 * kv) * d)     # MLA: see kvsim.cost.generalize
-    return {"attn_pre_proj": (h, qkv / tp), "attn_post_proj": (heads * d / tp, h),
-            "mlp_up_proj": (h, ffn / tp), "mlp_down_proj": (shape["intermediate_size"] / tp, h),
-            "lm_head": (h, shape["vocab_size"] / tp)}[op]
+    qkv = shape.get("qkv_width", (heads + 2 * kv) * d)  # MLA: see kvsim.cost.generalize
+    return {
+        "attn_pre_proj": (h, qkv / tp),
+        "attn_post_proj": (heads * d / tp, h),
+        "mlp_up_proj": (h, ffn / tp),
+        "mlp_down_proj": (shape["intermediate_size"] / tp, h),
+        "lm_head": (h, shape["vocab_size"] / tp),
+    }[op]
 
 
 def elementwise_bytes_per_token(shape: dict, op: str, tp: int) -> float:
     """Bytes an elementwise op reads and writes per token (one GPU's share)."""
-    h, f = shape["hidden_size"], shape.get("mlp_act_width", shape["intermediate_size"])   # MoE: kvsim.cost.moe
+    h, f = shape["hidden_size"], shape.get("mlp_act_width", shape["intermediate_size"])  # MoE: kvsim.cost.moe
     qk = (shape["num_heads"] + shape["num_kv_heads"]) * shape["head_dim"]
     gated = shape.get("gated_mlp", True)
-    elems = {"emb": 2 * h, "input_layernorm": 2 * h, "post_attention_layernorm": 2 * h, "add": 3 * h,
-             "mlp_act": (3 if gated else 2) * f / tp,
-             "attn_rope": 2 * qk / tp if shape.get("rope", True) else 0}[op]
+    elems = {
+        "emb": 2 * h,
+        "input_layernorm": 2 * h,
+        "post_attention_layernorm": 2 * h,
+        "add": 3 * h,
+        "mlp_act": (3 if gated else 2) * f / tp,
+        "attn_rope": 2 * qk / tp if shape.get("rope", True) else 0,
+    }[op]
     return elems * ACT_BYTES
 
 
@@ -70,7 +91,7 @@ def _smooth_roof(fit: dict, flops, nbytes, peak_flops: float, bandwidth: float):
     p = fit["p"]
     mem = np.asarray(nbytes, dtype=float) / (bandwidth * fit["bw_eff"])
     comp = np.asarray(flops, dtype=float) / (peak_flops * fit["flops_eff"])
-    return fit["a_s"] + (mem ** p + comp ** p) ** (1 / p)
+    return fit["a_s"] + (mem**p + comp**p) ** (1 / p)
 
 
 def fit_gemm(flops, nbytes, t, peak_flops: float, bandwidth: float) -> dict:
@@ -80,11 +101,11 @@ def fit_gemm(flops, nbytes, t, peak_flops: float, bandwidth: float) -> dict:
     larger. The fitted e_bw and e_flops are the GPU's achieved fractions of its peaks.
     """
     flops, nbytes, t = (np.asarray(x, dtype=float) for x in (flops, nbytes, t))
-    w2 = 1 / t ** 2
+    w2 = 1 / t**2
     best = (np.inf, None)
     for p in (1.0, 1.25, 1.5, 2.0, 3.0):
         grids, here = [np.geomspace(0.05, 1.5, 30)] * 2, (np.inf, None)
-        for span in (1.125, 1.025, 1.005):    # coarse grid, then finer ones around the best
+        for span in (1.125, 1.025, 1.005):  # coarse grid, then finer ones around the best
             for e_bw in grids[0]:
                 for e_fl in grids[1]:
                     fit = {"a_s": 0.0, "p": p, "bw_eff": float(e_bw), "flops_eff": float(e_fl)}
@@ -119,8 +140,8 @@ def fit_ramp(work, t, rate: float, extras: dict[str, np.ndarray] | None = None) 
     best = None
     for k in np.round(np.arange(0.1, 0.95, 0.05), 2):
         x = np.column_stack([np.ones_like(t), work, work ** (1 - k), *extras.values()])
-        c = np.maximum(_wls(x, t), 0.0)          # no negative time terms
-        err = np.mean(((x @ c) - t) ** 2 / t ** 2)
+        c = np.maximum(_wls(x, t), 0.0)  # no negative time terms
+        err = np.mean(((x @ c) - t) ** 2 / t**2)
         if best is None or err < best[0]:
             best = (err, k, c)
     _, k, c = best
@@ -176,9 +197,12 @@ def attention_features(rows: dict, shape: dict) -> dict:
     tp, bits = np.asarray(rows["tp"]), np.asarray(rows["kv_bits"], dtype=float)
     batch, ctx = np.asarray(rows["batch_size"], dtype=float), np.asarray(rows["context"], dtype=float)
     per_tok = np.array([kv_bytes_per_token(shape, int(p), b) for p, b in zip(tp, bits)])
-    return {"flops": prefill_flops(shape, tp, rows["chunk_tokens"], ctx),
-            "kv_bytes": batch * ctx * per_tok, "batch": batch,
-            "blocks": batch * np.ceil(ctx / np.asarray(rows["block_size"], dtype=float))}
+    return {
+        "flops": prefill_flops(shape, tp, rows["chunk_tokens"], ctx),
+        "kv_bytes": batch * ctx * per_tok,
+        "batch": batch,
+        "blocks": batch * np.ceil(ctx / np.asarray(rows["block_size"], dtype=float)),
+    }
 
 
 def fit_attention(rows: dict, shape: dict, peak_flops: float, bandwidth: float) -> dict:
@@ -189,22 +213,29 @@ def fit_attention(rows: dict, shape: dict, peak_flops: float, bandwidth: float) 
     dec = ~pre
     extras = {"per_seq_s": f["batch"][dec]}
     if len(set(np.asarray(rows["block_size"])[dec])) > 1:
-        extras["per_block_s"] = f["blocks"][dec]     # only when block sizes were varied
-    out = {"prefill_fresh": fit_ramp(f["flops"][fresh], t[fresh], peak_flops),
-           "prefill_cached": fit_ramp(f["flops"][cached], t[cached], peak_flops)
-           if cached.any() else None,
-           "decode": fit_ramp(f["kv_bytes"][dec], t[dec], bandwidth, extras)}
+        extras["per_block_s"] = f["blocks"][dec]  # only when block sizes were varied
+    out = {
+        "prefill_fresh": fit_ramp(f["flops"][fresh], t[fresh], peak_flops),
+        "prefill_cached": fit_ramp(f["flops"][cached], t[cached], peak_flops) if cached.any() else None,
+        "decode": fit_ramp(f["kv_bytes"][dec], t[dec], bandwidth, extras),
+    }
     dtypes = np.asarray(rows.get("kv_dtype", ["?"] * len(t)))
-    if len(set(dtypes[dec])) > 1:      # dequantizing costs differ by format, not only by bytes
+    if len(set(dtypes[dec])) > 1:  # dequantizing costs differ by format, not only by bytes
         out["decode_by_dtype"] = {
-            str(dt): fit_ramp(f["kv_bytes"][dec & (dtypes == dt)], t[dec & (dtypes == dt)], bandwidth,
-                              {k: v[dtypes[dec] == dt] for k, v in extras.items()})
-            for dt in sorted(set(dtypes[dec]))}
+            str(dt): fit_ramp(
+                f["kv_bytes"][dec & (dtypes == dt)],
+                t[dec & (dtypes == dt)],
+                bandwidth,
+                {k: v[dtypes[dec] == dt] for k, v in extras.items()},
+            )
+            for dt in sorted(set(dtypes[dec]))
+        }
     if "kv_write_ms" in rows:
         tokens = np.where(pre, np.asarray(rows["chunk_tokens"], dtype=float), f["batch"])
-        out["kv_write"] = fit_linear({"per_prefill_token_s": np.where(pre, tokens, 0),
-                                      "per_decode_token_s": np.where(pre, 0, tokens)},
-                                     np.asarray(rows["kv_write_ms"], dtype=float) * 1e-3)
+        out["kv_write"] = fit_linear(
+            {"per_prefill_token_s": np.where(pre, tokens, 0), "per_decode_token_s": np.where(pre, 0, tokens)},
+            np.asarray(rows["kv_write_ms"], dtype=float) * 1e-3,
+        )
     return out
 
 
@@ -214,10 +245,11 @@ def predict_attention(fit: dict, rows: dict, shape: dict, peak_flops: float, ban
     pre = np.asarray(rows["phase"]) == "prefill"
     cached = pre & (np.asarray(rows["context"]) > 0)
     fresh_t = predict_ramp(fit["prefill_fresh"], f["flops"], peak_flops)
-    cached_t = (predict_ramp(fit["prefill_cached"], f["flops"], peak_flops)
-                if fit.get("prefill_cached") else fresh_t)
+    cached_t = predict_ramp(fit["prefill_cached"], f["flops"], peak_flops) if fit.get("prefill_cached") else fresh_t
     extras = {"per_seq_s": f["batch"], "per_block_s": f["blocks"]}
     dec_t = predict_ramp(fit["decode"], f["kv_bytes"], bandwidth, extras)
     for dt, dfit in fit.get("decode_by_dtype", {}).items():
-        dec_t = np.where(np.asarray(rows["kv_dtype"]) == dt, predict_ramp(dfit, f["kv_bytes"], bandwidth, extras), dec_t)
+        dec_t = np.where(
+            np.asarray(rows["kv_dtype"]) == dt, predict_ramp(dfit, f["kv_bytes"], bandwidth, extras), dec_t
+        )
     return np.where(cached, cached_t, np.where(pre, fresh_t, dec_t))

@@ -16,6 +16,7 @@ expected distinct experts at each token count of the grid, one grouped GEMM per
 projection. A model that gives active_params without its experts gets a
 dense-equivalent MLP width matching those active parameters instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvsim.config.errors import InputError
-from kvsim.cost.fit import (ELEMENTWISE_OPS, GEMM_OPS, LINEAR_OPS, elementwise_bytes_per_token, gemm_kn,
-                    gemm_work, predict_elementwise, predict_gemm)
+from kvsim.cost.fit import (
+    ELEMENTWISE_OPS,
+    GEMM_OPS,
+    LINEAR_OPS,
+    elementwise_bytes_per_token,
+    gemm_kn,
+    gemm_work,
+    predict_elementwise,
+    predict_gemm,
+)
 from kvsim.cost.moe import MOE_OPS, act_width, moe_mlp_seconds
 from kvsim.cost.profiles import FORMAT, SHIPPED, Profile, load_profile, shipped_meta, shipped_names
 from kvsim.model.specs import GPUSpec, ModelSpec
@@ -45,31 +54,45 @@ def token_grid(max_tokens: int = 32768, per_octave: int = 16) -> list[int]:
     """1, 2, 4, 8, then `per_octave` points per doubling, rounded to multiples of 8."""
     pts = {1, 2, 4, 8}
     k = 3.0
-    while 2 ** k <= max_tokens:
-        pts.add(int(round(2 ** k / 8) * 8))
+    while 2**k <= max_tokens:
+        pts.add(int(round(2**k / 8) * 8))
         k += 1 / per_octave
     return sorted(pts | {max_tokens})
 
 
 def model_shape(model: ModelSpec) -> dict:
     """The layer shapes the cost model needs, including the two inferred fields."""
-    h, heads, kv, d, f = (model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
-                          model.intermediate_size)
+    h, heads, kv, d, f = (
+        model.hidden_size,
+        model.num_heads,
+        model.num_kv_heads,
+        model.head_dim,
+        model.intermediate_size,
+    )
     shape = {k: getattr(model, k) for k in SHAPE_KEYS} | {"name": model.name, "vocab_size": model.vocab_size}
     if model.alibi:
-        shape["rope"] = False      # ALiBi adds its bias inside attention: no rotary kernel
+        shape["rope"] = False  # ALiBi adds its bias inside attention: no rotary kernel
     if model.is_mla:
         shape |= {"kv_lora_rank": model.kv_lora_rank, "qk_rope_head_dim": model.qk_rope_head_dim}
-    attn = h * d * (2 * heads + 2 * kv)                # q, o and the K, V projections
-    if model.is_mla:   # q, latent down-projection, latent up to K and V, o
-        attn = h * heads * d + h * (model.kv_lora_rank + model.qk_rope_head_dim) \
-            + model.kv_lora_rank * heads * 2 * d + heads * d * h
-        shape["qkv_width"] = attn // h - heads * d     # one GEMM standing for q and the latent
+    attn = h * d * (2 * heads + 2 * kv)  # q, o and the K, V projections
+    if model.is_mla:  # q, latent down-projection, latent up to K and V, o
+        attn = (
+            h * heads * d
+            + h * (model.kv_lora_rank + model.qk_rope_head_dim)
+            + model.kv_lora_rank * heads * 2 * d
+            + heads * d * h
+        )
+        shape["qkv_width"] = attn // h - heads * d  # one GEMM standing for q and the latent
     emb = 2 * model.vocab_size * h
     if model.is_moe:
-        shape |= {"num_experts": model.num_experts, "experts_per_token": model.experts_per_token,
-                  "moe_intermediate_size": model.expert_ffn, "shared_expert_size": model.shared_expert_size,
-                  "dense_layers": model.dense_layers, "gated_mlp": True}
+        shape |= {
+            "num_experts": model.num_experts,
+            "experts_per_token": model.experts_per_token,
+            "moe_intermediate_size": model.expert_ffn,
+            "shared_expert_size": model.shared_expert_size,
+            "dense_layers": model.dense_layers,
+            "gated_mlp": True,
+        }
         shape["mlp_act_width"] = act_width(shape)
     elif model.active_params:
         per_layer = (model.active_params - emb) / model.num_layers - attn
@@ -85,8 +108,9 @@ def model_shape(model: ModelSpec) -> dict:
 
 def same_shape(a: dict, b: dict) -> bool:
     """The same layer shapes: a dense profile never stands for a MoE model of equal widths."""
-    return (all(int(a.get(k, -1)) == int(b.get(k, -2)) for k in SHAPE_KEYS)
-            and all(int(a.get(k) or 0) == int(b.get(k) or 0) for k in MOE_KEYS))
+    return all(int(a.get(k, -1)) == int(b.get(k, -2)) for k in SHAPE_KEYS) and all(
+        int(a.get(k) or 0) == int(b.get(k) or 0) for k in MOE_KEYS
+    )
 
 
 @lru_cache(maxsize=None)
@@ -111,16 +135,18 @@ def fits_for(gpu: GPUSpec) -> dict | None:
     sibling = fits.get(SIBLINGS.get(gpu.name, ""))
     if sibling is None:
         return None
-    return sibling | {"bandwidth": gpu.hbm_tb_s * 1e12, "scaled_from": SIBLINGS[gpu.name],
-                      "device": f"{sibling['device']}, scaled to {gpu.name}'s {gpu.hbm_tb_s} TB/s HBM"}
+    return sibling | {
+        "bandwidth": gpu.hbm_tb_s * 1e12,
+        "scaled_from": SIBLINGS[gpu.name],
+        "device": f"{sibling['device']}, scaled to {gpu.name}'s {gpu.hbm_tb_s} TB/s HBM",
+    }
 
 
 def find_shipped(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
     """The shipped profile of this GPU whose layer shapes match; the same model name first."""
     shape = model_shape(model)
     metas = {name: shipped_meta(name) for name in shipped_names()}
-    found = [name for name, meta in metas.items()
-             if meta["gpu"] == gpu.name and same_shape(meta["model"], shape)]
+    found = [name for name, meta in metas.items() if meta["gpu"] == gpu.name and same_shape(meta["model"], shape)]
     found.sort(key=lambda name: metas[name]["model"].get("name") != model.name)
     return load_profile(found[0]) if found else None
 
@@ -128,6 +154,7 @@ def find_shipped(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
 def predict_linear(fits: dict, shape: dict, tps=TP_GRID, tokens=None) -> pd.DataFrame:
     """Per-op milliseconds on a (tp, tokens) grid from one GPU's fitted shape model."""
     import pandas as pd
+
     tokens = np.array(tokens or token_grid())
     peak, bw = fits["peak_flops"], fits["bandwidth"]
     frames = []
@@ -155,32 +182,49 @@ def synthesize(model: ModelSpec, gpu: GPUSpec) -> Profile | None:
     if fits is None:
         return None
     shape = model_shape(model)
-    how = (f"the {fits['scaled_from']} shape model scaled by HBM bandwidth" if "scaled_from" in fits
-           else f"the {gpu.name} GEMM/elementwise shape model")
+    how = (
+        f"the {fits['scaled_from']} shape model scaled by HBM bandwidth"
+        if "scaled_from" in fits
+        else f"the {gpu.name} GEMM/elementwise shape model"
+    )
     meta = {
-        "format": FORMAT, "name": f"{gpu.name}-{model.name}-predicted", "gpu": gpu.name,
-        "device": fits["device"], "model": shape, "dtype": "bf16",
-        "origin": {"linear": f"predicted by {how} (fitted on {', '.join(fits['models'])})"
-                             + ("; MoE MLP by the experts each token count touches" if model.is_moe else ""),
-                   "attention": fits["attention_origin"]},
-        "attention": fits["attention"], "allreduce": fits["allreduce"],
-        "peak_flops": fits["peak_flops"], "bandwidth": fits["bandwidth"],
-        "label": f"predicted:{gpu.name}/{model.name} (" + (f"{fits['scaled_from']} shape model, HBM-scaled)"
-                                                          if "scaled_from" in fits else "GPU shape model)"),
-        "step_overhead_s": fits["step_overhead_s"], "source": fits["source"],
+        "format": FORMAT,
+        "name": f"{gpu.name}-{model.name}-predicted",
+        "gpu": gpu.name,
+        "device": fits["device"],
+        "model": shape,
+        "dtype": "bf16",
+        "origin": {
+            "linear": f"predicted by {how} (fitted on {', '.join(fits['models'])})"
+            + ("; MoE MLP by the experts each token count touches" if model.is_moe else ""),
+            "attention": fits["attention_origin"],
+        },
+        "attention": fits["attention"],
+        "allreduce": fits["allreduce"],
+        "peak_flops": fits["peak_flops"],
+        "bandwidth": fits["bandwidth"],
+        "label": f"predicted:{gpu.name}/{model.name} ("
+        + (f"{fits['scaled_from']} shape model, HBM-scaled)" if "scaled_from" in fits else "GPU shape model)"),
+        "step_overhead_s": fits["step_overhead_s"],
+        "source": fits["source"],
         "license": fits["license"],
     }
     return Profile(meta, predict_linear(fits, shape))
 
 
-def check_profile(ref: str, model: ModelSpec, base_dir: Path, src: str,
-                  field_name: str = "cost_model.profile") -> Profile:
+def check_profile(
+    ref: str, model: ModelSpec, base_dir: Path, src: str, field_name: str = "cost_model.profile"
+) -> Profile:
     """Load a profile named in a scenario (or on the command line) and check it fits the model."""
     prof = load_profile(ref, base_dir, src, field_name)
     shape = model_shape(model)
     if not same_shape(prof.meta["model"], shape):
         have = ", ".join(f"{k} {prof.meta['model'].get(k)}" for k in SHAPE_KEYS)
-        raise InputError(src, field_name, f"profile '{prof.name}' was measured for "
-                         f"{prof.meta['model'].get('name', '?')} ({have}), not {model.name}; "
-                         "use a profile of this model or cost_model: calibrated")
+        raise InputError(
+            src,
+            field_name,
+            f"profile '{prof.name}' was measured for "
+            f"{prof.meta['model'].get('name', '?')} ({have}), not {model.name}; "
+            "use a profile of this model or cost_model: calibrated",
+        )
     return prof

@@ -21,16 +21,16 @@ min(2 x max_num_seqs, 512) (1024 on data-centre Blackwell GPUs) and never beyond
 max_num_batched_tokens, plus max_num_batched_tokens and max_num_seqs themselves where
 they fit under that ceiling.
 """
+
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
 
-DEFAULT_CEILING = 512          # 1024 on data-centre Blackwell (not among kvsim's GPUs)
+DEFAULT_CEILING = 512  # 1024 on data-centre Blackwell (not among kvsim's GPUs)
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
-                  ceiling: int = DEFAULT_CEILING) -> tuple[int, ...]:
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, ceiling: int = DEFAULT_CEILING) -> tuple[int, ...]:
     """vLLM 0.33.0's default capture sizes for one token per decoding sequence."""
     top = min(2 * max_num_seqs, ceiling)
     decode = [max_num_seqs] if max_num_seqs <= top else []
@@ -47,6 +47,7 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
 @dataclass(frozen=True)
 class CudaGraphs:
     """The captured sizes of one engine configuration and the mode of each step."""
+
     sizes: tuple[int, ...]
 
     @classmethod
@@ -59,7 +60,7 @@ class CudaGraphs:
         return self.sizes[i] if i < len(self.sizes) else None
 
     def mode(self, tokens: int, sequences: int) -> str:
-        """"full", "piecewise" or "eager" for a step of `tokens` over `sequences` (see the
+        """ "full", "piecewise" or "eager" for a step of `tokens` over `sequences` (see the
         module docstring). A batch is uniform when every sequence computes one token, as
         vLLM's model runner tests it (a prompt chunk of one token counts as a decode)."""
         if self.padded(tokens) is None:

@@ -16,6 +16,7 @@ by part and adds the engine's overhead and tensor-parallel communication
 (kvsim.cost.overhead, fitted on measured serving steps); `make_cost_model` turns the
 scenario's `cost_model` into one of the two.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,7 +32,7 @@ from kvsim.cost.engine_terms import ApiServer
 from kvsim.cost.moe import expected_experts
 from kvsim.model.specs import GPUSpec, KVSpec, ModelSpec
 
-DEFAULT_LIMITS = (1024, 8192)     # vLLM V1's max_num_seqs, max_num_batched_tokens on a large GPU
+DEFAULT_LIMITS = (1024, 8192)  # vLLM V1's max_num_seqs, max_num_batched_tokens on a large GPU
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Decodes:
     """Decoding sequences given only in sum (kvsim.sim.lazy's): how many, the tokens their
     contexts hold together, and how many blocks of `block_size` those contexts fill
     (each context rounded up; 0 when block_size is None)."""
+
     count: int
     total: int
     blocks: int = 0
@@ -55,6 +57,7 @@ class StepBatch:
     read the decodes only through `decodes`, `decode_total` and `decode_blocks`, which
     are exact integers however the decodes are given.
     """
+
     prefills: tuple[tuple[int, int], ...]
     decode_contexts: tuple[int, ...]
     extra: Decodes | None = None
@@ -78,8 +81,9 @@ class StepBatch:
         blocks = sum(-(-c // block_size) for c in self.decode_contexts)
         if self.extra and self.extra.count:
             if self.extra.block_size != block_size:
-                raise ValueError(f"decodes counted in blocks of {self.extra.block_size}, "
-                                 f"asked for blocks of {block_size}")
+                raise ValueError(
+                    f"decodes counted in blocks of {self.extra.block_size}, asked for blocks of {block_size}"
+                )
             blocks += self.extra.blocks
         return blocks
 
@@ -101,8 +105,9 @@ class StepBatch:
 
 class CostModel(Protocol):
     """What the step loop and the reports ask of a step-cost model."""
+
     label: str
-    measured_kv_dtypes: tuple[str, ...]    # quantized KV dtypes whose dequantizing it timed
+    measured_kv_dtypes: tuple[str, ...]  # quantized KV dtypes whose dequantizing it timed
 
     @property
     def block_size(self) -> int | None:
@@ -140,6 +145,7 @@ _DESCRIBED = re.compile(r"^(?P<label>.*?) \[extrapolated in (?P<n>\d+)/(?P<steps
 class Described(NamedTuple):
     """describe() read back: the model's label, how many of a run's steps it priced
     beyond measured ranges, of how many, and why."""
+
     label: str
     extrapolated: int
     steps: int
@@ -160,22 +166,21 @@ class NoProfile(LookupError):
 
 class Roofline:
     label = "roofline"
-    block_size = None          # contexts priced token by token
-    api = None                 # no server in a roofline
-    measured_kv_dtypes: tuple[str, ...] = ()     # it prices bytes and FLOPs, no dequantization
+    block_size = None  # contexts priced token by token
+    api = None  # no server in a roofline
+    measured_kv_dtypes: tuple[str, ...] = ()  # it prices bytes and FLOPs, no dequantization
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int):
         self.tp = tp
         self.peak_flops = gpu.bf16_tflops * 1e12
         self.bandwidth = gpu.hbm_tb_s * 1e12
         self.weight_bytes = model.weight_bytes()
-        self.flops_per_token = 2 * model.flop_params        # one multiply-add per weight
+        self.flops_per_token = 2 * model.flop_params  # one multiply-add per weight
         self.moe = None
-        if model.is_moe:      # (bytes of the weights every step reads, of one layer's expert, ...)
+        if model.is_moe:  # (bytes of the weights every step reads, of one layer's expert, ...)
             per_param = model.expert_bytes_per_param
             self.weight_bytes -= model.routed_params * per_param
-            self.moe = (model.moe_layers * model.expert_params * per_param,
-                        model.experts_per_token, model.num_experts)
+            self.moe = (model.moe_layers * model.expert_params * per_param, model.experts_per_token, model.num_experts)
         # QK^T and PV: two matmuls, 2 FLOPs per multiply-add, over every query head.
         self.flops_per_pair = 4 * model.num_layers * model.num_heads * model.head_dim
         self.kv_bytes_per_token = kv.bytes_per_token
@@ -184,7 +189,7 @@ class Roofline:
         return self.step_time(batch), ()
 
     def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
-        return {"roofline": self.step_time(batch)}, ()     # a bound, in one piece
+        return {"roofline": self.step_time(batch)}, ()  # a bound, in one piece
 
     def step_time(self, batch: StepBatch) -> float:
         new_tokens = batch.new_tokens
@@ -225,9 +230,17 @@ class Profiled:
     (kvsim.sim.loop), so this object keeps no history and `label` is fixed.
     """
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, profile=None,
-                 block_size: int | None = None, overhead: Overhead | None = None,
-                 limits: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        kv: KVSpec,
+        tp: int,
+        profile=None,
+        block_size: int | None = None,
+        overhead: Overhead | None = None,
+        limits: tuple[int, int] | None = None,
+    ):
         profile = profile or find_shipped(model, gpu) or synthesize(model, gpu)
         if profile is None:
             raise NoProfile(f"{gpu.name}/{model.name}")
@@ -238,15 +251,16 @@ class Profiled:
         # Attention efficiencies are relative to the peaks they were fitted against.
         self.peak = meta.get("peak_flops", gpu.bf16_tflops * 1e12)
         self.bw = meta.get("bandwidth", gpu.hbm_tb_s * 1e12)
-        bits = kv.bytes_per_token * 8 / model.kv_elements_per_token    # scales included
+        bits = kv.bytes_per_token * 8 / model.kv_elements_per_token  # scales included
         self.kv_per_token = kv_bytes_per_token(self.shape, tp, bits)
         self.flops_per_pair = 4 * self.shape["num_heads"] / tp * self.shape["head_dim"]
         self.att = meta["attention"]
         by_dtype = self.att.get("decode_by_dtype", {})
-        dt = kv.kv_cache_dtype.split("_")[0]          # fp8_e4m3 -> fp8
-        self.decode_fit = by_dtype.get(dt) or by_dtype.get({"bf16": "fp16", "fp16": "bf16"}.get(dt)) \
-            or self.att["decode"]
-        self.measured_kv_dtypes = tuple(by_dtype)    # whose dequantizing the profile timed
+        dt = kv.kv_cache_dtype.split("_")[0]  # fp8_e4m3 -> fp8
+        self.decode_fit = (
+            by_dtype.get(dt) or by_dtype.get({"bf16": "fp16", "fp16": "bf16"}.get(dt)) or self.att["decode"]
+        )
+        self.measured_kv_dtypes = tuple(by_dtype)  # whose dequantizing the profile timed
         ar = meta["allreduce"]
         profile_comm = Comm(latency_s=ar["latency_s"], bus_gb_s=ar["bus_gb_s"])
         if overhead is None:
@@ -264,9 +278,9 @@ class Profiled:
         base = meta.get("label", f"profile:{profile.name}")
         base = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
         self.label = f"{base} + {self.overhead.label}"
-        self._comm: dict[int, float] = {}       # memos by token count, (sequences, tokens)
+        self._comm: dict[int, float] = {}  # memos by token count, (sequences, tokens)
         self._outside: dict[tuple[int, int], list[str]] = {}
-        self._linear: dict[int, tuple] = {}     # memos by token / sequence count
+        self._linear: dict[int, tuple] = {}  # memos by token / sequence count
         self._lm_head: dict[int, tuple] = {}
 
     def _ops(self, tokens: int, ops) -> tuple[float, list[str]]:
@@ -284,10 +298,12 @@ class Profiled:
         seqs = len(batch.prefills) + decodes
         why: list[str] = []
         padded = self.graphs.padded(n) if self.graphs else None
-        run = padded or n              # the tokens the linear ops compute on
+        run = padded or n  # the tokens the linear ops compute on
         if run not in self._linear:
-            self._linear[run] = (*self._ops(run, [o for o in LINEAR_OPS if o not in PER_STEP_OPS]),
-                                 self._ops(run, ["emb"])[0])
+            self._linear[run] = (
+                *self._ops(run, [o for o in LINEAR_OPS if o not in PER_STEP_OPS]),
+                self._ops(run, ["emb"])[0],
+            )
         layer_linear, lwhy, emb = self._linear[run]
         if seqs not in self._lm_head:
             self._lm_head[seqs] = self._ops(seqs, ["lm_head"])
@@ -295,31 +311,50 @@ class Profiled:
         why += lwhy + hwhy
         fresh = sum(c * (c + 1) / 2 for c, ctx in batch.prefills if ctx == 0) * self.flops_per_pair
         cached = sum(c * (ctx + (c + 1) / 2) for c, ctx in batch.prefills if ctx) * self.flops_per_pair
-        prefill = ((self._ramp("prefill_fresh", fresh, self.peak, why=why) if fresh else 0.0)
-                   + (self._ramp("prefill_cached", cached, self.peak, why=why) if cached else 0.0))
+        prefill = (self._ramp("prefill_fresh", fresh, self.peak, why=why) if fresh else 0.0) + (
+            self._ramp("prefill_cached", cached, self.peak, why=why) if cached else 0.0
+        )
         decode = 0.0
         if decodes:
             d = self.decode_fit
             blocks = batch.decode_blocks(self.block_size) if self.block_size else decodes
-            decode = self._ramp("decode", batch.decode_total * self.kv_per_token, self.bw, why=why,
-                                extra=d.get("per_seq_s", 0.0) * decodes + d.get("per_block_s", 0.0) * blocks)
+            decode = self._ramp(
+                "decode",
+                batch.decode_total * self.kv_per_token,
+                self.bw,
+                why=why,
+                extra=d.get("per_seq_s", 0.0) * decodes + d.get("per_block_s", 0.0) * blocks,
+            )
         w = self.att.get("kv_write") or {}
         pre_tokens = n - decodes
-        kv_write = (w.get("a_s", 0.0) + w.get("per_prefill_token_s", 0.0) * pre_tokens
-                    + w.get("per_decode_token_s", 0.0) * decodes) if w else 0.0
+        kv_write = (
+            (
+                w.get("a_s", 0.0)
+                + w.get("per_prefill_token_s", 0.0) * pre_tokens
+                + w.get("per_decode_token_s", 0.0) * decodes
+            )
+            if w
+            else 0.0
+        )
         if run not in self._comm:
             self._comm[run] = self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], run)
         if (seqs, n) not in self._outside:
             self._outside[seqs, n] = self.overhead.outside(self.tp, seqs, n)
         why += self._outside[seqs, n]
         L = self.layers
-        parts = {"linear": L * layer_linear, "attention_prefill": L * prefill, "attention_decode": L * decode,
-                 "kv_write": L * kv_write, "allreduce": self._comm[run], "embedding": emb,
-                 "lm_head": lm_head}
+        parts = {
+            "linear": L * layer_linear,
+            "attention_prefill": L * prefill,
+            "attention_decode": L * decode,
+            "kv_write": L * kv_write,
+            "allreduce": self._comm[run],
+            "embedding": emb,
+            "lm_head": lm_head,
+        }
         for part, factor in self.scale.items():
             parts[part] *= factor
         device = sum(parts.values())
-        if padded is None:             # every kernel launched by the CPU
+        if padded is None:  # every kernel launched by the CPU
             launch = self.overhead.launch_wait(L, device)
         elif self.graphs is not None and self.graphs.mode(n, seqs) == "piecewise":
             launch = L * self.piecewise_per_layer_s
@@ -344,7 +379,10 @@ class Profiled:
         return self.price(batch)[0]
 
 
-ENGINE_DEFAULTS: dict[tuple[str | None, str], str] = {("vllm-v1", "h100-80gb"): VLLM_V1_H100, ("vllm-v1", "h200"): VLLM_V1_H100}
+ENGINE_DEFAULTS: dict[tuple[str | None, str], str] = {
+    ("vllm-v1", "h100-80gb"): VLLM_V1_H100,
+    ("vllm-v1", "h200"): VLLM_V1_H100,
+}
 
 
 def default_overhead(engine: str | None, gpu: str) -> Overhead:
@@ -354,16 +392,18 @@ def default_overhead(engine: str | None, gpu: str) -> Overhead:
     return load_overhead(ENGINE_DEFAULTS.get((engine, gpu), DEFAULT))
 
 
-def choose_overhead(choice, base_dir=".", src: str = "scenario", engine: str | None = None,
-                    gpu: str = "") -> Overhead:
+def choose_overhead(choice, base_dir=".", src: str = "scenario", engine: str | None = None, gpu: str = "") -> Overhead:
     """The engine overhead a cost_model asks for: the default for this engine and GPU
     (`default_overhead`) unless it names one."""
     given = getattr(choice, "overhead", None)
     ms = getattr(choice, "step_overhead_ms", None)
-    if ms is not None:     # the deprecated spelling of overhead: {step_ms: X}
+    if ms is not None:  # the deprecated spelling of overhead: {step_ms: X}
         if given is not None:
-            raise InputError(src, "cost_model.step_overhead_ms", "give overhead: {step_ms: X} "
-                             "(step_overhead_ms is its deprecated spelling), not both")
+            raise InputError(
+                src,
+                "cost_model.step_overhead_ms",
+                "give overhead: {step_ms: X} (step_overhead_ms is its deprecated spelling), not both",
+            )
         return inline(step_ms=ms)
     if given is None:
         return default_overhead(engine, gpu)
@@ -372,9 +412,19 @@ def choose_overhead(choice, base_dir=".", src: str = "scenario", engine: str | N
     return inline(**given.model_dump())
 
 
-def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int, *,
-                    block_size: int | None = None, base_dir=".", src: str = "scenario",
-                    engine: str | None = None, limits: tuple[int, int] | None = None) -> CostModel:
+def make_cost_model(
+    choice,
+    model: ModelSpec,
+    gpu: GPUSpec,
+    kv: KVSpec,
+    tp: int,
+    *,
+    block_size: int | None = None,
+    base_dir=".",
+    src: str = "scenario",
+    engine: str | None = None,
+    limits: tuple[int, int] | None = None,
+) -> CostModel:
     """The scenario's cost_model: "roofline", "calibrated" (the shipped profile for this GPU
     and model, else one predicted from the GPU's fits, else roofline, named as the
     fallback; plus the shipped engine overhead), or {profile: NAME_OR_PATH, overhead:
@@ -390,9 +440,10 @@ def make_cost_model(choice, model: ModelSpec, gpu: GPUSpec, kv: KVSpec, tp: int,
     except KeyError as e:
         if ref is None:
             raise
-        raise InputError(str(ref), "meta.json", f"has no {e.args[0]!r}: not a complete kvsim "
-                         "profile (see kvsim/cost/profiles.py)") from None
-    except NoProfile as e:     # only a missing profile falls back, never a broken one
+        raise InputError(
+            str(ref), "meta.json", f"has no {e.args[0]!r}: not a complete kvsim profile (see kvsim/cost/profiles.py)"
+        ) from None
+    except NoProfile as e:  # only a missing profile falls back, never a broken one
         fallback = Roofline(model, gpu, kv, tp)
         fallback.label = f"roofline (no profile for {e.args[0]})"
         return fallback

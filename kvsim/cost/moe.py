@@ -31,6 +31,7 @@ timed by the GPU's fitted GEMM form (kvsim.cost.fit). Shared experts (DeepSeek,
 Qwen-MoE) are a dense MLP every token runs; the router (hidden -> E, not split by tp)
 is one small GEMM; DeepSeek's first dense layers are averaged in.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -49,6 +49,7 @@ runs the profile's linear ops as they were measured or at their envelope, every 
 slower than a larger one (kvsim.cost.profiles.Profile.ops_time), for an engine whose
 library picks its GEMM kernels unlike the one the profile was measured with.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,16 +63,17 @@ from kvsim.model.specs import GPU_PRESETS, GPUSpec
 
 FORMAT = "kvsim-overhead/2"
 GRAPH_FORMAT = "kvsim-overhead/3"
-FORMATS = ("kvsim-overhead/1", FORMAT, GRAPH_FORMAT)     # /1: no launch_per_layer_ms (0)
+FORMATS = ("kvsim-overhead/1", FORMAT, GRAPH_FORMAT)  # /1: no launch_per_layer_ms (0)
 SHIPPED = Path(__file__).parent.parent / "data" / "overheads"
-DEFAULT = "splitwise-a100-v2"     # what `calibrated` adds to the kernels (kvsim.cost.model.default_overhead) ...
+DEFAULT = "splitwise-a100-v2"  # what `calibrated` adds to the kernels (kvsim.cost.model.default_overhead) ...
 VLLM_V1_H100 = "vllm-v1-h100-v1"  # ... and for vLLM V1 on an H100 or H200
-ACT_BYTES = 2                     # fp16/bf16 activations
+ACT_BYTES = 2  # fp16/bf16 activations
 
 
 @dataclass(frozen=True)
 class Comm:
     """Two all-reduces per layer, ring-shaped (see the module docstring)."""
+
     latency_s: float = 0.0
     latency_per_hop_s: float = 0.0
     bus_gb_s: float = float("inf")
@@ -82,9 +84,8 @@ class Comm:
         """All-reduce time of one step over every layer."""
         if tp <= 1:
             return 0.0
-        ring = 2 * (tp - 1) / tp * hidden * ACT_BYTES        # bytes per token per GPU
-        one = (self.latency_s + self.latency_per_hop_s * (tp - 1)
-               + ring * tokens / (self.bus_gb_s * 1e9))
+        ring = 2 * (tp - 1) / tp * hidden * ACT_BYTES  # bytes per token per GPU
+        one = self.latency_s + self.latency_per_hop_s * (tp - 1) + ring * tokens / (self.bus_gb_s * 1e9)
         if self.large_step_tokens is not None and tokens > self.large_step_tokens:
             assert self.large_step_bus_gb_s is not None, "large_step_tokens comes with large_step_bus_gb_s"
             one += ring * (tokens - self.large_step_tokens) / (self.large_step_bus_gb_s * 1e9)
@@ -101,33 +102,38 @@ class Overhead:
     """Host time per step, the CPU time to launch each layer (hidden behind device work
     when the device is slower) and, when fitted, tensor-parallel communication (None: keep
     the profile's all-reduce). `label` names it in a run's cost_model column."""
+
     label: str
     step_s: float = 0.0
     per_seq_s: float = 0.0
     per_prefill_token_s: float = 0.0
     comm: Comm | None = None
-    gpu: str | None = None        # the GPU it was measured on
-    ranges: tuple = ()            # (what, low, high): the measured steps' tp, seqs, new_tokens
+    gpu: str | None = None  # the GPU it was measured on
+    ranges: tuple = ()  # (what, low, high): the measured steps' tp, seqs, new_tokens
     launch_per_layer_s: float = 0.0
-    graphs: GraphTerms | None = None     # None: every step launches its kernels (no CUDA graphs)
-    kernels: tuple[tuple[str, float], ...] = ()   # (part, factor) on the profile's kernel times
-    api: ApiServer | None = None         # what the HTTP server adds to each request
-    linear: str = "measured"             # the profile's linear ops as measured, or their envelope
+    graphs: GraphTerms | None = None  # None: every step launches its kernels (no CUDA graphs)
+    kernels: tuple[tuple[str, float], ...] = ()  # (part, factor) on the profile's kernel times
+    api: ApiServer | None = None  # what the HTTP server adds to each request
+    linear: str = "measured"  # the profile's linear ops as measured, or their envelope
 
     def outside(self, tp: int, seqs: int, tokens: int) -> list[str]:
         """Why a step lies outside the measured steps (linear extrapolation), if it does."""
         here = {"tp": tp, "seqs": seqs, "new_tokens": tokens}
-        units = {"seqs": "sequences", "new_tokens": "tokens"}   # one reason per side, not per value
+        units = {"seqs": "sequences", "new_tokens": "tokens"}  # one reason per side, not per value
 
         def why(k, lo, hi):
             if k == "tp":
                 return f"engine overhead at tp {tp} (measured {lo}-{hi})"
             return f"engine overhead at {'more' if here[k] > hi else 'fewer'} {units[k]} than measured ({lo}-{hi})"
+
         return [why(k, lo, hi) for k, lo, hi in self.ranges if not lo <= here[k] <= hi]
 
     def host(self, seqs: int, prefill_tokens: int) -> dict[str, float]:
-        return {"overhead_step": self.step_s, "overhead_seqs": self.per_seq_s * seqs,
-                "overhead_prompt_tokens": self.per_prefill_token_s * prefill_tokens}
+        return {
+            "overhead_step": self.step_s,
+            "overhead_seqs": self.per_seq_s * seqs,
+            "overhead_prompt_tokens": self.per_prefill_token_s * prefill_tokens,
+        }
 
     def launch_wait(self, layers: int, device_s: float) -> float:
         """Seconds the GPU waits for the CPU to launch a step's kernels: the launches beyond
@@ -156,16 +162,27 @@ def from_file(data: dict) -> Overhead:
     ranges = tuple((k, *data["range"][k]) for k in ("tp", "seqs", "new_tokens") if k in data.get("range", {}))
     graphs, api = data.get("graphs"), data.get("api")
     return Overhead(
-        label=f"overhead:{data['name']}", gpu=data["gpu"], step_s=host["step_ms"] * 1e-3,
-        per_seq_s=host["per_seq_ms"] * 1e-3, per_prefill_token_s=host["per_prefill_token_ms"] * 1e-3,
-        comm=None if comm is None else Comm(
-            latency_s=comm["latency_us"] * 1e-6, latency_per_hop_s=comm["latency_per_hop_us"] * 1e-6,
-            bus_gb_s=comm["bus_gb_s"], large_step_tokens=comm.get("large_step_tokens"),
-            large_step_bus_gb_s=comm.get("large_step_bus_gb_s")), ranges=ranges,
+        label=f"overhead:{data['name']}",
+        gpu=data["gpu"],
+        step_s=host["step_ms"] * 1e-3,
+        per_seq_s=host["per_seq_ms"] * 1e-3,
+        per_prefill_token_s=host["per_prefill_token_ms"] * 1e-3,
+        comm=None
+        if comm is None
+        else Comm(
+            latency_s=comm["latency_us"] * 1e-6,
+            latency_per_hop_s=comm["latency_per_hop_us"] * 1e-6,
+            bus_gb_s=comm["bus_gb_s"],
+            large_step_tokens=comm.get("large_step_tokens"),
+            large_step_bus_gb_s=comm.get("large_step_bus_gb_s"),
+        ),
+        ranges=ranges,
         launch_per_layer_s=host.get("launch_per_layer_ms", 0.0) * 1e-3,
         graphs=None if graphs is None else GraphTerms.from_doc(graphs),
         kernels=kernel_scales(data.get("kernels", {})),
-        api=None if api is None else ApiServer.from_doc(api), linear=_linear(data))
+        api=None if api is None else ApiServer.from_doc(api),
+        linear=_linear(data),
+    )
 
 
 LINEAR_READINGS = ("measured", "envelope")
@@ -178,14 +195,27 @@ def _linear(data: dict) -> str:
     return value
 
 
-def inline(step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0,
-           launch_per_layer_ms: float = 0.0) -> Overhead:
+def inline(
+    step_ms: float = 0.0, per_seq_ms: float = 0.0, per_prefill_token_ms: float = 0.0, launch_per_layer_ms: float = 0.0
+) -> Overhead:
     """A host overhead given in a scenario; communication stays the profile's."""
-    terms = [f"{k} {v:g} ms" for k, v in (("step", step_ms), ("per seq", per_seq_ms),
-                                          ("per prompt token", per_prefill_token_ms),
-                                          ("launch per layer", launch_per_layer_ms)) if v]
-    return Overhead(f"overhead:{', '.join(terms) or 'zero'}", step_ms * 1e-3, per_seq_ms * 1e-3,
-                    per_prefill_token_ms * 1e-3, launch_per_layer_s=launch_per_layer_ms * 1e-3)
+    terms = [
+        f"{k} {v:g} ms"
+        for k, v in (
+            ("step", step_ms),
+            ("per seq", per_seq_ms),
+            ("per prompt token", per_prefill_token_ms),
+            ("launch per layer", launch_per_layer_ms),
+        )
+        if v
+    ]
+    return Overhead(
+        f"overhead:{', '.join(terms) or 'zero'}",
+        step_ms * 1e-3,
+        per_seq_ms * 1e-3,
+        per_prefill_token_ms * 1e-3,
+        launch_per_layer_s=launch_per_layer_ms * 1e-3,
+    )
 
 
 def shipped_names() -> list[str]:
@@ -197,8 +227,9 @@ def shipped_document(name: str) -> dict:
     return json.loads((SHIPPED / f"{name}.json").read_text())
 
 
-def load_overhead(ref: str, base_dir: Path = Path("."), src: str = "command line",
-                  field_name: str = "--overhead") -> Overhead:
+def load_overhead(
+    ref: str, base_dir: Path = Path("."), src: str = "command line", field_name: str = "--overhead"
+) -> Overhead:
     """A shipped overhead by name, "none", or a kvsim-overhead JSON file (relative to base_dir)."""
     if ref == "none":
         return NONE
@@ -206,8 +237,11 @@ def load_overhead(ref: str, base_dir: Path = Path("."), src: str = "command line
         return from_file(shipped_document(ref))
     path = Path(base_dir) / ref
     if not path.is_file():
-        raise InputError(src, field_name, f"no overhead '{ref}': not none, a shipped overhead "
-                         f"({', '.join(shipped_names())}) or a file")
+        raise InputError(
+            src,
+            field_name,
+            f"no overhead '{ref}': not none, a shipped overhead ({', '.join(shipped_names())}) or a file",
+        )
     try:
         data = json.loads(path.read_text())
         if data.get("format") not in FORMATS:

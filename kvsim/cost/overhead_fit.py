@@ -27,6 +27,7 @@ apart with one layer count per tp: they enter as step_ms + 2 L x latency. The ho
 latency_per_hop x (tp - 1), is what separates them (it is zero at tp 1); it is an
 assumption, shaped like a ring all-reduce's 2 (tp - 1) steps.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +36,7 @@ import pandas as pd
 from kvsim.cost.overhead import ACT_BYTES, Comm, Overhead
 
 KNEES = tuple(range(1024, 4097, 512))
-LAUNCHES_MS = tuple(round(0.02 * i, 2) for i in range(41))     # per layer: 0-0.8 ms, refined to 0.002
+LAUNCHES_MS = tuple(round(0.02 * i, 2) for i in range(41))  # per layer: 0-0.8 ms, refined to 0.002
 HOST = ("step_ms", "per_seq_ms", "per_prefill_token_ms")
 POINT_COLUMNS = ("layers", "hidden", "tp", "seqs", "prefill_tokens", "new_tokens", "kernel_ms", "measured_ms")
 
@@ -66,10 +67,13 @@ def _columns(p: pd.DataFrame, knee: int, free_bus: bool) -> dict[str, np.ndarray
     """Each coefficient's column; the host terms first, then the device terms."""
     tp = p.tp.to_numpy(float)
     gb_per_token = 2 * p.layers.to_numpy(float) * 2 * (tp - 1) / tp * p.hidden.to_numpy(float) * ACT_BYTES / 1e9
-    cols = {"step_ms": np.ones(len(p)), "per_seq_ms": p.seqs.to_numpy(float),
-            "per_prefill_token_ms": p.prefill_tokens.to_numpy(float),
-            "latency_per_hop_ms": 2 * p.layers.to_numpy(float) * (tp - 1),
-            "ms_per_gb_large": gb_per_token * np.maximum(p.new_tokens.to_numpy(float) - knee, 0)}
+    cols = {
+        "step_ms": np.ones(len(p)),
+        "per_seq_ms": p.seqs.to_numpy(float),
+        "per_prefill_token_ms": p.prefill_tokens.to_numpy(float),
+        "latency_per_hop_ms": 2 * p.layers.to_numpy(float) * (tp - 1),
+        "ms_per_gb_large": gb_per_token * np.maximum(p.new_tokens.to_numpy(float) - knee, 0),
+    }
     if free_bus:
         cols["ms_per_gb"] = gb_per_token * p.new_tokens.to_numpy(float)
     return cols
@@ -77,9 +81,15 @@ def _columns(p: pd.DataFrame, knee: int, free_bus: bool) -> dict[str, np.ndarray
 
 def to_overhead(fit: dict, label: str = "overhead:fitted", gpu: str | None = None) -> Overhead:
     c, h = fit["comm"], fit["host"]
-    return Overhead(label, h["step_ms"] * 1e-3, h["per_seq_ms"] * 1e-3, h["per_prefill_token_ms"] * 1e-3,
-                    Comm(0.0, c["latency_per_hop_us"] * 1e-6, c["bus_gb_s"], c["large_step_tokens"],
-                         c["large_step_bus_gb_s"]), gpu, launch_per_layer_s=h.get("launch_per_layer_ms", 0.0) * 1e-3)
+    return Overhead(
+        label,
+        h["step_ms"] * 1e-3,
+        h["per_seq_ms"] * 1e-3,
+        h["per_prefill_token_ms"] * 1e-3,
+        Comm(0.0, c["latency_per_hop_us"] * 1e-6, c["bus_gb_s"], c["large_step_tokens"], c["large_step_bus_gb_s"]),
+        gpu,
+        launch_per_layer_s=h.get("launch_per_layer_ms", 0.0) * 1e-3,
+    )
 
 
 def predict(fit: dict, p: pd.DataFrame) -> np.ndarray:
@@ -105,9 +115,9 @@ def _fit_at(p: pd.DataFrame, knee: int, launch_ms: float, bus_gb_s: float | None
     measured, kernel = p.measured_ms.to_numpy(float), p.kernel_ms.to_numpy(float)
     launch = launch_ms * p.layers.to_numpy(float)
     w = 1 / measured
-    bound = np.zeros(len(p), bool)            # launch-bound points
+    bound = np.zeros(len(p), bool)  # launch-bound points
     best, seen = None, set()
-    while bound.tobytes() not in seen:        # stops when the regimes repeat
+    while bound.tobytes() not in seen:  # stops when the regimes repeat
         seen.add(bound.tobytes())
         a_here = np.where(bound[:, None] & device_terms[None, :], 0.0, a)
         y = measured - np.where(bound, launch, kernel + held)
@@ -139,10 +149,15 @@ def fit_overhead(p: pd.DataFrame, bus_gb_s: float | None = None, knees=KNEES, la
             e, cl = _fit_at(p, knee, here, bus_gb_s)
             if e < err:
                 err, launch, c = e, here, cl
-    fit = {"host": {**{k: float(c[k]) for k in HOST}, "launch_per_layer_ms": float(launch)},
-           "comm": {"latency_per_hop_us": float(c["latency_per_hop_ms"] * 1e3),
-                    "bus_gb_s": (_bandwidth(c["ms_per_gb"]) if bus_gb_s is None else float(bus_gb_s)),
-                    "large_step_tokens": int(knee), "large_step_bus_gb_s": _bandwidth(c["ms_per_gb_large"])}}
+    fit = {
+        "host": {**{k: float(c[k]) for k in HOST}, "launch_per_layer_ms": float(launch)},
+        "comm": {
+            "latency_per_hop_us": float(c["latency_per_hop_ms"] * 1e3),
+            "bus_gb_s": (_bandwidth(c["ms_per_gb"]) if bus_gb_s is None else float(bus_gb_s)),
+            "large_step_tokens": int(knee),
+            "large_step_bus_gb_s": _bandwidth(c["ms_per_gb_large"]),
+        },
+    }
     fit["mape"] = float(np.mean(np.abs(predict(fit, p) / p.measured_ms.to_numpy(float) - 1)))
     fit["points"] = len(p)
     return fit
@@ -172,17 +187,29 @@ def configurations(raw: pd.DataFrame, e2e_tolerance: float = 0.10) -> pd.DataFra
       their token_time is still a mean per decode step, over fewer steps, and is kept.
     """
     g = raw.groupby(CONFIG, as_index=False).agg(
-        repeats=("prompt_time", "size"), prompt_ms=("prompt_time", "median"),
-        token_ms=("token_time", "median"), e2e_ms=("e2e_time", "median"),
-        e2e_low_runs=("e2e_time", lambda s: int((s < 0.5 * s.median()).sum())))
+        repeats=("prompt_time", "size"),
+        prompt_ms=("prompt_time", "median"),
+        token_ms=("token_time", "median"),
+        e2e_ms=("e2e_time", "median"),
+        e2e_low_runs=("e2e_time", lambda s: int((s < 0.5 * s.median()).sum())),
+    )
     half = g.assign(batch_size=g.batch_size * 2).set_index(CONFIG).prompt_ms
     smaller = g.set_index(CONFIG).index.map(lambda k: half.get(k, np.nan)).to_numpy()
     g["prefill_excluded"] = g.prompt_ms.to_numpy() < smaller
     expected = g.prompt_ms + g.token_size * g.token_ms
     g["e2e_ratio"] = g.e2e_ms / expected
     g["decode_excluded"] = g.e2e_ratio > 1 + e2e_tolerance
-    g["why"] = [("; ".join(w for w, on in (
-        ("prefill faster than at half the batch: the batch was not prefilled as one", pe),
-        (f"e2e {r:.2f}x prefill + decode steps: time in other iterations (queueing, preemption)", de))
-        if on)) for pe, de, r in zip(g.prefill_excluded, g.decode_excluded, g.e2e_ratio)]
+    g["why"] = [
+        (
+            "; ".join(
+                w
+                for w, on in (
+                    ("prefill faster than at half the batch: the batch was not prefilled as one", pe),
+                    (f"e2e {r:.2f}x prefill + decode steps: time in other iterations (queueing, preemption)", de),
+                )
+                if on
+            )
+        )
+        for pe, de, r in zip(g.prefill_excluded, g.decode_excluded, g.e2e_ratio)
+    ]
     return g

@@ -23,6 +23,7 @@ the largest measured count, time grows in proportion to tokens from the last poi
 the nearest measured one (sharded ops by tp_measured / tp, replicated ops unchanged).
 Both are counted as extrapolation by the cost model, never silent.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -39,8 +40,18 @@ from kvsim.cost.fit import LINEAR_OPS
 FORMAT = "kvsim-profile/1"
 SHIPPED = Path(__file__).parent.parent / "data" / "profiles"
 REPLICATED_OPS = ("emb", "input_layernorm", "post_attention_layernorm", "add")
-ATTENTION_COLUMNS = ("phase", "tp", "batch_size", "chunk_tokens", "context", "block_size",
-                     "kv_dtype", "kv_bits", "time_ms", "kv_write_ms")
+ATTENTION_COLUMNS = (
+    "phase",
+    "tp",
+    "batch_size",
+    "chunk_tokens",
+    "context",
+    "block_size",
+    "kv_dtype",
+    "kv_bits",
+    "time_ms",
+    "kv_write_ms",
+)
 
 
 class Profile:
@@ -61,6 +72,7 @@ class Profile:
     def linear(self):
         if isinstance(self._linear, dict):
             import pandas as pd
+
             self._linear = pd.DataFrame(self._linear)
         return self._linear
 
@@ -68,6 +80,7 @@ class Profile:
     def attention_rows(self):
         if isinstance(self._attention, Path):
             import pandas as pd
+
             self._attention = pd.read_csv(self._attention)
         return self._attention
 
@@ -93,11 +106,14 @@ class Profile:
             if tp not in self._tables:
                 rows = np.flatnonzero(self._column("tp") == tp)
                 rows = rows[np.argsort(self._column("num_tokens")[rows], kind="stable")]
-                self._tables[tp] = ([int(n) for n in self._column("num_tokens")[rows]],
-                                    {op: [float(v) * 1e-3 for v in self._column(op)[rows]] for op in LINEAR_OPS})
+                self._tables[tp] = (
+                    [int(n) for n in self._column("num_tokens")[rows]],
+                    {op: [float(v) * 1e-3 for v in self._column(op)[rows]] for op in LINEAR_OPS},
+                )
             grid, table = self._tables[tp]
-            self._tables[tp, envelope] = (grid, {op: _envelope(ys) for op, ys in table.items()}) if envelope \
-                else (grid, table)
+            self._tables[tp, envelope] = (
+                (grid, {op: _envelope(ys) for op, ys in table.items()}) if envelope else (grid, table)
+            )
         return self._tables[tp, envelope]
 
     def op_time(self, op: str, tokens: float, tp: int, envelope: bool = False) -> tuple[float, str | None]:
@@ -159,16 +175,20 @@ def shipped_names() -> tuple[str, ...]:
     return tuple(sorted(p.parent.name for p in SHIPPED.glob("*/meta.json")))
 
 
-def load_profile(ref: str | Path, base_dir: Path = Path("."), src: str = "command line",
-                 field_name: str = "--profile") -> Profile:
+def load_profile(
+    ref: str | Path, base_dir: Path = Path("."), src: str = "command line", field_name: str = "--profile"
+) -> Profile:
     """A shipped profile by name, or a folder (relative to base_dir)."""
     ref = str(ref)
     if ref in shipped_names():
         return _shipped(ref)
     folder = Path(base_dir) / ref
     if not (folder / "meta.json").is_file():
-        raise InputError(src, field_name, f"no profile '{ref}': not a shipped profile "
-                         f"({', '.join(shipped_names())}) and no {folder / 'meta.json'}")
+        raise InputError(
+            src,
+            field_name,
+            f"no profile '{ref}': not a shipped profile ({', '.join(shipped_names())}) and no {folder / 'meta.json'}",
+        )
     return _read(folder.resolve(), src, field_name)
 
 
@@ -225,5 +245,6 @@ def save_profile(profile: Profile, folder: str | Path) -> Path:
     lin.to_csv(folder / "linear.csv", index=False, float_format="%.5g")
     if profile.attention_rows is not None:
         profile.attention_rows[list(ATTENTION_COLUMNS)].to_csv(
-            folder / "attention.csv", index=False, float_format="%.5g")
+            folder / "attention.csv", index=False, float_format="%.5g"
+        )
     return folder

@@ -5,6 +5,7 @@ Exports: ENGINES (the registry keyed by the scenario's `engine:`), make_rules; b
 the protocol each implements, and what they work with); each engine's defaults are
 kvsim.config.engine_defaults' (re-exported here).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -21,7 +22,7 @@ ENGINES: dict[str, Callable[[], EngineRules]] = {
     "vllm-v0": VllmV0,
     "vllm-v1": VllmV1,
     "sglang": SGLang,
-    "vllm-reference": VllmReferenceRules,    # vLLM 0.33.0's own scheduler (kvsim[vllm])
+    "vllm-reference": VllmReferenceRules,  # vLLM 0.33.0's own scheduler (kvsim[vllm])
     "trtllm": TensorRTLLM,
 }
 

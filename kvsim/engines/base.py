@@ -13,6 +13,7 @@ operation gives the same result either way.
 A request here (`Request`) is one request as the engine schedules it: where an engine
 runs parallel samples as requests of their own (`split_samples`), each sample is one.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,26 +29,27 @@ if TYPE_CHECKING:
     from kvsim.sim.waiting import WaitingQueue
     from kvsim.workload.requests import RequestSpec
 
-MAX_WIDTH = 64        # sequences per request; allocator ids are request id * 64 + k
+MAX_WIDTH = 64  # sequences per request; allocator ids are request id * 64 + k
 LIMITS = ("memory", "watermark", "max_num_seqs", "token_budget", "preemption", "arrivals")
 
 
 @dataclass(eq=False, slots=True)
 class Request:
     """The mutable life of one request (or one sample of it) in one policy's run."""
+
     spec: RequestSpec
     shape: SeqShape
-    target: int = 0          # tokens to prefill on (re)admission: prompt + generated
-    prefilled: int = 0       # tokens of `target` already computed
+    target: int = 0  # tokens to prefill on (re)admission: prompt + generated
+    prefilled: int = 0  # tokens of `target` already computed
     generated: int = 0
-    held: int = 0            # tokens whose KV the allocator holds for it
+    held: int = 0  # tokens whose KV the allocator holds for it
     preemptions: int = 0
-    swapped: bool = False    # KV sits in CPU memory, to be copied back on admission
-    ids: tuple[int, ...] = ()   # allocator ids of its sequences (one unless samples or beams)
+    swapped: bool = False  # KV sits in CPU memory, to be copied back on admission
+    ids: tuple[int, ...] = ()  # allocator ids of its sequences (one unless samples or beams)
     admitted_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan
-    outcome: str = ""        # "", "completed", "rejected" or "timed out"
+    outcome: str = ""  # "", "completed", "rejected" or "timed out"
     reason: str = ""
     # where a preemption stopped its tokens once they had begun: (last token before, first
     # token after) for each, what a streaming client sees as one long gap (kvsim.analysis.stages)
@@ -80,6 +82,7 @@ class Request:
 
 class Work(NamedTuple):
     """One request's part of a step: the new tokens it computes (a prefill chunk, or 1)."""
+
     req: Request
     tokens: int
 
@@ -87,19 +90,19 @@ class Work(NamedTuple):
 @dataclass
 class Step:
     """What one step computes (each request's Work, in running order) and what it waits for."""
+
     work: list[Work] = field(default_factory=list)
-    lazy: int = 0                        # decoding requests advanced in sum (kvsim.sim.lazy)
+    lazy: int = 0  # decoding requests advanced in sum (kvsim.sim.lazy)
     cost: StepBatch | None = None
-    swap_bytes: float = 0.0              # KV copied over PCIe (swap in and out)
-    load_s: float = 0.0                  # seconds of KV-tier loads the step waits for
-    rejected: list[Request] = field(default_factory=list)   # found unable to fit even alone
+    swap_bytes: float = 0.0  # KV copied over PCIe (swap in and out)
+    load_s: float = 0.0  # seconds of KV-tier loads the step waits for
+    rejected: list[Request] = field(default_factory=list)  # found unable to fit even alone
     preempted: int = 0
-    limit: str = ""                      # what kept the queue's head out (LIMITS)
-    head_need: NextSeq | None = None     # what that head needed this step
+    limit: str = ""  # what kept the queue's head out (LIMITS)
+    head_need: NextSeq | None = None  # what that head needed this step
 
 
-def with_limit(step: Step, limit: str, head: Request | None = None, tokens: int = 0,
-               keep_free: int = 0) -> Step:
+def with_limit(step: Step, limit: str, head: Request | None = None, tokens: int = 0, keep_free: int = 0) -> Step:
     """Note what stopped the head (the first reason wins) and what it needed."""
     if not step.limit:
         step.limit = limit
@@ -140,16 +143,17 @@ class RunningRequests(Protocol):
 
 class SchedulerOps(Protocol):
     """What engine rules may read and do: the queues, the settings, the moves."""
+
     allocator: KVAllocator
     running: RunningRequests
     waiting: WaitingQueue
     swapped: "deque[Request]"
-    budget: int                # max_num_batched_tokens
-    chunked: bool              # enable_chunked_prefill
+    budget: int  # max_num_batched_tokens
+    chunked: bool  # enable_chunked_prefill
     max_num_seqs: int
-    keep_free: int             # the watermark, in slots
+    keep_free: int  # the watermark, in slots
     max_model_len: int
-    width: int                 # sequences per request (1 where samples run as requests)
+    width: int  # sequences per request (1 where samples run as requests)
     preemption_mode: str | None
     schedule_policy: str
 
@@ -160,8 +164,9 @@ class SchedulerOps(Protocol):
     def fits(self, req: Request, tokens: int, keep_free: int) -> bool: ...
     def blocked_by(self, req: Request, tokens: int, keep_free: int) -> str: ...
     def free_slots(self) -> int: ...
-    def admit(self, req: Request, cached: int, n: int, held: int, step: Step, now: float,
-              keep_free: int = 0) -> bool: ...
+    def admit(
+        self, req: Request, cached: int, n: int, held: int, step: Step, now: float, keep_free: int = 0
+    ) -> bool: ...
     def swap_in(self, req: Request, step: Step, now: float, keep_free: int = 0) -> bool: ...
     def reject(self, req: Request, now: float, reason: str, step: Step) -> None: ...
     def preempt(self, req: Request, step: Step, mode: str | None = None) -> None: ...
@@ -171,8 +176,9 @@ class EngineRules(Protocol):
     """An engine: what a step holds, and what a preemption does. The settings with a
     default (`sampled_slot_ahead`, `cached_tokens`, `on_idle`) are inherited by rules that
     subclass this protocol; an engine that counts otherwise overrides them."""
+
     name: str
-    split_samples: bool        # parallel samples run as requests of their own
+    split_samples: bool  # parallel samples run as requests of their own
     # Where a sampled token's KV slot is taken: True in the step that samples it (a
     # request's peak is prompt + output), False in the step that feeds it back in (vLLM
     # V1's allocate_slots covers the tokens computed: prompt + output - 1).
@@ -202,7 +208,7 @@ class EngineRules(Protocol):
         return False
 
     def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
-        """"swap" (KV to CPU memory while swap space lasts), "recompute", or "retract"
+        """ "swap" (KV to CPU memory while swap space lasts), "recompute", or "retract"
         (recompute, releasing its KV without caching what it generated: SGLang)."""
         ...
 

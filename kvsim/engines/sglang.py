@@ -43,6 +43,7 @@ clients send it, without ignore_eos (with it, SGLang reserves a running request'
 whole remaining output instead of the ratio's share). Parallel samples are separate
 requests.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,11 +68,11 @@ class SGLang(EngineRules):
         self.ratio = INIT_RATIO
         self.min_ratio = INIT_RATIO * MIN_RATIO_FACTOR
         self.decay = (INIT_RATIO - self.min_ratio) / DECAY_STEPS
-        self.full = ""          # the batch-is-full latch: "" or what set it (a limit's name)
-        self._running = 0       # requests running when the last step was planned
+        self.full = ""  # the batch-is-full latch: "" or what set it (a limit's name)
+        self._running = 0  # requests running when the last step was planned
 
     def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
-        return "retract"        # recompute, the generated tokens not cached
+        return "retract"  # recompute, the generated tokens not cached
 
     def requeue(self, s: SchedulerOps, req: Request) -> None:
         s.waiting.append(req)
@@ -81,7 +82,7 @@ class SGLang(EngineRules):
         self.ratio = INIT_RATIO
 
     def schedule(self, s: SchedulerOps, now: float) -> Step:
-        if len(s.running) < self._running or not s.running:   # one finished, or none runs
+        if len(s.running) < self._running or not s.running:  # one finished, or none runs
             self.full = ""
         step = Step()
         self._prefill(s, step, now)
@@ -99,15 +100,20 @@ class SGLang(EngineRules):
 
     def _prefill(self, s: SchedulerOps, step: Step, now: float) -> None:
         page = self._page(s)
-        budget = _Budget(s.free_slots(), sum(min(q.shape.output_tokens - q.generated, CLIP_MAX_NEW_TOKENS)
-                                             * self.ratio for q in s.running.decoding()),
-                         s.budget if s.chunked else None)
-        for req in s.running.prefilling():       # the request prefilled in chunks goes on
+        budget = _Budget(
+            s.free_slots(),
+            sum(
+                min(q.shape.output_tokens - q.generated, CLIP_MAX_NEW_TOKENS) * self.ratio for q in s.running.decoding()
+            ),
+            s.budget if s.chunked else None,
+        )
+        for req in s.running.prefilling():  # the request prefilled in chunks goes on
             left = req.target - req.prefilled
             n = left if budget.chunk is None else min(left, budget.chunk_for_continuation(budget.chunk))
             if s.running.run(req, n, step, now):
-                budget.reserve(self._pages(s, n), page, 0 if n < left else min(req.shape.output_tokens,
-                                                                                 CLIP_MAX_NEW_TOKENS))
+                budget.reserve(
+                    self._pages(s, n), page, 0 if n < left else min(req.shape.output_tokens, CLIP_MAX_NEW_TOKENS)
+                )
         if not s.waiting:
             return
         if self.full and not s.running.prefilling():
@@ -128,7 +134,7 @@ class SGLang(EngineRules):
             locked = s.allocator.lockable(head.shape, held)
             total = n + min(head.shape.output_tokens - head.generated, CLIP_MAX_NEW_TOKENS) + page
             if total >= budget.total_left() - locked:
-                if not s.running and not budget.admitted:     # SGLang would wait forever
+                if not s.running and not budget.admitted:  # SGLang would wait forever
                     s.reject(head, now, "its prompt, output and a page exceed the KV pool", step)
                     continue
                 self._memory_full(s, step, head, held, budget.admitted)
@@ -138,12 +144,12 @@ class SGLang(EngineRules):
                 break
             max_new = min(head.shape.output_tokens, CLIP_MAX_NEW_TOKENS)
             if budget.chunk is not None and self._pages(s, n) > budget.chunk:
-                n = (cached + budget.chunk) // page * page - cached    # the chunk, in whole pages
+                n = (cached + budget.chunk) // page * page - cached  # the chunk, in whole pages
                 if n <= 0:
                     with_limit(step, "token_budget", head, held)
                     break
                 cached, n, held = s.need_after(head, cached, n)
-                max_new = 0                      # a cut prompt reserves only its chunk
+                max_new = 0  # a cut prompt reserves only its chunk
             if not s.admit(head, cached, n, held, step, now):
                 if not s.running:
                     s.reject(head, now, "does not fit an empty KV pool", step)
@@ -152,7 +158,7 @@ class SGLang(EngineRules):
                 break
             budget.available -= locked
             budget.reserve(self._pages(s, n), page, max_new)
-            if budget.state() == "no_token":     # the verdict for the next candidate
+            if budget.state() == "no_token":  # the verdict for the next candidate
                 self.full = "memory"
                 with_limit(step, "memory")
                 break
@@ -175,7 +181,7 @@ class SGLang(EngineRules):
 
     def _decode(self, s: SchedulerOps, step: Step, now: float) -> None:
         need = s.running.slots_to_decode()
-        self._evict(s, need)                     # check_decode_mem evicts the shortfall
+        self._evict(s, need)  # check_decode_mem evicts the shortfall
         if need > s.free_slots():
             keep = sorted(s.running.decoding(), key=lambda q: (q.generated, -q.shape.prompt_tokens), reverse=True)
             first = True
@@ -190,7 +196,7 @@ class SGLang(EngineRules):
             decoded = sum(q.generated for q in keep)
             self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(keep)) / (max_new + 1))
             self.full = ""
-        else:                                    # memory to spare: the ratio decays
+        else:  # memory to spare: the ratio decays
             self.ratio = max(self.ratio - self.decay, self.min_ratio)
         s.running.decode_all(step, now)
 
@@ -201,11 +207,11 @@ class _Budget:
     the pass's input and chunk tokens left."""
 
     def __init__(self, available: int, running_offset: float, chunk: int | None):
-        self.available = available               # free + evictable, less the prefixes locked
-        self.total_offset = running_offset       # reserved for outputs, running and admitted
-        self.current_offset = 0.0                # reserved for this step's inputs
+        self.available = available  # free + evictable, less the prefixes locked
+        self.total_offset = running_offset  # reserved for outputs, running and admitted
+        self.current_offset = 0.0  # reserved for this step's inputs
         self.input_left = MAX_PREFILL_TOKENS
-        self.chunk = chunk                       # chunked_prefill_size left; None: unchunked
+        self.chunk = chunk  # chunked_prefill_size left; None: unchunked
         self.admitted = 0
 
     def total_left(self) -> float:

@@ -18,6 +18,7 @@ needs sglang's pure-Python requirements (`pip install --no-deps sglang==0.5.23`,
 what its imports ask for: dill, sentencepiece, compressed-tensors, gguf, orjson, loguru,
 and the rest of vLLM's extra).
 """
+
 from __future__ import annotations
 
 import importlib.abc
@@ -70,14 +71,16 @@ def load_sglang():
     try:
         import sglang
     except ImportError as e:
-        raise SGLangMissing(f"the SGLang radix differential needs SGLang {SGLANG_VERSION} ({e}); "
-                            f"install it with: {INSTALL}") from None
+        raise SGLangMissing(
+            f"the SGLang radix differential needs SGLang {SGLANG_VERSION} ({e}); install it with: {INSTALL}"
+        ) from None
     if sglang.__version__ != SGLANG_VERSION:
         raise SGLangMissing(f"pinned to SGLang {SGLANG_VERSION}, found {sglang.__version__}")
     try:
         import torchvision  # noqa: F401  (a working one: nothing to stand in for)
     except Exception:
         import transformers.utils.import_utils as hf_imports
+
         hf_imports._torchvision_available = False
         sys.modules.pop("torchvision", None)
         if not any(isinstance(f, _EmptyModules) for f in sys.meta_path):
@@ -86,10 +89,16 @@ def load_sglang():
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
     except ImportError as e:
-        raise SGLangMissing(f"SGLang {SGLANG_VERSION}'s radix cache does not import ({e}); "
-                            f"install its requirements: {INSTALL}") from None
-    return SimpleNamespace(RadixCache=RadixCache, RadixKey=RadixKey, EvictParams=EvictParams,
-                           InsertParams=InsertParams, MatchPrefixParams=MatchPrefixParams)
+        raise SGLangMissing(
+            f"SGLang {SGLANG_VERSION}'s radix cache does not import ({e}); install its requirements: {INSTALL}"
+        ) from None
+    return SimpleNamespace(
+        RadixCache=RadixCache,
+        RadixKey=RadixKey,
+        EvictParams=EvictParams,
+        InsertParams=InsertParams,
+        MatchPrefixParams=MatchPrefixParams,
+    )
 
 
 class _Pool:
@@ -113,6 +122,7 @@ class SGLangTree:
 
     def _key(self, ids: list[int]):
         from array import array
+
         return self.sg.RadixKey(array("q", ids))
 
     def insert(self, ids: list[int]) -> int:
@@ -176,9 +186,15 @@ def differential(seed: int, page_size: int, ops: int = 300) -> list[str]:
 
     rng = np.random.default_rng(seed)
     ours, theirs = RadixTree(page_size), SGLangTree(page_size)
-    shapes = [SeqShape(int(rng.integers(4, 40)), 0, tuple((int(rng.integers(0, 4)), int(rng.integers(1, 12)))
-                                                           for _ in range(int(rng.integers(0, 3)))), tail_id=100 + i)
-              for i in range(12)]
+    shapes = [
+        SeqShape(
+            int(rng.integers(4, 40)),
+            0,
+            tuple((int(rng.integers(0, 4)), int(rng.integers(1, 12))) for _ in range(int(rng.integers(0, 3)))),
+            tail_id=100 + i,
+        )
+        for i in range(12)
+    ]
     ends, locks, found = [], [], []
     for step in range(ops):
         shape = shapes[int(rng.integers(len(shapes)))]
@@ -206,14 +222,16 @@ def differential(seed: int, page_size: int, ops: int = 300) -> list[str]:
         elif op == "evict":
             amount = int(rng.integers(1, 30))
             a, b = ours.evict(amount), theirs.evict(amount)
-            ends = [(n, e) for n, e in ends if any(n is x for x, _ in locks)]   # evicted ends go
+            ends = [(n, e) for n, e in ends if any(n is x for x, _ in locks)]  # evicted ends go
         else:
             continue
         if a != b:
             found.append(f"seed {seed} step {step} {op}: kvsim {a}, SGLang {b}")
         if (ours.size, ours.evictable) != (theirs.size, theirs.evictable):
-            found.append(f"seed {seed} step {step} {op}: kvsim holds {ours.size} ({ours.evictable} "
-                         f"evictable), SGLang {theirs.size} ({theirs.evictable})")
+            found.append(
+                f"seed {seed} step {step} {op}: kvsim holds {ours.size} ({ours.evictable} "
+                f"evictable), SGLang {theirs.size} ({theirs.evictable})"
+            )
         elif kvsim_sequences(ours) != theirs.sequences():
             found.append(f"seed {seed} step {step} {op}: the cached sequences differ")
         if found:

@@ -25,6 +25,7 @@ up (request_timeout_s) is aborted in vLLM too (`finish_requests`, FINISHED_ABORT
 Scheduling is synchronous (vLLM's `async_scheduling` off), as the differential test
 steps it.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -38,26 +39,39 @@ if TYPE_CHECKING:
 class VllmReferenceRules(EngineRules):
     name = "vllm-reference"
     split_samples = True
-    sampled_slot_ahead = False      # vLLM allocates a sampled token's slot when it is fed back
+    sampled_slot_ahead = False  # vLLM allocates a sampled token's slot when it is fed back
 
     def __init__(self) -> None:
-        self.ref: VllmReference | None = None    # made at the first step, from the scheduler's settings
-        self._requests: dict[int, Request] = {}    # requests vLLM holds, by key (first id)
+        self.ref: VllmReference | None = None  # made at the first step, from the scheduler's settings
+        self._requests: dict[int, Request] = {}  # requests vLLM holds, by key (first id)
 
     def _start(self, s: SchedulerOps) -> VllmReference:
         from kvsim.engines.vllm_reference import VllmReference
-        from kvsim.kvcache import (PagedAllocator, PrefixCachingPagedAllocator, SlidingWindowPagedAllocator,
-                                   SlidingWindowPrefixCache)
+        from kvsim.kvcache import (
+            PagedAllocator,
+            PrefixCachingPagedAllocator,
+            SlidingWindowPagedAllocator,
+            SlidingWindowPrefixCache,
+        )
+
         alloc, window = s.allocator, getattr(s, "window", None)
         if not isinstance(alloc, PagedAllocator) or (
-                window is not None and not isinstance(alloc, (SlidingWindowPagedAllocator, SlidingWindowPrefixCache))):
-            raise ValueError("vllm-reference runs vLLM's block pool with one KV group: a paged allocator, "
-                             "with vLLM V1's sliding-window rules where the model has a window")
-        self.ref = VllmReference(num_blocks=alloc.num_blocks + 1, block_size=alloc.block_size,
-                                 max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.budget,
-                                 enable_chunked_prefill=s.chunked, max_model_len=s.max_model_len,
-                                 enable_prefix_caching=isinstance(alloc, PrefixCachingPagedAllocator),
-                                 sliding_window=window)
+            window is not None and not isinstance(alloc, (SlidingWindowPagedAllocator, SlidingWindowPrefixCache))
+        ):
+            raise ValueError(
+                "vllm-reference runs vLLM's block pool with one KV group: a paged allocator, "
+                "with vLLM V1's sliding-window rules where the model has a window"
+            )
+        self.ref = VllmReference(
+            num_blocks=alloc.num_blocks + 1,
+            block_size=alloc.block_size,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.budget,
+            enable_chunked_prefill=s.chunked,
+            max_model_len=s.max_model_len,
+            enable_prefix_caching=isinstance(alloc, PrefixCachingPagedAllocator),
+            sliding_window=window,
+        )
         return self.ref
 
     def cached_tokens(self, s: SchedulerOps, req: Request) -> int:
@@ -68,7 +82,7 @@ class VllmReferenceRules(EngineRules):
         return "recompute"
 
     def requeue(self, s: SchedulerOps, req: Request) -> None:
-        s.waiting.appendleft(req)       # vLLM prepends a preempted request to its waiting queue
+        s.waiting.appendleft(req)  # vLLM prepends a preempted request to its waiting queue
 
     def _sync_queue(self, s: SchedulerOps, ref: VllmReference) -> None:
         """Abort in vLLM what kvsim aborted; give vLLM kvsim's next waiting requests."""
@@ -76,8 +90,10 @@ class VllmReferenceRules(EngineRules):
         gone = [k for k, r in self._requests.items() if k not in live and r.outcome]
         if gone:
             from vllm.v1.request import RequestStatus
-            ref.scheduler.finish_requests([str(k) for k in gone if str(k) in ref.scheduler.requests],
-                                               RequestStatus.FINISHED_ABORTED)
+
+            ref.scheduler.finish_requests(
+                [str(k) for k in gone if str(k) in ref.scheduler.requests], RequestStatus.FINISHED_ABORTED
+            )
             for k in gone:
                 del self._requests[k]
         want = min(len(s.waiting), s.max_num_seqs + 1)
@@ -100,7 +116,7 @@ class VllmReferenceRules(EngineRules):
                 continue
             if not s.running.run(req, n, step, now):
                 self._disagree(now, f"kvsim preempted request {req.spec.id} itself, vLLM ran it")
-        for k in preempted:          # a request vLLM preempted while growing itself (the last)
+        for k in preempted:  # a request vLLM preempted while growing itself (the last)
             if self._requests[k] in s.running:
                 s.preempt(self._requests[k], step)
         if step.preempted != len(preempted):
@@ -110,8 +126,9 @@ class VllmReferenceRules(EngineRules):
             cached, n, held = s.need_after(req, admitted[req.ids[0]], trace.scheduled[req.ids[0]])
             ours = s.allocator.match_prefix(req.shape, req.target)
             if ours != cached or not s.admit(req, cached, n, held, step, now):
-                self._disagree(now, f"request {req.spec.id}: vLLM admits it with {cached} tokens cached, "
-                                    f"kvsim finds {ours}")
+                self._disagree(
+                    now, f"request {req.spec.id}: vLLM admits it with {cached} tokens cached, kvsim finds {ours}"
+                )
         for k in trace.finished:
             self._requests.pop(k, None)
         if s.waiting and not step.preempted:
@@ -134,5 +151,7 @@ class VllmReferenceRules(EngineRules):
                 with_limit(step, "memory", head, head.target)
 
     def _disagree(self, now: float, what: str) -> None:
-        raise RuntimeError(f"vllm-reference at t={now:.6f}s: {what}; kvsim's KV cache disagrees "
-                           "with vLLM's (a kvsim bug: kvsim.sim.differential finds such cases)")
+        raise RuntimeError(
+            f"vllm-reference at t={now:.6f}s: {what}; kvsim's KV cache disagrees "
+            "with vLLM's (a kvsim bug: kvsim.sim.differential finds such cases)"
+        )

@@ -24,6 +24,7 @@ swapped out (only the default scheduler waits for them). Chunked prefill is on b
 default where max_model_len exceeds 32K (`EngineArgs.create_engine_config`,
 vllm/engine/arg_utils.py), with a budget of 512 tokens (SchedulerConfig, vllm/config.py).
 """
+
 from __future__ import annotations
 
 from typing import overload
@@ -37,7 +38,7 @@ class VllmV0(EngineRules):
     split_samples = False
 
     def __init__(self) -> None:
-        self._never_memo: tuple[Request | None, int, bool] = (None, 0, False)   # (head, its target, NEVER): see _never
+        self._never_memo: tuple[Request | None, int, bool] = (None, 0, False)  # (head, its target, NEVER): see _never
 
     def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
         if s.preemption_mode is None:
@@ -54,15 +55,15 @@ class VllmV0(EngineRules):
 
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
-        if s.chunked:        # waiting prompts are prefilled even while groups are swapped out
+        if s.chunked:  # waiting prompts are prefilled even while groups are swapped out
             budget: float = s.running.advance(step, now, s.budget)
             if not step.preempted:
-                budget = self._swapped(s, step, now, budget)    # a number in, a number out
+                budget = self._swapped(s, step, now, budget)  # a number in, a number out
             self._prefills(s, step, now, budget)
-            if s.swapped:    # groups still out, kept there by memory their preemption lacked
+            if s.swapped:  # groups still out, kept there by memory their preemption lacked
                 with_limit(step, "preemption")
             return step
-        if s.swapped:        # swapped-out groups come back before any prompt is prefilled
+        if s.swapped:  # swapped-out groups come back before any prompt is prefilled
             with_limit(step, "preemption")
         else:
             self._prefills(s, step, now, s.budget)
@@ -87,27 +88,32 @@ class VllmV0(EngineRules):
                     budget -= n
                     seqs += s.width
                     continue
-                if not s.running and not s.swapped:    # nothing will ever free memory for it
+                if not s.running and not s.swapped:  # nothing will ever free memory for it
                     s.reject(head, now, "does not fit an empty KV pool", step)
                     continue
-                why = "memory"         # a copy for a sample or beam did not fit
+                why = "memory"  # a copy for a sample or beam did not fit
             with_limit(step, why, head, held, s.keep_free)
             break
         return budget
 
-    def _refusal(self, s: SchedulerOps, head: Request, n: int, held: int, budget: float,
-                 seqs: int) -> tuple[str, str]:
+    def _refusal(self, s: SchedulerOps, head: Request, n: int, held: int, budget: float, seqs: int) -> tuple[str, str]:
         """(why `head` is rejected, why it waits): both "" where it may be admitted, with
         `n` tokens to compute and `held` to hold, `seqs` sequences running. can_allocate
         first, then the budget, as _schedule_prefills asks them."""
         if self._never(s, head):
             return "prompt exceeds the KV pool minus the watermark", ""
         fits = s.fits(head, held, s.keep_free)
-        if not fits and not s.running and not s.swapped:     # a reservation never fits
+        if not fits and not s.running and not s.swapped:  # a reservation never fits
             return "does not fit an empty KV pool" + (" minus the watermark" if s.keep_free else ""), ""
-        return "", (s.blocked_by(head, held, s.keep_free) if not fits
-                    else "token_budget" if n > budget or n == 0
-                    else "max_num_seqs" if seqs + s.width > s.max_num_seqs else "")
+        return "", (
+            s.blocked_by(head, held, s.keep_free)
+            if not fits
+            else "token_budget"
+            if n > budget or n == 0
+            else "max_num_seqs"
+            if seqs + s.width > s.max_num_seqs
+            else ""
+        )
 
     def _never(self, s: SchedulerOps, head: Request) -> bool:
         """can_allocate's NEVER: the prompt to prefill (`target` tokens) alone exceeds
@@ -137,4 +143,3 @@ class VllmV0(EngineRules):
             seqs += s.width
             budget = None if budget is None else budget - s.width
         return budget
-

@@ -29,6 +29,7 @@ With asynchronous scheduling (vLLM 0.33.0's default; `--no-async-scheduling` tur
 off) a waiting request is admitted only once the scheduler has seen it: one step
 after the one it arrived during (kvsim.sim.scheduler.Scheduler.visible).
 """
+
 from __future__ import annotations
 
 from kvsim.engines.base import EngineRules, Request, SchedulerOps, Step, with_limit
@@ -63,7 +64,7 @@ class VllmV1(EngineRules):
                 with_limit(step, "max_num_seqs")
                 break
             head = s.waiting[0]
-            if not s.visible(head):      # arrived after this step was planned (async scheduling)
+            if not s.visible(head):  # arrived after this step was planned (async scheduling)
                 with_limit(step, "arrivals")
                 break
             cached, n, held = s.prefill_need(head, budget)
@@ -71,7 +72,7 @@ class VllmV1(EngineRules):
                 with_limit(step, "token_budget", head, held)
                 break
             if not s.fits(head, head.target, 0) or not s.admit(head, cached, n, held, step, now):
-                if not s.running:      # nothing will ever free memory for it
+                if not s.running:  # nothing will ever free memory for it
                     s.reject(head, now, "does not fit an empty KV pool", step)
                     continue
                 with_limit(step, "memory", head, head.target)

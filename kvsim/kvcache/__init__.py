@@ -19,12 +19,20 @@ here turn bytes into slots with the frozen KVSpec, so allocators only count slot
 A paged prefix cache may have KV tiers behind it (option tiers: a TierStore,
 kvsim.kvcache.tiers; the allocator is then kvsim.kvcache.tiered's).
 """
+
 from __future__ import annotations
 
 from typing import Callable
 
-from kvsim.kvcache.base import (BulkBlockAllocator, Breakdown, CountedAllocator, InvariantError, KVAllocator,
-                                NextSeq, SeqShape)
+from kvsim.kvcache.base import (
+    BulkBlockAllocator,
+    Breakdown,
+    CountedAllocator,
+    InvariantError,
+    KVAllocator,
+    NextSeq,
+    SeqShape,
+)
 from kvsim.kvcache.contiguous import ContiguousAllocator
 from kvsim.kvcache.hiradix import HiCacheSpec, HiRadixCacheAllocator
 from kvsim.kvcache.paged import PagedAllocator
@@ -38,27 +46,35 @@ from kvsim.kvcache.trtllm_host import TrtllmHostPoolManager
 from kvsim.model.specs import KVSpec
 
 
-def _paged(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 16,
-           prefix_caching: bool = False, tiers: TierStore | None = None,
-           vllm_in_flight_tokens: int | None = None) -> PagedAllocator | PrefixCachingPagedAllocator:
+def _paged(
+    pool_bytes: float,
+    kv: KVSpec,
+    max_model_len: int,
+    block_size: int = 16,
+    prefix_caching: bool = False,
+    tiers: TierStore | None = None,
+    vllm_in_flight_tokens: int | None = None,
+) -> PagedAllocator | PrefixCachingPagedAllocator:
     # Whole blocks only: the remainder of the pool is never handed out.
     num_blocks = int(pool_bytes // (block_size * kv.bytes_per_token))
     window = kv.model.sliding_window
-    if tiers is not None:     # cached blocks stay whole: no sliding-window release here
+    if tiers is not None:  # cached blocks stay whole: no sliding-window release here
         if not prefix_caching:
             raise ValueError("KV tiers hold what a prefix cache shares: enable prefix caching")
         return TieredPrefixCachingAllocator(num_blocks, block_size, tiers, block_size * kv.bytes_per_token)
     if window is not None and vllm_in_flight_tokens is not None:
         cap = admission_cap(window, block_size, vllm_in_flight_tokens, max_model_len)
         return (SlidingWindowPrefixCache if prefix_caching else SlidingWindowPagedAllocator)(
-            num_blocks, block_size, window, cap)
-    if prefix_caching:        # cached blocks stay whole: no sliding-window release here
+            num_blocks, block_size, window, cap
+        )
+    if prefix_caching:  # cached blocks stay whole: no sliding-window release here
         return PrefixCachingPagedAllocator(num_blocks, block_size)
     return PagedAllocator(num_blocks, block_size, window=window)
 
 
-def _radix(pool_bytes: float, kv: KVSpec, max_model_len: int,
-           page_size: int = 1, tiers: HiCacheSpec | None = None) -> RadixCacheAllocator:
+def _radix(
+    pool_bytes: float, kv: KVSpec, max_model_len: int, page_size: int = 1, tiers: HiCacheSpec | None = None
+) -> RadixCacheAllocator:
     # Whole pages only, as SGLang rounds its token pool down to pages (model_runner.py).
     pages = int(pool_bytes // (page_size * kv.bytes_per_token))
     if tiers is not None:
@@ -66,22 +82,36 @@ def _radix(pool_bytes: float, kv: KVSpec, max_model_len: int,
     return RadixCacheAllocator(pages * page_size, page_size)
 
 
-def _contiguous(pool_bytes: float, kv: KVSpec, max_model_len: int,
-                reserve: str = "max", placement: str = "first-fit") -> ContiguousAllocator:
+def _contiguous(
+    pool_bytes: float, kv: KVSpec, max_model_len: int, reserve: str = "max", placement: str = "first-fit"
+) -> ContiguousAllocator:
     capacity = int(pool_bytes // kv.bytes_per_token)
     return ContiguousAllocator(capacity, max_model_len, reserve, placement)
 
 
-def _trtllm(pool_bytes: float, kv: KVSpec, max_model_len: int, block_size: int = 32,
-            prefix_caching: bool = True, host_cache_bytes: float = 0.0, **options) -> TrtllmBlockManager:
+def _trtllm(
+    pool_bytes: float,
+    kv: KVSpec,
+    max_model_len: int,
+    block_size: int = 32,
+    prefix_caching: bool = True,
+    host_cache_bytes: float = 0.0,
+    **options,
+) -> TrtllmBlockManager:
     # TensorRT-LLM's calculateMaxNumBlocks (kvCacheManager.cpp): primary blocks round the
     # pool's tokens up (ceilDiv(maxTokens, tokensPerBlock)), the host pool's down.
     tokens = int(pool_bytes // kv.bytes_per_token)
     secondary = int(host_cache_bytes // kv.bytes_per_token) // block_size
     block_bytes = block_size * kv.bytes_per_token
     cls = TrtllmHostPoolManager if secondary else TrtllmBlockManager
-    return cls(-(-tokens // block_size), block_size, secondary_blocks=secondary, block_bytes=block_bytes,
-               reuse=prefix_caching, **options)
+    return cls(
+        -(-tokens // block_size),
+        block_size,
+        secondary_blocks=secondary,
+        block_bytes=block_bytes,
+        reuse=prefix_caching,
+        **options,
+    )
 
 
 # kind -> builder(pool_bytes, kv, max_model_len, **options): a new allocator registers here
@@ -93,8 +123,7 @@ ALLOCATORS: dict[str, Callable[..., KVAllocator]] = {
 }
 
 
-def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
-                   **options) -> KVAllocator:
+def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int, **options) -> KVAllocator:
     """Build the allocator registered as `kind` over a pool of `pool_bytes` bytes."""
     if kind not in ALLOCATORS:
         raise ValueError(f"unknown allocator {kind!r}; valid: {', '.join(sorted(ALLOCATORS))}")
@@ -102,9 +131,23 @@ def make_allocator(kind: str, pool_bytes: float, kv: KVSpec, max_model_len: int,
 
 
 __all__ = [
-    "ALLOCATORS", "Breakdown", "BulkBlockAllocator", "ContiguousAllocator", "CountedAllocator",
-    "HiRadixCacheAllocator", "InvariantError", "KVAllocator",
-    "NextSeq", "PagedAllocator", "PrefixCachingPagedAllocator", "RadixCacheAllocator", "SeqShape",
-    "SlidingWindowPagedAllocator", "SlidingWindowPrefixCache",
-    "TieredPrefixCachingAllocator", "TierStore", "TrtllmBlockManager", "make_allocator",
+    "ALLOCATORS",
+    "Breakdown",
+    "BulkBlockAllocator",
+    "ContiguousAllocator",
+    "CountedAllocator",
+    "HiRadixCacheAllocator",
+    "InvariantError",
+    "KVAllocator",
+    "NextSeq",
+    "PagedAllocator",
+    "PrefixCachingPagedAllocator",
+    "RadixCacheAllocator",
+    "SeqShape",
+    "SlidingWindowPagedAllocator",
+    "SlidingWindowPrefixCache",
+    "TieredPrefixCachingAllocator",
+    "TierStore",
+    "TrtllmBlockManager",
+    "make_allocator",
 ]

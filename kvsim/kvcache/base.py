@@ -16,6 +16,7 @@ Slots a placement adds on top of what was asked (a buddy region's round-up) are
 `padding` and count as external fragmentation, as in the vLLM paper's
 "external fragmentation & others".
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class SeqShape:
     Content ids are plain ints handed out by the workload; tail_id -1 means "unique,
     never shared" for callers that do not model sharing.
     """
+
     prompt_tokens: int
     output_tokens: int
     segments: tuple[tuple[int, int], ...] = ()
@@ -68,14 +70,15 @@ class Breakdown:
     `padding` (slots a placement added to a region) and `unusable` (free space the next
     waiting sequence cannot use) together make the external fragmentation.
     """
+
     token: int
     reservation: int
     internal: int
     padding: int
     unusable: int
     free: int
-    shared: int = 0    # not a part: slots saved by sharing (logical - physical slots in use)
-    starved: bool = False   # not a part: the next sequence could not be admitted now
+    shared: int = 0  # not a part: slots saved by sharing (logical - physical slots in use)
+    starved: bool = False  # not a part: the next sequence could not be admitted now
 
     @property
     def external(self) -> int:
@@ -98,7 +101,7 @@ def split_used(tokens: int, allocated: int, final: int) -> tuple[int, int, int]:
     return tokens, reservation, allocated - tokens - reservation
 
 
-NextSeq = tuple[SeqShape, int, int]   # (shape, tokens it needs, slots to keep free)
+NextSeq = tuple[SeqShape, int, int]  # (shape, tokens it needs, slots to keep free)
 
 
 class KVAllocator(Protocol):
@@ -108,7 +111,8 @@ class KVAllocator(Protocol):
     can do beyond this is declared, not probed: `counted` (it is a CountedAllocator) and
     `takes_blocks_in_bulk` (it is a BulkBlockAllocator).
     """
-    capacity: int   # slots
+
+    capacity: int  # slots
 
     @property
     def block_size(self) -> int | None:

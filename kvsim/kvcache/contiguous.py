@@ -20,6 +20,7 @@ region up to a power of two; that round-up is `padding`.
 Invariants: live regions and free holes tile [0, capacity) exactly, without overlap;
 free space is fully coalesced; a sequence never holds more tokens than it asked for.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
@@ -35,6 +36,7 @@ def next_power_of_two(n: int) -> int:
 
 
 # -- reservation rules: slots a request asks for at admission -----------------------
+
 
 def reserve_max(shape: SeqShape, max_model_len: int) -> int:
     return max_model_len
@@ -53,9 +55,11 @@ RESERVES = {"max": reserve_max, "pow2": reserve_pow2, "oracle": reserve_oracle}
 
 # -- placement strategies: where a region of a given size goes ----------------------
 
+
 class Span(NamedTuple):
     """Slots [start, start + size): a free hole, a buddy arena, a sequence's region.
     Ordered by start first, as the sorted hole list needs."""
+
     start: int
     size: int
 
@@ -69,7 +73,7 @@ class FirstFit:
 
     def __init__(self, capacity: int):
         self._holes: list[Span] = [Span(0, capacity)] if capacity else []
-        self.largest = capacity   # biggest region an empty pool can hold
+        self.largest = capacity  # biggest region an empty pool can hold
 
     def placed_size(self, size: int) -> int:
         return size
@@ -85,7 +89,7 @@ class FirstFit:
         return None
 
     def release(self, start: int, size: int) -> None:
-        i = bisect_left(self._holes, (start,))   # the first hole after the region
+        i = bisect_left(self._holes, (start,))  # the first hole after the region
         end = start + size
         if i < len(self._holes) and self._holes[i].start == end:
             end += self._holes.pop(i).size
@@ -152,7 +156,7 @@ class Buddy:
     def release(self, addr: int, size: int) -> None:
         order = size.bit_length() - 1
         arena = self._arena_size(addr)
-        while 2 << order <= arena:        # the merged block must stay in the arena
+        while 2 << order <= arena:  # the merged block must stay in the arena
             buddy = addr ^ (1 << order)
             peers = self._free.get(order, [])
             i = bisect_left(peers, buddy)
@@ -174,11 +178,11 @@ class Buddy:
             size = 1 << order
             for addr in addrs:
                 if addr % size or size > self._arena_size(addr):
-                    raise InvariantError(f"free block at {addr} of size {size} is "
-                                         f"misaligned or outside its arena")
+                    raise InvariantError(f"free block at {addr} of size {size} is misaligned or outside its arena")
                 if 2 * size <= self._arena_size(addr) and (addr ^ size) in addrs:
-                    raise InvariantError(f"free block at {addr} and its buddy at "
-                                         f"{addr ^ size} (size {size}) are not coalesced")
+                    raise InvariantError(
+                        f"free block at {addr} and its buddy at {addr ^ size} (size {size}) are not coalesced"
+                    )
 
 
 PLACEMENTS = {"first-fit": FirstFit, "buddy": Buddy}
@@ -192,21 +196,23 @@ def _choose(registry: dict, name: str, what: str):
 
 # -- the allocator --------------------------------------------------------------------
 
+
 @dataclass
 class _Region:
     shape: SeqShape
     tokens: int
     start: int
-    requested: int   # slots the reserve rule asked for
-    placed: int      # slots the placement gave (>= requested)
+    requested: int  # slots the reserve rule asked for
+    placed: int  # slots the placement gave (>= requested)
 
 
 class ContiguousAllocator:
     """One fixed region per sequence, sized by a reserve rule, placed by a strategy."""
-    counted = True               # a CountedAllocator
+
+    counted = True  # a CountedAllocator
     takes_blocks_in_bulk = False
-    store = None                 # no KV tiers behind it
-    block_size = None            # regions, not blocks
+    store = None  # no KV tiers behind it
+    block_size = None  # regions, not blocks
     page_size = 1
 
     def __init__(self, capacity: int, max_model_len: int, reserve: str, placement: str):
@@ -233,7 +239,7 @@ class ContiguousAllocator:
         return self._placement.holes()
 
     def take_load_s(self) -> float:
-        return 0.0               # no KV tiers: nothing to load
+        return 0.0  # no KV tiers: nothing to load
 
     def tokens_of(self, seq_id: int) -> int | None:
         r = self._regions.get(seq_id)
@@ -251,7 +257,7 @@ class ContiguousAllocator:
         return self._placement.placed_size(self._request(shape, shape.final_tokens))
 
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
-        return 0   # no cache: nothing is shared
+        return 0  # no cache: nothing is shared
 
     def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
         """Nothing to do: no cache."""
@@ -290,17 +296,17 @@ class ContiguousAllocator:
         return True
 
     def slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
-        return 0    # within its region; past it, grow fails whatever is free
+        return 0  # within its region; past it, grow fails whatever is free
 
     def free(self, seq_id: int) -> None:
         r = self._regions.pop(seq_id)
         self._placement.release(r.start, r.placed)
 
     def drop(self, seq_id: int) -> None:
-        self.free(seq_id)        # nothing is cached
+        self.free(seq_id)  # nothing is cached
 
     def lockable(self, shape: SeqShape, num_tokens: int) -> int:
-        return 0                 # no cache to evict from
+        return 0  # no cache to evict from
 
     def evict_to_free(self, slots: int) -> None:
         pass
@@ -353,10 +359,10 @@ class ContiguousAllocator:
                 raise InvariantError(f"{name} [{start}, {start + size}) {kind} {last}")
             end, last = start + size, name
         if end != self.capacity:
-            raise InvariantError(f"regions and holes cover [0, {end}), "
-                                 f"not [0, {self.capacity})")
+            raise InvariantError(f"regions and holes cover [0, {end}), not [0, {self.capacity})")
         self._placement.check()
         for seq_id, r in self._regions.items():
             if not r.tokens <= r.requested <= r.placed:
-                raise InvariantError(f"seq {seq_id} holds {r.tokens} tokens in a region "
-                                     f"of {r.requested} asked, {r.placed} placed")
+                raise InvariantError(
+                    f"seq {seq_id} holds {r.tokens} tokens in a region of {r.requested} asked, {r.placed} placed"
+                )

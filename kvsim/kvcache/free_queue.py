@@ -18,6 +18,7 @@ go back to the head instead (`put_front`, vLLM 0.33.0's FreeKVCacheBlockQueue.pr
 they sit on a stack in front of the list, and are never taken out of the middle (only
 cached blocks are hit).
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Iterator
@@ -29,24 +30,24 @@ class FreeQueue:
     def __init__(self, n: int, to_head: bool = False):
         self.to_head = to_head
         self._ids = list(range(n - 1, -1, -1) if to_head else range(n))
-        self._head = 0              # to the tail: the head's index (before it: taken)
+        self._head = 0  # to the tail: the head's index (before it: taken)
 
     def __len__(self) -> int:
         return len(self._ids) - self._head
 
     def __iter__(self) -> Iterator[int]:
         """Block ids, the head first."""
-        return reversed(self._ids) if self.to_head else iter(self._ids[self._head:])
+        return reversed(self._ids) if self.to_head else iter(self._ids[self._head :])
 
     def take(self, count: int) -> list[int]:
         """The first `count` blocks (the caller has checked there are that many)."""
         ids = self._ids
         if self.to_head:
-            taken = ids[len(ids) - count:][::-1]
-            del ids[len(ids) - count:]
+            taken = ids[len(ids) - count :][::-1]
+            del ids[len(ids) - count :]
             return taken
         head = self._head
-        taken = ids[head:head + count]
+        taken = ids[head : head + count]
         self._head = head = head + count
         if head > 1024 and head * 2 > len(ids):
             del ids[:head]
@@ -55,7 +56,7 @@ class FreeQueue:
 
     def put(self, blocks: Iterable[int]) -> None:
         """Released blocks, one after the other, at the end the queue releases to."""
-        self._ids.extend(blocks)      # the tail, or (a stack) the head: the last put is taken first
+        self._ids.extend(blocks)  # the tail, or (a stack) the head: the last put is taken first
 
 
 class LinkedFreeQueue(FreeQueue):
@@ -64,9 +65,9 @@ class LinkedFreeQueue(FreeQueue):
 
     def __init__(self, n: int):
         super().__init__(n)
-        self._skip: dict[int, int] = {}     # block -> its removed entries still in the list
-        self._removed = 0                   # their total
-        self._front: list[int] = []         # put_front's blocks, the head last
+        self._skip: dict[int, int] = {}  # block -> its removed entries still in the list
+        self._removed = 0  # their total
+        self._front: list[int] = []  # put_front's blocks, the head last
 
     def __len__(self) -> int:
         return super().__len__() - self._removed + len(self._front)
@@ -92,15 +93,15 @@ class LinkedFreeQueue(FreeQueue):
         front = self._front
         if front:
             k = min(count, len(front))
-            taken = front[len(front) - k:][::-1]
-            del front[len(front) - k:]
+            taken = front[len(front) - k :][::-1]
+            del front[len(front) - k :]
             return taken if k == count else taken + self._take_listed(count - k)
         return self._take_listed(count)
 
     def _take_listed(self, count: int) -> list[int]:
         skip, kept = self._skip, []
         run = super().take(count)
-        while skip and not skip.keys().isdisjoint(run):    # drop removed entries, take more
+        while skip and not skip.keys().isdisjoint(run):  # drop removed entries, take more
             for b in run:
                 n = skip.get(b)
                 if n is None:

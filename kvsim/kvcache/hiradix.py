@@ -36,6 +36,7 @@ Invariants: those of the radix cache and of the tree (kvsim.kvcache.host_tree): 
 nodes a subtree from the root, the host pool's slots those of the nodes holding a copy
 and never above its capacity, every node in at least one pool.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,17 +47,19 @@ from kvsim.kvcache.radix import RadixCacheAllocator
 from kvsim.kvcache.runs import cacheable_runs
 from kvsim.kvcache.tiers import TierSpec
 
-LOAD_BACK_THRESHOLD = 10    # tokens: a smaller host hit is computed again
+LOAD_BACK_THRESHOLD = 10  # tokens: a smaller host hit is computed again
 DEFAULT_RATIO = 2.0
 
 
-def host_slots(gpu_slots: int, page: int, bytes_per_token: float, host_bytes: float,
-               ratio: float | None) -> int:
+def host_slots(gpu_slots: int, page: int, bytes_per_token: float, host_bytes: float, ratio: float | None) -> int:
     """The host pool's token slots, as HostKVCache sizes itself: `host_bytes` of KV if
     given (--hicache-size), else `ratio` (default 2.0) times the GPU pool; whole pages,
     plus one."""
-    size = int(host_bytes // bytes_per_token) if host_bytes > 0 \
+    size = (
+        int(host_bytes // bytes_per_token)
+        if host_bytes > 0
         else int(gpu_slots * (DEFAULT_RATIO if ratio is None else ratio))
+    )
     return (size // page + 1) * page
 
 
@@ -64,6 +67,7 @@ def host_slots(gpu_slots: int, page: int, bytes_per_token: float, host_bytes: fl
 class HiCacheSpec:
     """A replica's HiCache host pool: its token slots, write policy, and the host link's
     bytes/s."""
+
     host_slots: int
     write_policy: str
     link_bytes_s: float
@@ -76,8 +80,8 @@ class HostPoolTier:
     def __init__(self, tree: HostRadixTree, page: int, bytes_per_token: float):
         self._tree, self._page = tree, page
         self.spec = TierSpec("cpu", tree.host_capacity // page)
-        self.tiers = [self]              # the tally's view of a store: this one tier ...
-        self.chunk_bytes = page * bytes_per_token    # ... of pages of this many bytes
+        self.tiers = [self]  # the tally's view of a store: this one tier ...
+        self.chunk_bytes = page * bytes_per_token  # ... of pages of this many bytes
 
     @property
     def written(self) -> int:
@@ -90,8 +94,9 @@ class HostPoolTier:
 
 class HiRadixCacheAllocator(RadixCacheAllocator):
     """The radix cache with SGLang's host pool behind it."""
+
     _tree: HostRadixTree
-    store: HostPoolTier   # type: ignore[assignment]  # the plain radix cache has none
+    store: HostPoolTier  # type: ignore[assignment]  # the plain radix cache has none
 
     def __init__(self, capacity: int, page_size: int, spec: HiCacheSpec, bytes_per_token: float):
         super().__init__(capacity, page_size)
@@ -99,9 +104,9 @@ class HiRadixCacheAllocator(RadixCacheAllocator):
         self.store = HostPoolTier(self._tree, page_size, bytes_per_token)
         self.bytes_per_token = bytes_per_token
         self.link_bytes_s = spec.link_bytes_s
-        self.pending_load_s = 0.0          # taken by the scheduler (take_load_s)
-        self.tier_load_s = 0.0             # this engine's loads, in all
-        self.tier_hit_tokens = [0]         # tokens loaded from the host pool
+        self.pending_load_s = 0.0  # taken by the scheduler (take_load_s)
+        self.tier_load_s = 0.0  # this engine's loads, in all
+        self.tier_hit_tokens = [0]  # tokens loaded from the host pool
 
     def take_load_s(self) -> float:
         """Seconds of loads since the last call (the step admitting them waits for them)."""

@@ -32,6 +32,7 @@ The rules, each from those files:
   keep their host copy.
 Recency is the radix tree's logical clock, shared by both pools.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -53,9 +54,9 @@ class HostRadixTree(RadixTree):
         self.host_capacity = host_capacity
         self.write_policy = write_policy
         self.threshold = WRITE_THRESHOLD[write_policy]
-        self.host_size = 0        # slots of the host pool held by nodes
-        self.written = 0          # slots copied to the host pool, in all
-        self.loaded = 0           # slots loaded back from it, in all
+        self.host_size = 0  # slots of the host pool held by nodes
+        self.written = 0  # slots copied to the host pool, in all
+        self.loaded = 0  # slots loaded back from it, in all
 
     def on_gpu(self, node: Node) -> bool:
         return node.gpu
@@ -83,7 +84,7 @@ class HostRadixTree(RadixTree):
         for node in walked:
             if node.gpu:
                 known += node.length
-            else:                       # back on the GPU, from the sequence's own copy
+            else:  # back on the GPU, from the sequence's own copy
                 node.gpu = True
                 self.size += node.length
                 self.evictable += node.length if node.ref == 0 else 0
@@ -123,8 +124,7 @@ class HostRadixTree(RadixTree):
     # -- eviction -------------------------------------------------------------------------
 
     def _gpu_leaf(self, node: Node) -> bool:
-        return (node is not self.root and node.gpu and node.ref == 0
-                and not any(c.gpu for c in node.children.values()))
+        return node is not self.root and node.gpu and node.ref == 0 and not any(c.gpu for c in node.children.values())
 
     def evict(self, amount: int) -> int:
         """Take unlocked GPU leaves off the GPU, least recently used first, until at
@@ -134,8 +134,8 @@ class HostRadixTree(RadixTree):
         freed = 0
         while freed < amount and heap:
             _, _, leaf = heapq.heappop(heap)
-            if not self._gpu_leaf(leaf):     # a write-back copy's host eviction cannot
-                continue                     # touch it, but stay safe
+            if not self._gpu_leaf(leaf):  # a write-back copy's host eviction cannot
+                continue  # touch it, but stay safe
             if not leaf.host and self.write_policy == "write_back":
                 self.copy_to_host(leaf)
             leaf.gpu = False
@@ -143,7 +143,7 @@ class HostRadixTree(RadixTree):
             self.evictable -= leaf.length
             freed += leaf.length
             parent = leaf.parent
-            if not leaf.host:                # no copy anywhere: gone, with what hangs below
+            if not leaf.host:  # no copy anywhere: gone, with what hangs below
                 self._remove(leaf)
             if self._gpu_leaf(parent):
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
@@ -190,7 +190,7 @@ class HostRadixTree(RadixTree):
                 node.gpu = True
                 loaded += node.length
         self.size += loaded
-        self.evictable += loaded        # unlocked until the sequence locks its match
+        self.evictable += loaded  # unlocked until the sequence locks its match
         self.loaded += loaded
         return loaded
 
@@ -208,5 +208,4 @@ class HostRadixTree(RadixTree):
                 raise InvariantError(f"host-only node {node.id} is locked by {node.ref} sequences")
             host += node.length if node.host else 0
         if host != self.host_size or host > self.host_capacity:
-            raise InvariantError(f"counted {host} host slots, kept {self.host_size} "
-                                 f"(capacity {self.host_capacity})")
+            raise InvariantError(f"counted {host} host slots, kept {self.host_size} (capacity {self.host_capacity})")

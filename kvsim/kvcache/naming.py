@@ -14,18 +14,20 @@ before and in it (an offset restarts at 0 with each piece), so equal prefixes ge
 names and unequal ones unequal names. Content -1 ("unique, never shared") is never
 named, nor is anything after it.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 from kvsim.kvcache.base import SeqShape
 
-ROOT = -1    # the name "before" a sequence's first stretch
+ROOT = -1  # the name "before" a sequence's first stretch
 
 
 class Chain(NamedTuple):
     """The names of a shape's first stretches, and whether one holding unique content
     (-1) ended them (no later stretch is named, however long the shape grows)."""
+
     keys: list[int]
     ended: bool
 
@@ -36,8 +38,8 @@ class ContentNames:
 
     def __init__(self, size: int):
         self.size = size
-        self.ids: dict[tuple, int] = {}                          # (parent, runs) -> name
-        self.runs: dict[tuple[int, int, int], list[int]] = {}    # (parent, content, offset) -> names
+        self.ids: dict[tuple, int] = {}  # (parent, runs) -> name
+        self.runs: dict[tuple[int, int, int], list[int]] = {}  # (parent, content, offset) -> names
         self.next = 0
 
     def fresh(self, n: int, parent: int) -> range:
@@ -61,8 +63,8 @@ class ContentNames:
             offset = 0
             while offset < length and len(names) < total:
                 if content == -1:
-                    return Chain(names, True)      # this stretch and every later one stay unnamed
-                if not part and length - offset >= size:      # whole stretches of one piece
+                    return Chain(names, True)  # this stretch and every later one stay unnamed
+                if not part and length - offset >= size:  # whole stretches of one piece
                     n = min((length - offset) // size, total - len(names))
                     run = self.runs.setdefault((parent, content, offset), [])
                     if len(run) < n:

@@ -42,6 +42,7 @@ Invariants: each block id is either in the free queue (count 0) or in as many bl
 tables as its reference count says; a table (with its released leading blocks) covers
 its tokens and holds no block beyond the last one it needs.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -66,8 +67,8 @@ def blocks_for(tokens: int, block_size: int) -> int:
 class _Seq:
     shape: SeqShape
     tokens: int
-    table: list[int]     # live blocks, in logical order
-    dropped: int = 0     # leading blocks released because they left the window
+    table: list[int]  # live blocks, in logical order
+    dropped: int = 0  # leading blocks released because they left the window
 
     def logical_blocks(self) -> int:
         return self.dropped + len(self.table)
@@ -79,14 +80,14 @@ class _Seq:
 
 class PagedAllocator:
     """Fixed-size blocks handed out from the head of a free queue."""
-    counted = True               # a CountedAllocator ...
+
+    counted = True  # a CountedAllocator ...
     takes_blocks_in_bulk = True  # ... that also takes blocks for later growth (block_room)
-    store: TierStore | None = None   # no KV tiers behind it (kvsim.kvcache.tiered has)
+    store: TierStore | None = None  # no KV tiers behind it (kvsim.kvcache.tiered has)
 
     def __init__(self, num_blocks: int, block_size: int, window: int | None = None):
         if num_blocks < 0 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 0 and block_size >= 1, "
-                             f"got {num_blocks} and {block_size}")
+            raise ValueError(f"need num_blocks >= 0 and block_size >= 1, got {num_blocks} and {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.window = window
@@ -96,7 +97,7 @@ class PagedAllocator:
         self._free = self._make_queue()
         # Reference counts, None until a block is first shared (the queue says them till then)
         self._ref: list[int] | None = None
-        self._shared = 0              # blocks with count > 1: the breakdown's slow path
+        self._shared = 0  # blocks with count > 1: the breakdown's slow path
         self._seqs: dict[int, _Seq] = {}
 
     # -- views for tests and reports ------------------------------------------------
@@ -126,7 +127,7 @@ class PagedAllocator:
         return counts
 
     def take_load_s(self) -> float:
-        return 0.0               # no KV tiers: nothing to load
+        return 0.0  # no KV tiers: nothing to load
 
     def tokens_of(self, seq_id: int) -> int | None:
         seq = self._seqs.get(seq_id)
@@ -164,7 +165,7 @@ class PagedAllocator:
         """One reference fewer on each block (distinct), in the order given; blocks nobody
         holds rejoin the queue's head, one after the other."""
         ref = self._ref
-        if ref is None:                # never shared: each had one holder, its last
+        if ref is None:  # never shared: each had one holder, its last
             self._free.put(blocks)
             return
         blocks = list(blocks)
@@ -201,7 +202,7 @@ class PagedAllocator:
         return blocks_for(shape.final_tokens, self.block_size) * self.block_size
 
     def match_prefix(self, shape: SeqShape, num_tokens: int) -> int:
-        return 0   # no cache: nothing is shared between requests
+        return 0  # no cache: nothing is shared between requests
 
     def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
         if seq_id in self._seqs:
@@ -248,8 +249,9 @@ class PagedAllocator:
     def _shares_partial_last(self, seq: _Seq) -> bool:
         """Whether the sequence's last block is partly filled and others hold it too (its
         next token copies it). No block is shared while `_shared` is 0, counts kept or not."""
-        return bool(seq.tokens % self.block_size and self._shared and self._ref is not None
-                    and self._ref[seq.table[-1]] > 1)
+        return bool(
+            seq.tokens % self.block_size and self._shared and self._ref is not None and self._ref[seq.table[-1]] > 1
+        )
 
     def cache_prefilled(self, seq_id: int, num_tokens: int) -> None:
         """Nothing to do: vLLM caches a full block when it allocates it (prefix.py)."""
@@ -285,9 +287,11 @@ class PagedAllocator:
         seq = self._seqs[seq_id]
         check_growth(seq_id, seq.tokens, num_tokens)
         if blocks_for(num_tokens, self.block_size) - seq.logical_blocks() != len(blocks):
-            raise ValueError(f"sequence {seq_id} needs {blocks_for(num_tokens, self.block_size)} "
-                             f"blocks for {num_tokens} tokens; it has {seq.logical_blocks()} and "
-                             f"was given {len(blocks)}")
+            raise ValueError(
+                f"sequence {seq_id} needs {blocks_for(num_tokens, self.block_size)} "
+                f"blocks for {num_tokens} tokens; it has {seq.logical_blocks()} and "
+                f"was given {len(blocks)}"
+            )
         seq.table.extend(blocks)
         seq.tokens = num_tokens
         self._grown(seq)
@@ -326,13 +330,13 @@ class PagedAllocator:
         return self.block_size
 
     def drop(self, seq_id: int) -> None:
-        self.free(seq_id)        # a retraction frees as a preemption does (what the cache keeps stays)
+        self.free(seq_id)  # a retraction frees as a preemption does (what the cache keeps stays)
 
     def lockable(self, shape: SeqShape, num_tokens: int) -> int:
-        return 0                 # a cached block is taken back from the free queue: nothing to lock
+        return 0  # a cached block is taken back from the free queue: nothing to lock
 
     def evict_to_free(self, slots: int) -> None:
-        pass                     # an allocation evicts the free queue's head as it takes it
+        pass  # an allocation evicts the free queue's head as it takes it
 
     def _blocks_short(self, shape: SeqShape, num_tokens: int) -> int:
         """Blocks a sequence admitted with `num_tokens` tokens needs beyond the free queue."""
@@ -354,13 +358,21 @@ class PagedAllocator:
             logical += allocated
             if seq.table and seq.table[-1] not in last_blocks:
                 last_blocks.add(seq.table[-1])
-                gone = seq.dropped * bs      # tokens in blocks that left the window
+                gone = seq.dropped * bs  # tokens in blocks that left the window
                 _, r, i = split_used(seq.tokens - gone, allocated, seq.shape.final_tokens - gone)
                 reservation, internal = reservation + r, internal + i
         used = (self.num_blocks - len(self._free)) * bs
         unusable, free_slots, starved = self.pool_free(next_seq)
-        return Breakdown(used - reservation - internal, reservation, internal, padding=0,
-                         unusable=unusable, free=free_slots, shared=logical - used, starved=starved)
+        return Breakdown(
+            used - reservation - internal,
+            reservation,
+            internal,
+            padding=0,
+            unusable=unusable,
+            free=free_slots,
+            shared=logical - used,
+            starved=starved,
+        )
 
     def check_invariants(self) -> None:
         """Checks per table and over the pool at C speed (check mode runs this after
@@ -372,37 +384,42 @@ class PagedAllocator:
         for seq_id, seq in self._seqs.items():
             if seq.table and not 0 <= min(seq.table) <= max(seq.table) < self.num_blocks:
                 raise InvariantError(f"seq {seq_id}'s table {seq.table} has a block out of range")
-            if len(set(seq.table)) != len(seq.table):     # _share and _drop count on it
+            if len(set(seq.table)) != len(seq.table):  # _share and _drop count on it
                 raise InvariantError(f"seq {seq_id}'s table {seq.table} holds a block twice")
             holders.update(seq.table)
         queued = set(self._free)
         ref = self._counts()
-        fast_ok = (len(holders) + len(self._free) == self.num_blocks and len(queued) == len(self._free)
-                   and holders.keys().isdisjoint(queued)
-                   and all(ref[b] == n for b, n in holders.items())
-                   and sum(ref) == holders.total() and min(ref, default=0) >= 0
-                   and self._shared == sum(n > 1 for n in holders.values()))
-        if not fast_ok:   # find and name the culprit
+        fast_ok = (
+            len(holders) + len(self._free) == self.num_blocks
+            and len(queued) == len(self._free)
+            and holders.keys().isdisjoint(queued)
+            and all(ref[b] == n for b, n in holders.items())
+            and sum(ref) == holders.total()
+            and min(ref, default=0) >= 0
+            and self._shared == sum(n > 1 for n in holders.values())
+        )
+        if not fast_ok:  # find and name the culprit
             self._diagnose(holders, ref)
-        filled_in: dict[int, int] = {}   # partly filled last block -> the tokens in it
+        filled_in: dict[int, int] = {}  # partly filled last block -> the tokens in it
         ending: Counter[int] = Counter()  # partly filled last block -> the tables it ends
         for seq_id, seq in self._seqs.items():
             table = seq.table
             if seq.logical_blocks() != blocks_for(seq.tokens, bs):
-                raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in blocks {table} "
-                                     f"({seq.dropped} released)")
+                raise InvariantError(
+                    f"seq {seq_id} holds {seq.tokens} tokens in blocks {table} ({seq.dropped} released)"
+                )
             self._check_table(seq_id, seq)
             filled = seq.tokens - (seq.logical_blocks() - 1) * bs
             if table and filled < bs:
                 seen = filled_in.setdefault(table[-1], filled)
                 if seen != filled:
-                    raise InvariantError(f"block {table[-1]} holds {filled} tokens for seq "
-                                         f"{seq_id} but {seen} for another")
+                    raise InvariantError(
+                        f"block {table[-1]} holds {filled} tokens for seq {seq_id} but {seen} for another"
+                    )
                 ending[table[-1]] += 1
         for block, tables in ending.items():
-            if tables != holders[block]:   # a fork's partial block, full for another table
-                raise InvariantError(f"partly filled block {block} is not the last block "
-                                     f"of every table holding it")
+            if tables != holders[block]:  # a fork's partial block, full for another table
+                raise InvariantError(f"partly filled block {block} is not the last block of every table holding it")
         self._check_cache()
         b = self.breakdown(None)
         if min(b.token, b.reservation, b.internal, b.free, b.shared) < 0 or b.capacity != self.capacity:
@@ -430,8 +447,9 @@ class PagedAllocator:
                 if not 0 <= b < self.num_blocks:
                     raise InvariantError(f"block {b} in seq {seq_id}'s table is out of range")
                 if ref[b] != counts[b]:
-                    raise InvariantError(f"block {b} (in seq {seq_id}'s table) has reference count "
-                                         f"{ref[b]} but {counts[b]} owners")
+                    raise InvariantError(
+                        f"block {b} (in seq {seq_id}'s table) has reference count {ref[b]} but {counts[b]} owners"
+                    )
         lost = sorted(set(range(self.num_blocks)) - queued - counts.keys())
         if lost:
             raise InvariantError(f"blocks {lost} are neither free nor in a table")

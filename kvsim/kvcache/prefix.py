@@ -63,6 +63,7 @@ of a cached key (the key of the block before it) is cached too (tables are keyed
 and free their deepest block first, so a copy of the block before a cached one is in a
 table or queued behind it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -74,29 +75,30 @@ from kvsim.kvcache.free_queue import LinkedFreeQueue
 from kvsim.kvcache.naming import ROOT, Chain, ContentNames
 from kvsim.kvcache.paged import PagedAllocator, _Seq, blocks_for
 
-CHAINS_KEPT = 256   # shapes whose key chains are kept for lookups
+CHAINS_KEPT = 256  # shapes whose key chains are kept for lookups
 
-KEYS_SLACK = 4      # keys made between two prunings: at least this many per block of the pool
+KEYS_SLACK = 4  # keys made between two prunings: at least this many per block of the pool
 
 
 @dataclass
 class _CachedSeq(_Seq):
-    keyed: int = 0                                   # leading blocks that hold their keys: chain[:keyed]
-    hashed: int = 0                                  # full blocks looked at so far
-    chain: list[int] = field(default_factory=list)   # its shape's keys, as far as they were made
-    offered: int = 0                                 # chunks offered to KV tiers (kvsim.kvcache.tiered)
+    keyed: int = 0  # leading blocks that hold their keys: chain[:keyed]
+    hashed: int = 0  # full blocks looked at so far
+    chain: list[int] = field(default_factory=list)  # its shape's keys, as far as they were made
+    offered: int = 0  # chunks offered to KV tiers (kvsim.kvcache.tiered)
 
 
 class PrefixCachingPagedAllocator(PagedAllocator):
     """Paged blocks shared between sequences through a chained-key block cache."""
-    _ref: list[int]                  # kept from the start: hits share blocks
+
+    _ref: list[int]  # kept from the start: hits share blocks
 
     def __init__(self, num_blocks: int, block_size: int):
-        super().__init__(num_blocks, block_size)   # cached blocks stay whole: no window
-        self._ref = [0] * num_blocks               # hits share blocks: counts kept throughout
+        super().__init__(num_blocks, block_size)  # cached blocks stay whole: no window
+        self._ref = [0] * num_blocks  # hits share blocks: counts kept throughout
         # The free queue doubles as the LRU of cached blocks: a hit takes its block
         # back out of the middle (PagedAllocator._share), a new block comes off the head.
-        self._key_of: list[int | None] = [None] * num_blocks   # cached block -> key
+        self._key_of: list[int | None] = [None] * num_blocks  # cached block -> key
         # key -> its first cached copy still cached (the one a lookup takes), and, for
         # the few keys with more, key -> the later copies in the order they were cached.
         self._first: dict[int, int] = {}
@@ -107,13 +109,13 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # whose keys nothing holds are forgotten (_forget_keys); a prefix seen again then
         # gets a new key.
         self._names = ContentNames(block_size)
-        self._forget_after = KEYS_SLACK * num_blocks    # free() forgets past it
-        self._chains: dict[SeqShape, Chain] = {}   # shape -> _make_chain's answer, by recency
+        self._forget_after = KEYS_SLACK * num_blocks  # free() forgets past it
+        self._chains: dict[SeqShape, Chain] = {}  # shape -> _make_chain's answer, by recency
         # The last lookup's answer, good while no key it read has changed its first copy:
         # admitting a request looks its prefix up three times (its need, whether it fits,
         # allocate), and a request that waits for memory is looked up at every step.
-        self._touched: set[int] = set()      # keys whose first copy changed since then
-        self._last_hits: tuple = (None, 0, set(), ())    # (shape, blocks, keys read, hits)
+        self._touched: set[int] = set()  # keys whose first copy changed since then
+        self._last_hits: tuple = (None, 0, set(), ())  # (shape, blocks, keys read, hits)
 
     @property
     def cached_blocks(self) -> list[int]:
@@ -140,7 +142,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         kept = self._chains.pop(shape, None)
         if kept is None or (len(kept.keys) < blocks and not kept.ended):
             kept = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
-        self._chains[shape] = kept          # most recent last
+        self._chains[shape] = kept  # most recent last
         if len(self._chains) > CHAINS_KEPT:
             del self._chains[next(iter(self._chains))]
         return kept.keys
@@ -157,23 +159,22 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         prompt's, a recompute's after a shorter one)."""
         blocks = max(num_tokens - 1, 0) // self.block_size
         last_shape, last_blocks, read, hits = self._last_hits
-        if last_shape == shape and (blocks <= len(hits) or len(hits) < last_blocks) \
-                and self._touched.isdisjoint(read):
+        if last_shape == shape and (blocks <= len(hits) or len(hits) < last_blocks) and self._touched.isdisjoint(read):
             return list(hits[:blocks])
         chain = self._chain(shape, blocks)[:blocks]
         hits = list(map(self._first.get, chain))
         if None in hits:
-            del hits[hits.index(None):]
+            del hits[hits.index(None) :]
         # the answer depends on the hits' keys and on the first key missed
         self._touched = set()
-        self._last_hits = (shape, blocks, set(chain[:len(hits) + 1]), tuple(hits))
+        self._last_hits = (shape, blocks, set(chain[: len(hits) + 1]), tuple(hits))
         return hits
 
     def _cache_full_blocks(self, seq: _CachedSeq) -> None:
         """Give keys to the blocks the sequence has filled since the last call."""
         full = seq.tokens // self.block_size
         start = seq.hashed
-        if start >= full or seq.keyed != start:   # nothing new, or uncacheable
+        if start >= full or seq.keyed != start:  # nothing new, or uncacheable
             seq.hashed = max(start, full)
             return
         # keys up to the first uncacheable block; it and every later one stay uncached
@@ -184,7 +185,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         seq.hashed = full
         if not keys:
             return
-        blocks = seq.table[start:start + len(keys)]
+        blocks = seq.table[start : start + len(keys)]
         key_of, first = self._key_of, self._first
         if [key_of[b] for b in blocks].count(None) == len(blocks) and first.keys().isdisjoint(keys):
             # the usual case, in bulk: fresh blocks whose keys no block holds yet
@@ -194,7 +195,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
                 key_of[block] = key
             return
         for block, key in zip(blocks, keys):
-            if key_of[block] is None:     # a hit keeps the key it has: this one
+            if key_of[block] is None:  # a hit keeps the key it has: this one
                 self._cache_block(block, key)
 
     def _cache_block(self, block: int, key: int) -> None:
@@ -216,7 +217,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             return taken
         for b in taken:
             key_of[b] = None
-        if self._more.keys().isdisjoint(keys):    # each key's only copy: the block taken
+        if self._more.keys().isdisjoint(keys):  # each key's only copy: the block taken
             first = self._first
             for key in keys:
                 del first[key]
@@ -232,7 +233,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         one lookups take."""
         later = self._more.get(key)
         if self._first[key] != block:
-            assert later is not None       # a copy that lookups do not take is a later one
+            assert later is not None  # a copy that lookups do not take is a later one
             later.remove(block)
         elif later:
             self._first[key] = later.pop(0)
@@ -292,7 +293,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         for b, n in zip(table, left):
             ref[b] = n
         self._shared -= left.count(1)
-        partial = len(table) - seq.tokens // self.block_size    # leading entries of `table`
+        partial = len(table) - seq.tokens // self.block_size  # leading entries of `table`
         self._free.put_front([b for b, n in zip(table[:partial], left) if not n])
         self._free.put(compress(table[partial:], map(not_, left[partial:])))
         if self._names.next > self._forget_after:
@@ -314,14 +315,13 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already allocated")
         hits, short = self._new_blocks_needed(shape, num_tokens)
-        if short + blocks_for(keep_free, self.block_size) > 0:   # the watermark stays free
+        if short + blocks_for(keep_free, self.block_size) > 0:  # the watermark stays free
             return False
         self._share(hits)
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
         # the hits hold their keys already: the chain's first ones
         chain = self._chain(shape)
-        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keyed=len(hits),
-                                              hashed=len(hits), chain=chain)
+        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, keyed=len(hits), hashed=len(hits), chain=chain)
         self._cache_full_blocks(seq)
         return True
 
@@ -352,8 +352,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         keys = list(map(self._key_of.__getitem__, seq.table))
         n = seq.keyed
         if keys[:n] != seq.chain[:n] or keys[n:].count(None) != len(keys[n:]):
-            raise InvariantError(f"seq {seq_id}'s blocks hold keys {keys}, "
-                                 f"but its own chain is {seq.chain[:n]}")
+            raise InvariantError(f"seq {seq_id}'s blocks hold keys {keys}, but its own chain is {seq.chain[:n]}")
 
     def _check_cache(self) -> None:
         copies = 0
@@ -361,8 +360,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             blocks = [first, *self._more.get(key, ())]
             for block in blocks:
                 if self._key_of[block] != key:
-                    raise InvariantError(f"key {key} maps to block {block}, "
-                                         f"whose key is {self._key_of[block]}")
+                    raise InvariantError(f"key {key} maps to block {block}, whose key is {self._key_of[block]}")
             copies += len(blocks)
         if not self._more.keys() <= self._first.keys() or not all(self._more.values()):
             raise InvariantError("a key has later copies but no first one")

@@ -45,6 +45,7 @@ number of running sequences whose path passes through it; only unlocked leaves a
 evicted; each sequence's path spells its own first `matched` tokens, whole pages that
 cover the tokens it offered once computed; no edge holds content -1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,17 +59,18 @@ from kvsim.kvcache.runs import Runs, cacheable_runs, common_length, runs_length
 class _Seq:
     shape: SeqShape
     tokens: int
-    node: Node         # where its part in the tree ends (the root if none)
-    matched: int       # its leading tokens in the tree, whole pages, locked through node
-    offered: int = 0   # its first tokens offered to the tree once computed
+    node: Node  # where its part in the tree ends (the root if none)
+    matched: int  # its leading tokens in the tree, whole pages, locked through node
+    offered: int = 0  # its first tokens offered to the tree once computed
 
 
 class RadixCacheAllocator:
     """Token slots in pages, shared through a radix tree of cached prefixes."""
-    counted = False              # every token takes a free slot: no room to count in
+
+    counted = False  # every token takes a free slot: no room to count in
     takes_blocks_in_bulk = False
-    store = None                 # no KV tiers behind it
-    block_size = None            # pages are taken one by one as tokens need them
+    store = None  # no KV tiers behind it
+    block_size = None  # pages are taken one by one as tokens need them
 
     def __init__(self, capacity: int, page_size: int = 1):
         if capacity < 0 or page_size < 1 or capacity % page_size:
@@ -76,7 +78,7 @@ class RadixCacheAllocator:
         self.capacity = capacity
         self.page_size = page_size
         self._tree = RadixTree(page_size)
-        self._private = 0                  # slots of sequences' pages beyond their match
+        self._private = 0  # slots of sequences' pages beyond their match
         self._free = capacity
         self._seqs: dict[int, _Seq] = {}
 
@@ -92,7 +94,7 @@ class RadixCacheAllocator:
         return self._free
 
     def take_load_s(self) -> float:
-        return 0.0               # no KV tiers: nothing to load
+        return 0.0  # no KV tiers: nothing to load
 
     def tokens_of(self, seq_id: int) -> int | None:
         seq = self._seqs.get(seq_id)
@@ -191,7 +193,7 @@ class RadixCacheAllocator:
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         seq = self._seqs[seq_id]
         check_growth(seq_id, seq.tokens, num_tokens)
-        done = min(seq.tokens, seq.shape.prompt_tokens)    # computed by now
+        done = min(seq.tokens, seq.shape.prompt_tokens)  # computed by now
         runs = self._to_insert(seq, done)
         need = self._pages(num_tokens) - self._pages(seq.tokens)
         if need > self._free + self._tree.evictable + self._gain(seq, runs):
@@ -220,8 +222,7 @@ class RadixCacheAllocator:
         self._cache(parent, runs)
         self._tree.lock(parent.node, +1)
         self._reserve(copy)
-        self._seqs[child_id] = _Seq(parent.shape, parent.tokens, parent.node,
-                                    parent.matched, parent.offered)
+        self._seqs[child_id] = _Seq(parent.shape, parent.tokens, parent.node, parent.matched, parent.offered)
         return True
 
     def free(self, seq_id: int) -> None:
@@ -254,12 +255,21 @@ class RadixCacheAllocator:
         reservation = internal = logical = 0
         for seq in self._seqs.values():
             logical += seq.tokens
-            t, r, i = split_used(seq.tokens - seq.matched, self._pages(seq.tokens) - seq.matched,
-                                 seq.shape.final_tokens - seq.matched)
+            t, r, i = split_used(
+                seq.tokens - seq.matched, self._pages(seq.tokens) - seq.matched, seq.shape.final_tokens - seq.matched
+            )
             token, reservation, internal = token + t, reservation + r, internal + i
         unusable, free, starved = self.pool_free(next_seq)
-        return Breakdown(token, reservation, internal, padding=0, unusable=unusable, free=free,
-                         shared=logical - token, starved=starved)
+        return Breakdown(
+            token,
+            reservation,
+            internal,
+            padding=0,
+            unusable=unusable,
+            free=free,
+            shared=logical - token,
+            starved=starved,
+        )
 
     def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
         """(unusable, free, starved) as `breakdown` gives them, without its walk over sequences."""
@@ -279,18 +289,26 @@ class RadixCacheAllocator:
             while node is not self._tree.root:
                 refs[node.id] = refs.get(node.id, 0) + 1
                 depth, spelled, node = depth + node.length, node.runs + spelled, node.parent
-            if (depth != seq.matched or seq.matched % self.page_size or seq.tokens < seq.matched
-                    or common_length(spelled, seq.shape.runs(0, seq.matched)) != seq.matched):
-                raise InvariantError(f"seq {seq_id} matched {seq.matched} tokens and holds "
-                                     f"{seq.tokens}, but its path spells {depth} of its own")
+            if (
+                depth != seq.matched
+                or seq.matched % self.page_size
+                or seq.tokens < seq.matched
+                or common_length(spelled, seq.shape.runs(0, seq.matched)) != seq.matched
+            ):
+                raise InvariantError(
+                    f"seq {seq_id} matched {seq.matched} tokens and holds "
+                    f"{seq.tokens}, but its path spells {depth} of its own"
+                )
             offered = self._tree.whole_pages(cacheable_runs(seq.shape, seq.offered))
             if runs_length(offered) > seq.matched or seq.offered > seq.tokens:
-                raise InvariantError(f"seq {seq_id} offered {seq.offered} tokens to the tree "
-                                     f"but is matched on {seq.matched}")
+                raise InvariantError(
+                    f"seq {seq_id} offered {seq.offered} tokens to the tree but is matched on {seq.matched}"
+                )
             private += self._pages(seq.tokens) - seq.matched
         self._tree.check(refs)
         if private != self._private:
             raise InvariantError(f"counted {private} private slots, kept {self._private}")
         if self._free < 0 or self._tree.size + private + self._free != self.capacity:
-            raise InvariantError(f"tree {self._tree.size} + private {private} + free "
-                                 f"{self._free} != capacity {self.capacity}")
+            raise InvariantError(
+                f"tree {self._tree.size} + private {private} + free {self._free} != capacity {self.capacity}"
+            )

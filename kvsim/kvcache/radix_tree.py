@@ -26,6 +26,7 @@ split's upper node when made, a new leaf when made, so no wall clock enters the 
 SGLang stamps the nodes of one lookup or insert with one `time.monotonic()` reading;
 that orders the leaves alike, since two leaves are never stamped by the same call.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -41,8 +42,8 @@ class Node:
     def __init__(self, node_id: int, runs: Runs, parent: Node | None, stamp: int):
         self.id, self.runs, self.parent = node_id, runs, parent
         self.length = runs_length(runs)
-        self.children: dict[Runs, Node] = {}   # by the first page of their edge
-        self.ref = 0                           # running sequences whose path passes here
+        self.children: dict[Runs, Node] = {}  # by the first page of their edge
+        self.ref = 0  # running sequences whose path passes here
         self.last_access = stamp
         # where a host pool backs the tree (kvsim.kvcache.host_tree): whether its KV is in
         # the GPU pool, whether it has a host copy, and the inserts that counted it
@@ -53,6 +54,7 @@ class Match(NamedTuple):
     """The longest cached prefix of some runs: the nodes it passes, how far into the last
     it goes (the whole edge unless the match ends inside it), the tokens matched, and
     the unlocked slots that locking them would take out of the evictable ones."""
+
     path: list[Node]
     into: int
     matched: int
@@ -64,11 +66,11 @@ class RadixTree:
         if page < 1:
             raise ValueError(f"need page_size >= 1, got {page}")
         self.page = page
-        self.root = Node(0, (), None, 0)   # holds no slots, never evicted
+        self.root = Node(0, (), None, 0)  # holds no slots, never evicted
         self._next_id = 1
         self._clock = 0
-        self.size = 0          # slots held by nodes
-        self.evictable = 0     # slots held by nodes no running sequence passes through
+        self.size = 0  # slots held by nodes
+        self.evictable = 0  # slots held by nodes no running sequence passes through
 
     # -- views --------------------------------------------------------------------------
 
@@ -102,8 +104,7 @@ class RadixTree:
         some elsewhere (kvsim.kvcache.host_tree)."""
         node, path, into = self.root, [], 0
         runs = self.whole_pages(runs)
-        while runs and (child := node.children.get(self.key(runs))) is not None \
-                and (everywhere or self.on_gpu(child)):
+        while runs and (child := node.children.get(self.key(runs))) is not None and (everywhere or self.on_gpu(child)):
             into = common_length(child.runs, runs) // self.page * self.page
             path.append(child)
             if into < child.length:
@@ -127,7 +128,7 @@ class RadixTree:
             return node
         head, tail = split_runs(node.runs, match.into)
         parent = node.parent
-        upper = self._new_node(head, parent)          # replaces node under its key
+        upper = self._new_node(head, parent)  # replaces node under its key
         upper.ref, upper.gpu, upper.host, upper.hits = node.ref, node.gpu, node.host, node.hits
         node.runs, node.length, node.parent = tail, node.length - match.into, upper
         upper.children[self.key(tail)] = node
@@ -183,8 +184,7 @@ class RadixTree:
     def evict(self, amount: int) -> int:
         """Evict unlocked leaves, least recently used first, until at least `amount`
         slots are freed or nothing is evictable; returns the slots freed."""
-        heap = [(n.last_access, n.id, n) for n, _ in self.all_nodes()
-                if not n.children and n.ref == 0]
+        heap = [(n.last_access, n.id, n) for n, _ in self.all_nodes() if not n.children and n.ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < amount and heap:
@@ -206,21 +206,27 @@ class RadixTree:
         stamps: set[int] = set()
         for node, _ in self.all_nodes():
             if node.ref != refs.get(node.id, 0) or node.ref < 0:
-                raise InvariantError(f"node {node.id} has refcount {node.ref}; "
-                                     f"{refs.get(node.id, 0)} running paths pass through it")
-            if (node.length != runs_length(node.runs) or node.length <= 0
-                    or node.length % self.page or any(c == -1 for c, _, _ in node.runs)):
-                raise InvariantError(f"node {node.id} has edge {node.runs} of length "
-                                     f"{node.length} (page size {self.page})")
+                raise InvariantError(
+                    f"node {node.id} has refcount {node.ref}; {refs.get(node.id, 0)} running paths pass through it"
+                )
+            if (
+                node.length != runs_length(node.runs)
+                or node.length <= 0
+                or node.length % self.page
+                or any(c == -1 for c, _, _ in node.runs)
+            ):
+                raise InvariantError(
+                    f"node {node.id} has edge {node.runs} of length {node.length} (page size {self.page})"
+                )
             if node.parent.children.get(self.key(node.runs)) is not node:
                 raise InvariantError(f"node {node.id} is not its parent's child under its first page")
             if not 0 < node.last_access <= self._clock or node.last_access in stamps:
-                raise InvariantError(f"node {node.id} has stamp {node.last_access} "
-                                     f"(clock {self._clock}, or shared with another node)")
+                raise InvariantError(
+                    f"node {node.id} has stamp {node.last_access} (clock {self._clock}, or shared with another node)"
+                )
             stamps.add(node.last_access)
             slots = node.length if self.on_gpu(node) else 0
             size += slots
             evictable += slots if node.ref == 0 else 0
         if (size, evictable) != (self.size, self.evictable):
-            raise InvariantError(f"counted tree/evictable {size}/{evictable}, "
-                                 f"kept {self.size}/{self.evictable}")
+            raise InvariantError(f"counted tree/evictable {size}/{evictable}, kept {self.size}/{self.evictable}")

@@ -4,6 +4,7 @@ A sequence's tokens are given by `SeqShape.runs` as (content id, offset, length)
 (see base.py); the prefix caches compare them without expanding them token by token.
 Content -1 means "unique, never shared": no cache stores or matches it.
 """
+
 from __future__ import annotations
 
 from kvsim.kvcache.base import SeqShape
@@ -18,7 +19,7 @@ def runs_length(runs: Runs) -> int:
 def common_length(a: Runs, b: Runs) -> int:
     """Tokens at the start of `a` and `b` that are the same token (content and offset)."""
     i = j = n = 0
-    da = db = 0                        # tokens consumed of a[i] and b[j]
+    da = db = 0  # tokens consumed of a[i] and b[j]
     while i < len(a) and j < len(b):
         (ca, oa, la), (cb, ob, lb) = a[i], b[j]
         if ca != cb or ca == -1 or oa + da != ob + db:

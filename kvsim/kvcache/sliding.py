@@ -37,6 +37,7 @@ a retention interval other than 0, EAGLE's dropped block, KV tiers behind a wind
 cache. kvsim.sim.differential checks these rules against vLLM's own SlidingWindowManager
 block id by block id.
 """
+
 from __future__ import annotations
 
 from kvsim.kvcache.base import InvariantError, SeqShape
@@ -62,7 +63,7 @@ class SlidingWindowPagedAllocator(PagedAllocator):
 
     def __init__(self, num_blocks: int, block_size: int, window: int, cap: int):
         super().__init__(num_blocks, block_size, window=window)
-        self.width, self.cap = window, cap     # the window, as an int
+        self.width, self.cap = window, cap  # the window, as an int
 
     def _grown(self, seq: _Seq) -> None:
         """Nothing: blocks leave before the next allocation, not after this one."""
@@ -70,7 +71,7 @@ class SlidingWindowPagedAllocator(PagedAllocator):
     def _slide(self, seq: _Seq) -> None:
         out = min(skipped_blocks(seq.tokens, self.width, self.block_size) - seq.dropped, len(seq.table))
         if out > 0:
-            self._release(seq.table[:out])      # to the head, the deepest first
+            self._release(seq.table[:out])  # to the head, the deepest first
             del seq.table[:out]
             seq.dropped += out
 
@@ -88,15 +89,15 @@ class SlidingWindowPrefixCache(PrefixCachingPagedAllocator):
 
     def __init__(self, num_blocks: int, block_size: int, window: int, cap: int):
         super().__init__(num_blocks, block_size)
-        self.window = self.width = window     # width: the window, as an int
+        self.window = self.width = window  # width: the window, as an int
         self.cap = cap
-        self.need = blocks_for(window - 1, block_size)     # a hit's run of cached blocks
-        self._hashed = bytearray(num_blocks)   # blocks vLLM holds a hash for (keyed or not)
+        self.need = blocks_for(window - 1, block_size)  # a hit's run of cached blocks
+        self._hashed = bytearray(num_blocks)  # blocks vLLM holds a hash for (keyed or not)
 
     def _take(self, count: int) -> list[int]:
         taken = super()._take(count)
         for b in taken:
-            self._hashed[b] = 0          # a block handed out loses its hash (evicted)
+            self._hashed[b] = 0  # a block handed out loses its hash (evicted)
         return taken
 
     # -- lookups ----------------------------------------------------------------------
@@ -104,13 +105,13 @@ class SlidingWindowPrefixCache(PrefixCachingPagedAllocator):
     def _window_hits(self, shape: SeqShape, num_tokens: int) -> tuple[int, list[int]]:
         """(blocks the hit covers, the cached blocks read: its last `need` or fewer)."""
         chain = self._chain(shape, max(num_tokens - 1, 0) // self.block_size)
-        chain = chain[:max(num_tokens - 1, 0) // self.block_size]
+        chain = chain[: max(num_tokens - 1, 0) // self.block_size]
         first, run = self._first, 0
         for i in range(len(chain) - 1, -1, -1):
             if chain[i] in first:
                 run += 1
                 if run >= self.need:
-                    return i + run, [first[k] for k in chain[i:i + run]]
+                    return i + run, [first[k] for k in chain[i : i + run]]
             else:
                 run = 0
         return run, [first[k] for k in chain[:run]]
@@ -141,8 +142,9 @@ class SlidingWindowPrefixCache(PrefixCachingPagedAllocator):
             return False
         self._share(hits)
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - covered)
-        self._seqs[seq_id] = seq = _CachedSeq(shape, num_tokens, table, dropped=covered - len(hits),
-                                              hashed=covered, chain=self._chain(shape))
+        self._seqs[seq_id] = seq = _CachedSeq(
+            shape, num_tokens, table, dropped=covered - len(hits), hashed=covered, chain=self._chain(shape)
+        )
         self._cache_full_blocks(seq)
         return True
 
@@ -150,7 +152,7 @@ class SlidingWindowPrefixCache(PrefixCachingPagedAllocator):
         seq = self._seqs[seq_id]
         out = min(skipped_blocks(seq.tokens, self.width, self.block_size) - seq.dropped, len(seq.table))
         if out > 0:
-            self._free_deepest_first(seq.table[out - 1::-1])
+            self._free_deepest_first(seq.table[out - 1 :: -1])
             del seq.table[:out]
             seq.dropped += out
         return super().grow(seq_id, num_tokens)

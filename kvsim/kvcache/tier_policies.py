@@ -22,6 +22,7 @@ The orders are plain dicts, which keep their keys in insertion order (a key popp
 set again goes to the end), not OrderedDicts as vLLM's: the same order, and the bulk
 updates a tier makes for every prompt (hundreds of chunks each) run about twice as fast.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -31,6 +32,7 @@ from typing import Callable, Iterator, Mapping, Protocol
 
 class TierPolicy(Protocol):
     """What a tier asks of its replacement policy (LRUPolicy and ARCPolicy are two)."""
+
     capacity: int
 
     @property
@@ -43,11 +45,14 @@ class TierPolicy(Protocol):
     def insert(self, key: int) -> None: ...
     def insert_all(self, keys: list[int]) -> None:
         """Store new keys, in the order given (the last the most recent)."""
+
     def use_all(self, keys: list[int]) -> None:
         """Reuse held keys, in the order given."""
+
     def touch(self, key: int) -> None: ...
     def victims(self, n: int, protected: frozenset[int] | set[int] = frozenset()) -> list[int] | None:
         """The next n keys to drop, none of `protected`; None where there are not n."""
+
     def evict(self, key: int) -> None: ...
     def evict_all(self, keys: list[int]) -> None: ...
 
@@ -57,8 +62,8 @@ class LRUPolicy:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._order: dict[int, None] = {}   # oldest first
-        self.members = self._order        # every key held, for membership tests at C speed
+        self._order: dict[int, None] = {}  # oldest first
+        self.members = self._order  # every key held, for membership tests at C speed
 
     def __contains__(self, key: int) -> bool:
         return key in self._order
@@ -91,7 +96,7 @@ class LRUPolicy:
         if n <= 0:
             return []
         oldest = list(islice(self._order, n))
-        if len(oldest) == n and protected.isdisjoint(oldest):    # the usual case
+        if len(oldest) == n and protected.isdisjoint(oldest):  # the usual case
             return oldest
         # at most len(protected) of the oldest n + len(protected) keys are skipped
         out = [k for k in islice(self._order, n + len(protected)) if k not in protected][:n]
@@ -102,7 +107,7 @@ class LRUPolicy:
 
     def evict_all(self, keys: list[int]) -> None:
         """evict() of each key."""
-        deque(map(self._order.pop, keys), maxlen=0)     # pop each, at C speed
+        deque(map(self._order.pop, keys), maxlen=0)  # pop each, at C speed
 
 
 class ARCPolicy:
@@ -111,11 +116,11 @@ class ARCPolicy:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.target_t1 = 0.0
-        self.t1: dict[int, None] = {}   # seen once, oldest first
-        self.t2: dict[int, None] = {}   # seen again
-        self.b1: dict[int, None] = {}   # ghosts evicted from T1
-        self.b2: dict[int, None] = {}   # ghosts evicted from T2
-        self.members: dict[int, None] = {}   # T1 and T2, for membership tests at C speed
+        self.t1: dict[int, None] = {}  # seen once, oldest first
+        self.t2: dict[int, None] = {}  # seen again
+        self.b1: dict[int, None] = {}  # ghosts evicted from T1
+        self.b2: dict[int, None] = {}  # ghosts evicted from T2
+        self.members: dict[int, None] = {}  # T1 and T2, for membership tests at C speed
 
     def __contains__(self, key: int) -> bool:
         return key in self.members
@@ -188,6 +193,7 @@ class ARCPolicy:
 
         def idle(part):
             return (k for k in part if k not in protected)
+
         t1, t2 = idle(self.t1), idle(self.t2)
         out, size = [], len(self.t1)
         for _ in range(n):
@@ -217,7 +223,7 @@ class ARCPolicy:
 
     def evict_all(self, keys: list[int]) -> None:
         """evict() of each key, in bulk."""
-        in_t1 = list(filter(self.t1.__contains__, keys))     # every key is held: the rest in T2
+        in_t1 = list(filter(self.t1.__contains__, keys))  # every key is held: the rest in T2
         in_t2 = [] if len(in_t1) == len(keys) else list(filterfalse(self.t1.__contains__, keys))
         for part, ghosts, mine in ((self.t1, self.b1, in_t1), (self.t2, self.b2, in_t2)):
             deque(map(part.pop, mine), maxlen=0)

@@ -22,6 +22,7 @@ so the whole step waits: an upper bound on what a load costs the others.)
 The same store may serve several replicas (a shared tier): each replica's GPU cache is
 its own; names and chunks are the store's.
 """
+
 from __future__ import annotations
 
 from kvsim.kvcache.base import InvariantError, SeqShape
@@ -32,19 +33,21 @@ from kvsim.kvcache.tiers import TierStore
 
 class TieredPrefixCachingAllocator(PrefixCachingPagedAllocator):
     """Paged blocks, vLLM's prefix cache, and KV tiers behind them."""
+
     store: TierStore
 
     def __init__(self, num_blocks: int, block_size: int, store: TierStore, block_bytes: float):
         super().__init__(num_blocks, block_size)
         if store.chunk_tokens % block_size:
-            raise ValueError(f"a tier's chunk ({store.chunk_tokens} tokens) must be a whole "
-                             f"number of blocks of {block_size}")
+            raise ValueError(
+                f"a tier's chunk ({store.chunk_tokens} tokens) must be a whole number of blocks of {block_size}"
+            )
         self.store = store
         self.per_chunk = store.chunk_tokens // block_size
         self.block_bytes = block_bytes
-        self.pending_load_s = 0.0          # taken by the scheduler (take_load_s)
-        self.tier_load_s = 0.0             # this engine's loads, in all
-        self.tier_hit_tokens = [0] * len(store.tiers)   # tokens loaded from each tier
+        self.pending_load_s = 0.0  # taken by the scheduler (take_load_s)
+        self.tier_load_s = 0.0  # this engine's loads, in all
+        self.tier_hit_tokens = [0] * len(store.tiers)  # tokens loaded from each tier
         # what each step records of the tiers: the chunks host memory and disk hold
         by_name = {t.spec.name: t.held.members for t in store.tiers}
         self._cpu, self._disk = by_name.get("cpu", {}), by_name.get("disk", {})
@@ -82,7 +85,7 @@ class TieredPrefixCachingAllocator(PrefixCachingPagedAllocator):
             self.pending_load_s += seconds
             self.tier_load_s += seconds
             for block in range(gpu, gpu + blocks):
-                _, tier = hits[block // self.per_chunk - first]     # (chunk name, tier index)
+                _, tier = hits[block // self.per_chunk - first]  # (chunk name, tier index)
                 self.tier_hit_tokens[tier] += self.block_size
         if not super().allocate(seq_id, shape, num_tokens, keep_free):
             if blocks:
@@ -102,7 +105,7 @@ class TieredPrefixCachingAllocator(PrefixCachingPagedAllocator):
     def _offer(self, seq: _CachedSeq, tokens: int) -> None:
         upto = tokens // self.store.chunk_tokens
         if upto > seq.offered:
-            self.store.store(self.store.names.of(seq.shape)[seq.offered:upto])
+            self.store.store(self.store.names.of(seq.shape)[seq.offered : upto])
             seq.offered = upto
 
     def free(self, seq_id: int) -> None:

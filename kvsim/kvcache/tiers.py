@@ -49,6 +49,7 @@ Invariants (`check_invariants`): each tier holds at most its capacity in chunks,
 counts match its policy's keys, and every chunk a tier holds has a name the namer still
 knows, so a hit is always of content some tier holds.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -59,9 +60,9 @@ from kvsim.kvcache.base import InvariantError, SeqShape
 from kvsim.kvcache.naming import ContentNames
 from kvsim.kvcache.tier_policies import POLICIES
 
-NAMES_SLACK = 8          # names made between two prunings: at least this many per chunk held
+NAMES_SLACK = 8  # names made between two prunings: at least this many per chunk held
 MIN_NAMES = 1 << 16
-SHAPES_KEPT = 256        # shapes whose names are kept for lookups
+SHAPES_KEPT = 256  # shapes whose names are kept for lookups
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class TierSpec:
     """One tier: its capacity in chunks, its replacement policy
     (kvsim.kvcache.tier_policies), and the bandwidth a load reads it with before the
     copy into the GPU (bytes/s; None for host memory, which the copy reads directly)."""
+
     name: str
     capacity_chunks: int
     policy: str = "lru"
@@ -83,8 +85,8 @@ class Tier:
             raise ValueError(f"unknown tier policy {spec.policy!r}; valid: {', '.join(sorted(POLICIES))}")
         self.spec = spec
         self.held = POLICIES[spec.policy](spec.capacity_chunks)
-        self.written = 0     # chunks stored into it
-        self.read = 0        # chunks loaded out of it
+        self.written = 0  # chunks stored into it
+        self.read = 0  # chunks loaded out of it
         self.evicted = 0
 
     def __contains__(self, name: int) -> bool:
@@ -103,15 +105,15 @@ class Tier:
         short = len(self.held) + len(new) - self.spec.capacity_chunks
         victims = self.held.victims(short, protected) if new else []
         if victims is None:
-            new = []                    # cannot make room: stores nothing
+            new = []  # cannot make room: stores nothing
         elif new:
             self.held.evict_all(victims)
             self.evicted += len(victims)
-        if len(new) == len(names):      # the usual case: every chunk is new
+        if len(new) == len(names):  # the usual case: every chunk is new
             self.held.insert_all(new[::-1])
         elif new:
             self.held.use_all(names[::-1])
-        else:                           # nothing stored: those held are reused all the same
+        else:  # nothing stored: those held are reused all the same
             self.held.use_all(list(filter(members.__contains__, reversed(names))))
         self.written += len(new)
         return new
@@ -130,7 +132,7 @@ class ChunkNames(ContentNames):
     def __init__(self, chunk_tokens: int):
         super().__init__(chunk_tokens)
         self.chunk_tokens = chunk_tokens
-        self._parent: dict[int, int] = {}         # name -> the name before it (-1: none)
+        self._parent: dict[int, int] = {}  # name -> the name before it (-1: none)
         self._shapes: OrderedDict[SeqShape, list[int]] = OrderedDict()
         self._prune_after = MIN_NAMES
 
@@ -164,13 +166,13 @@ class ChunkNames(ContentNames):
             if name >= 0 and name not in keep:
                 keep.add(name)
                 stack.append(self._parent[name])
-        self._parent = {n: self._parent[n] for n in keep}     # lookups only: the order is free
+        self._parent = {n: self._parent[n] for n in keep}  # lookups only: the order is free
         self.ids = {i: n for i, n in self.ids.items() if n in keep}
         runs = {}
         for ident, run in self.runs.items():
             kept = list(map(keep.__contains__, reversed(run)))
-            if True in kept:            # the names before a kept one are kept: its ancestors
-                runs[ident] = run[:len(run) - kept.index(True)]
+            if True in kept:  # the names before a kept one are kept: its ancestors
+                runs[ident] = run[: len(run) - kept.index(True)]
         self.runs = runs
         self._shapes.clear()
         self._prune_after = self.next + max(MIN_NAMES, NAMES_SLACK * len(keep))
@@ -183,16 +185,20 @@ class TierStore:
     copy into the GPU (host link, or the network where the store is shared);
     `chunk_bytes` the KV bytes of one chunk."""
 
-    def __init__(self, tiers: list[TierSpec], chunk_tokens: int, chunk_bytes: float,
-                 link_bytes_s: float):
+    def __init__(self, tiers: list[TierSpec], chunk_tokens: int, chunk_bytes: float, link_bytes_s: float):
         self.tiers = [Tier(spec) for spec in tiers if spec.capacity_chunks > 0]
         self.chunk_tokens, self.chunk_bytes = chunk_tokens, chunk_bytes
         self.link_bytes_s = link_bytes_s
         self.names = ChunkNames(chunk_tokens)
-        self.hit_chunks = [0] * len(self.tiers)    # chunks found in each tier by loads
-        self.load_s = 0.0                          # seconds spent loading, in all
-        self._version = 0                          # bumped by every change to what is held
-        self._last: tuple[SeqShape | None, int, int, int] = (None, 0, -1, 0)   # the last count: (shape, start, version, count)
+        self.hit_chunks = [0] * len(self.tiers)  # chunks found in each tier by loads
+        self.load_s = 0.0  # seconds spent loading, in all
+        self._version = 0  # bumped by every change to what is held
+        self._last: tuple[SeqShape | None, int, int, int] = (
+            None,
+            0,
+            -1,
+            0,
+        )  # the last count: (shape, start, version, count)
 
     def tier_names(self) -> list[str]:
         return [t.spec.name for t in self.tiers]
@@ -209,8 +215,8 @@ class TierStore:
             return found
         names = self.names.of(shape)
         end = start
-        while True:     # each tier's run of held names in turn, until none goes further:
-            before = end    # the work is the run's length (at C speed), not the prompt's
+        while True:  # each tier's run of held names in turn, until none goes further:
+            before = end  # the work is the run's length (at C speed), not the prompt's
             for tier in self.tiers:
                 end += len(list(takewhile(tier.held.members.__contains__, islice(names, end, None))))
             if end == before:
@@ -223,9 +229,9 @@ class TierStore:
         """(name, tier index) of the shape's chunks that `count` counts (at most `limit`),
         each in the first tier holding it (host memory before disk). Changes nothing."""
         n = self.count(shape, start)
-        names = self.names.of(shape)[start:start + (n if limit is None else min(n, limit))]
+        names = self.names.of(shape)[start : start + (n if limit is None else min(n, limit))]
         where: dict[int, int] = {}
-        for i in range(len(self.tiers) - 1, -1, -1):      # the first tier holding it wins
+        for i in range(len(self.tiers) - 1, -1, -1):  # the first tier holding it wins
             where.update(dict.fromkeys(filter(self.tiers[i].held.members.__contains__, names), i))
         return tuple(zip(names, map(where.__getitem__, names)))
 
@@ -236,14 +242,14 @@ class TierStore:
             return 0.0
         self._version += 1
         names = [name for name, _ in hits]
-        slow = 0.0                              # seconds reading chunks off lower tiers
+        slow = 0.0  # seconds reading chunks off lower tiers
         for i, tier in enumerate(self.tiers):
             mine = [name for name, where in hits if where == i]
             tier.read += len(mine)
             self.hit_chunks[i] += len(mine)
             if mine and tier.spec.read_bytes_s is not None:
                 slow += len(mine) * self.chunk_bytes / tier.spec.read_bytes_s
-            if i:                               # reused where it was found ...
+            if i:  # reused where it was found ...
                 tier.held.use_all(mine[::-1])
         # ... and in host memory, where a disk hit stays if there is room (the head the
         # most recent, the tail first to go)
@@ -273,19 +279,31 @@ class TierStore:
         for tier in self.tiers:
             keys = list(tier.held)
             if len(keys) > tier.spec.capacity_chunks:
-                raise InvariantError(f"tier {tier.spec.name} holds {len(keys)} chunks; its "
-                                     f"capacity is {tier.spec.capacity_chunks}")
+                raise InvariantError(
+                    f"tier {tier.spec.name} holds {len(keys)} chunks; its capacity is {tier.spec.capacity_chunks}"
+                )
             if len(set(keys)) != len(keys) or len(keys) != len(tier):
                 raise InvariantError(f"tier {tier.spec.name} holds a chunk twice")
             lost = [k for k in keys if not self.names.known(k)]
             if lost:
-                raise InvariantError(f"tier {tier.spec.name} holds chunks {lost[:3]} whose "
-                                     "content names were forgotten")
+                raise InvariantError(
+                    f"tier {tier.spec.name} holds chunks {lost[:3]} whose content names were forgotten"
+                )
 
 
-def build_stores(*, replicas: int, shared: bool, cpu_bytes: float, disk_bytes: float,
-                 policy: str, chunk_tokens: int, bytes_per_token: float, link_bytes_s: float,
-                 network_bytes_s: float, disk_bytes_s: float) -> list[TierStore]:
+def build_stores(
+    *,
+    replicas: int,
+    shared: bool,
+    cpu_bytes: float,
+    disk_bytes: float,
+    policy: str,
+    chunk_tokens: int,
+    bytes_per_token: float,
+    link_bytes_s: float,
+    network_bytes_s: float,
+    disk_bytes_s: float,
+) -> list[TierStore]:
     """Each replica's store: its own, or (shared) one store holding every replica's
     share of host memory and disk, whose loads cross the network where the fleet has
     more than one replica (a fleet of one reaches its own memory over its host link)."""
@@ -293,9 +311,12 @@ def build_stores(*, replicas: int, shared: bool, cpu_bytes: float, disk_bytes: f
     pooled = replicas if shared else 1
 
     def store(link: float) -> TierStore:
-        specs = [TierSpec("cpu", int(cpu_bytes * pooled // chunk_bytes), policy),
-                 TierSpec("disk", int(disk_bytes * pooled // chunk_bytes), "lru", disk_bytes_s)]
+        specs = [
+            TierSpec("cpu", int(cpu_bytes * pooled // chunk_bytes), policy),
+            TierSpec("disk", int(disk_bytes * pooled // chunk_bytes), "lru", disk_bytes_s),
+        ]
         return TierStore(specs, chunk_tokens, chunk_bytes, link)
+
     if shared:
         one = store(min(link_bytes_s, network_bytes_s) if replicas > 1 else link_bytes_s)
         return [one] * replicas
@@ -310,10 +331,13 @@ def tally(allocators: list) -> dict[str, float]:
     tokens found (`hit_tokens_cpu`), bytes written and read, capacity in chunks (in all,
     and of the store one replica sees: `seen_chunks_cpu`, what its occupancy is a share
     of), and the seconds loads took; a store shared by several replicas counted once."""
-    out = {f"{what}_{t}": 0.0 for what in ("hit_tokens", "written_bytes", "read_bytes", "capacity_chunks")
-           for t in TIER_NAMES}
+    out = {
+        f"{what}_{t}": 0.0
+        for what in ("hit_tokens", "written_bytes", "read_bytes", "capacity_chunks")
+        for t in TIER_NAMES
+    }
     out["load_s"] = 0.0
-    for tier in allocators[0].store.tiers:     # what each replica sees (all see the same size)
+    for tier in allocators[0].store.tiers:  # what each replica sees (all see the same size)
         out[f"seen_chunks_{tier.spec.name}"] = float(tier.spec.capacity_chunks)
     stores = {}
     for alloc in allocators:

@@ -20,14 +20,15 @@ The queues are dicts (insertion-ordered, O(1) removal from the middle), as the
 std::list iterators TensorRT-LLM keeps per block. Owned here: a block is in at most one
 queue, the one `where` records.
 """
+
 from __future__ import annotations
 
 from kvsim.kvcache.base import InvariantError
 
-MIN_PRIORITY, MAX_PRIORITY = 0, 100            # KvCacheRetentionConfig's range
-DEFAULT_PRIORITY = 35                          # kDefaultRetentionPriority
-DEFAULT_OFFLOAD_MIN_PRIORITY = 30              # kDefaultSecondaryOffloadMinPriority
-PRIMARY, SECONDARY = 0, 1                      # cache levels
+MIN_PRIORITY, MAX_PRIORITY = 0, 100  # KvCacheRetentionConfig's range
+DEFAULT_PRIORITY = 35  # kDefaultRetentionPriority
+DEFAULT_OFFLOAD_MIN_PRIORITY = 30  # kDefaultSecondaryOffloadMinPriority
+PRIMARY, SECONDARY = 0, 1  # cache levels
 
 
 class PriorityLRU:
@@ -38,7 +39,7 @@ class PriorityLRU:
         # level, the next `secondary` in the host level, all at the default priority
         self._queues: list[dict[int, dict[int, None]]] = [{}, {}]
         self._count = [0, 0]
-        self.where: dict[int, tuple[int, int]] = {}     # block -> (level, priority)
+        self.where: dict[int, tuple[int, int]] = {}  # block -> (level, priority)
         for b in range(primary):
             self.push(b, PRIMARY, DEFAULT_PRIORITY)
         for b in range(primary, primary + secondary):
@@ -89,8 +90,10 @@ class PriorityLRU:
                     raise InvariantError(f"level {level} keeps an empty or out-of-range queue {priority}")
                 for b in queue:
                     if self.where.get(b) != (level, priority) or level_of[b] != level:
-                        raise InvariantError(f"free block {b} is queued at level {level} priority "
-                                             f"{priority} but belongs to level {level_of[b]}")
+                        raise InvariantError(
+                            f"free block {b} is queued at level {level} priority "
+                            f"{priority} but belongs to level {level_of[b]}"
+                        )
                 n += len(queue)
             if n != self._count[level]:
                 raise InvariantError(f"level {level} counts {self._count[level]} free blocks, holds {n}")

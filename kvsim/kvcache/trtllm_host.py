@@ -7,6 +7,7 @@ tier: tokens reused from it (prefix_hit_rate_cpu), bytes offloaded to it (writte
 onboarded from it (read), the blocks holding content (occupancy), and the seconds steps
 waited for the transfers (tier_load_s). A chunk is one block.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

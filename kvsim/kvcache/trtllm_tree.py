@@ -18,6 +18,7 @@ content and offset are; content -1 never equals anything.
 Children are also indexed by their first token, so a partial lookup reads only the
 children that share it (the root may have a child per distinct prompt).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ ROOT = -1
 class Match:
     """One block a lookup found: its id, the tokens it gives, and whether the match is
     partial (the walk ends there)."""
+
     block: int
     tokens: int
     partial: bool
@@ -61,8 +63,8 @@ class BlockTree:
     def __init__(self):
         self._children: dict[int, dict[Runs, int]] = {ROOT: {}}
         self._by_head: dict[int, dict[tuple[int, int], list[int]]] = {ROOT: {}}
-        self.parent: dict[int, int] = {}          # stored block -> the node it hangs under
-        self.key: dict[int, Runs] = {}            # stored block -> its key there
+        self.parent: dict[int, int] = {}  # stored block -> the node it hangs under
+        self.key: dict[int, Runs] = {}  # stored block -> its key there
 
     def __contains__(self, block: int) -> bool:
         return block in self.parent
@@ -120,8 +122,9 @@ class BlockTree:
             del self.parent[b], self.key[b]
         return out
 
-    def walk(self, keys: list[Runs], block_size: int, partial_reuse: bool,
-             eligible: Callable[[int], bool]) -> list[Match]:
+    def walk(
+        self, keys: list[Runs], block_size: int, partial_reuse: bool, eligible: Callable[[int], bool]
+    ) -> list[Match]:
         """The blocks a sequence with these keys reuses (loadOrAllocateBlocks' matching):
         full matches from the root down, then at most one partial match."""
         node, out = ROOT, []
@@ -132,7 +135,7 @@ class BlockTree:
             if block is not None:
                 size = runs_length(runs)
                 out.append(Match(block, size, size < block_size))
-                if size < block_size:        # an exact match of a stored partial block
+                if size < block_size:  # an exact match of a stored partial block
                     break
                 node = block
                 continue

@@ -1,4 +1,5 @@
 """What an engine logs about a policy's KV pool once it has sized it."""
+
 from __future__ import annotations
 
 from kvsim.model.memory import PoolSizing
@@ -18,7 +19,7 @@ def engine_log(pool: PoolSizing, kv, kind: str, options: dict, max_model_len: in
         return trtllm_lines(pool, kv, options.get("block_size", 32))
     if pool.engine == "sglang":
         return [f"KV Cache is allocated. #tokens: {tokens_of(pool, kv, options.get('page_size', 1))}"]
-    block = options.get("block_size", options.get("page_size", 1))    # a radix cache's pages
+    block = options.get("block_size", options.get("page_size", 1))  # a radix cache's pages
     return list(KVCapacity.of(pool, kv, block, max_model_len).lines())
 
 
@@ -28,6 +29,8 @@ def trtllm_lines(pool: PoolSizing, kv, tokens_per_block: int) -> list[str]:
     blocks, which round its tokens up (`calculateMaxNumBlocks`)."""
     blocks = -(-int(pool.pool_bytes // kv.bytes_per_token) // tokens_per_block)
     per_gpu = blocks * tokens_per_block * kv.bytes_per_token / pool.kv_shards
-    return [f"Number of tokens per block: {tokens_per_block}.",
-            f"[MemUsageChange] Allocated {per_gpu / 2 ** 30:.2f} GiB for max tokens in paged KV cache "
-            f"({blocks * tokens_per_block})."]
+    return [
+        f"Number of tokens per block: {tokens_per_block}.",
+        f"[MemUsageChange] Allocated {per_gpu / 2**30:.2f} GiB for max tokens in paged KV cache "
+        f"({blocks * tokens_per_block}).",
+    ]

@@ -31,13 +31,14 @@ estimates: the memory free before loading, taken as the GPU's memory less the CU
 context (PRE_LOAD_OVERHEAD), and gpu_mem as CUDA's total (SGLang reads nvidia-smi's, a
 few hundred MiB more; the fraction moves by at most 0.001).
 """
+
 from __future__ import annotations
 
 from kvsim.model.memory import PoolSizing
 from kvsim.model.specs import GIB, GPUSpec, KVSpec, ModelSpec
 from kvsim.model.vllm_pool import kv_shards, weight_bytes
 
-PRE_LOAD_OVERHEAD = 0.5 * GIB     # CUDA context and distributed init before the weights load (estimate)
+PRE_LOAD_OVERHEAD = 0.5 * GIB  # CUDA context and distributed init before the weights load (estimate)
 
 
 def gpu_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -55,13 +56,25 @@ def gpu_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
 
 def piecewise_sizes(max_tokens: int) -> list[int]:
     """The prefill CUDA graphs' token counts (generate_prefill_cuda_graph_batch_sizes)."""
-    grid = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-            + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    grid = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_tokens + 1, 512))
+    )
     return [s for s in grid if s <= max_tokens]
 
 
-def default_mem_fraction(model: ModelSpec, gpu: GPUSpec, tp: int, chunked_prefill_size: int | None = None,
-                         cuda_graph_max_bs: int | None = None, max_running_requests: int | None = None) -> float:
+def default_mem_fraction(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int,
+    chunked_prefill_size: int | None = None,
+    cuda_graph_max_bs: int | None = None,
+    max_running_requests: int | None = None,
+) -> float:
     """mem_fraction_static as SGLang sets it when it is not given (no speculative
     decoding, no DP attention, no pipeline parallelism, CUDA graphs on)."""
     gpu_mib = gpu.memory_gib * 1024
@@ -82,17 +95,35 @@ def default_mem_fraction(model: ModelSpec, gpu: GPUSpec, tp: int, chunked_prefil
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
-def size_pool(model: ModelSpec, gpu: GPUSpec, *, tp: int, mem_fraction_static: float | None = None,
-              chunked_prefill_size: int | None = None, max_running_requests: int | None = None) -> PoolSizing:
+def size_pool(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    *,
+    tp: int,
+    mem_fraction_static: float | None = None,
+    chunked_prefill_size: int | None = None,
+    max_running_requests: int | None = None,
+) -> PoolSizing:
     """One GPU's KV memory as SGLang sizes it (bytes; tokens_of turns it into tokens)."""
-    fraction = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction(
-        model, gpu, tp, chunked_prefill_size, max_running_requests=max_running_requests)
+    fraction = (
+        mem_fraction_static
+        if mem_fraction_static is not None
+        else default_mem_fraction(model, gpu, tp, chunked_prefill_size, max_running_requests=max_running_requests)
+    )
     total = gpu.memory_gib * GIB
     free = total - PRE_LOAD_OVERHEAD
     weights = weight_bytes(model, tp)
     source = "mem_fraction_static" if mem_fraction_static is not None else "mem_fraction_static (SGLang's default)"
-    return PoolSizing("sglang", total, free * fraction, weights, free * (1 - fraction), free * fraction - weights,
-                      kv_shards(model, tp), f"{source} {fraction:g}")
+    return PoolSizing(
+        "sglang",
+        total,
+        free * fraction,
+        weights,
+        free * (1 - fraction),
+        free * fraction - weights,
+        kv_shards(model, tp),
+        f"{source} {fraction:g}",
+    )
 
 
 def tokens_of(pool: PoolSizing, kv: KVSpec, page_size: int = 1) -> int:

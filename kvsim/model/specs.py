@@ -16,6 +16,7 @@ on its active parameters only (kvsim.cost.moe prices the weights a step reads).
 Model shapes and GPU peaks are published figures: the models' config.json files and
 model cards, and the vendors' datasheets.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,14 @@ from pathlib import Path
 
 # Bits per cached element. fp8 means e4m3 or e5m2: both are one byte.
 DTYPE_BITS = {
-    "fp32": 32, "fp16": 16, "bf16": 16,
-    "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4,
+    "fp32": 32,
+    "fp16": 16,
+    "bf16": 16,
+    "fp8": 8,
+    "fp8_e4m3": 8,
+    "fp8_e5m2": 8,
+    "int8": 8,
+    "int4": 4,
 }
 GIB = 1 << 30
 
@@ -40,20 +47,20 @@ class ModelSpec:
     hidden_size: int
     intermediate_size: int
     vocab_size: int
-    params: float                 # total parameters (weights held in memory)
-    active_params: float | None = None   # per-token parameters for MoE models
-    dtype: str = "bf16"           # weight and default KV dtype
-    kv_lora_rank: int = 0         # MLA only: latent KV width
-    qk_rope_head_dim: int = 0     # MLA only: decoupled RoPE key width
+    params: float  # total parameters (weights held in memory)
+    active_params: float | None = None  # per-token parameters for MoE models
+    dtype: str = "bf16"  # weight and default KV dtype
+    kv_lora_rank: int = 0  # MLA only: latent KV width
+    qk_rope_head_dim: int = 0  # MLA only: decoupled RoPE key width
     sliding_window: int | None = None
-    max_position_embeddings: int | None = None   # context length: max_model_len's default
-    alibi: bool = False           # ALiBi attention biases instead of rotary embeddings (BLOOM)
-    num_experts: int = 0          # MoE: routed experts per MoE layer (0: a dense MLP)
-    experts_per_token: int = 0    # MoE: routed experts each token uses (top-k)
-    moe_intermediate_size: int | None = None   # MoE: one routed expert's FFN width (default intermediate_size)
-    shared_expert_size: int = 0   # MoE: FFN width of the always-used shared experts together
-    dense_layers: int = 0         # MoE: layers with a dense MLP of intermediate_size (DeepSeek's first ones)
-    expert_weight_bits: float | None = None   # MoE: bits per routed-expert weight as stored (default: dtype's)
+    max_position_embeddings: int | None = None  # context length: max_model_len's default
+    alibi: bool = False  # ALiBi attention biases instead of rotary embeddings (BLOOM)
+    num_experts: int = 0  # MoE: routed experts per MoE layer (0: a dense MLP)
+    experts_per_token: int = 0  # MoE: routed experts each token uses (top-k)
+    moe_intermediate_size: int | None = None  # MoE: one routed expert's FFN width (default intermediate_size)
+    shared_expert_size: int = 0  # MoE: FFN width of the always-used shared experts together
+    dense_layers: int = 0  # MoE: layers with a dense MLP of intermediate_size (DeepSeek's first ones)
+    expert_weight_bits: float | None = None  # MoE: bits per routed-expert weight as stored (default: dtype's)
 
     @property
     def is_mla(self) -> bool:
@@ -125,15 +132,15 @@ class ModelSpec:
 class GPUSpec:
     name: str
     memory_gib: float
-    hbm_tb_s: float       # HBM bandwidth, TB/s (1e12 bytes per second)
-    bf16_tflops: float    # dense peak
+    hbm_tb_s: float  # HBM bandwidth, TB/s (1e12 bytes per second)
+    bf16_tflops: float  # dense peak
     fp8_tflops: float | None = None
-    pcie_gb_s: float = 64.0   # host link, GB/s (PCIe 5.0 x16 per direction; 4.0 is 32)
-    nvlink_gb_s: float | None = None   # GPU-to-GPU link, GB/s, both directions together (datasheet)
+    pcie_gb_s: float = 64.0  # host link, GB/s (PCIe 5.0 x16 per direction; 4.0 is 32)
+    nvlink_gb_s: float | None = None  # GPU-to-GPU link, GB/s, both directions together (datasheet)
 
 
 QUANTIZED = {"fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"}
-SCALE_BYTES = 2    # one fp16 scale
+SCALE_BYTES = 2  # one fp16 scale
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,7 @@ class KVSpec:
               or the MLA latent) per layer (dynamic per-token-head quantization);
       group   one fp16 scale per `scale_group_size` elements of each such vector.
     """
+
     model: ModelSpec
     kv_cache_dtype: str
     scale_granularity: str = "tensor"
@@ -160,8 +168,11 @@ class KVSpec:
         if self.kv_cache_dtype not in QUANTIZED or self.scale_granularity == "tensor":
             return 0.0
         m = self.model
-        vectors, width = ((m.num_layers, m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla
-                          else (2 * m.num_layers * m.num_kv_heads, m.head_dim))
+        vectors, width = (
+            (m.num_layers, m.kv_lora_rank + m.qk_rope_head_dim)
+            if m.is_mla
+            else (2 * m.num_layers * m.num_kv_heads, m.head_dim)
+        )
         per_vector = 1 if self.scale_granularity == "head" else -(-width // self.scale_group_size)
         return vectors * per_vector * SCALE_BYTES
 
@@ -185,22 +196,18 @@ def _model(name, layers, heads, kv_heads, head_dim, hidden, ffn, vocab, params, 
 # meta-llama/Llama-2-*-hf 4,096; mistralai/Mistral-7B-v0.1 32,768; Qwen/Qwen2-7B-Instruct
 # 32,768; facebook/opt-13b 2,048; deepseek-ai/DeepSeek-V2 and -V3 163,840.
 MODEL_PRESETS: dict[str, ModelSpec] = {
-    "llama-3-8b": _model("llama-3-8b", 32, 32, 8, 128, 4096, 14336, 128256, 8.03e9,
-                         max_position_embeddings=8192),
-    "llama-3-70b": _model("llama-3-70b", 80, 64, 8, 128, 8192, 28672, 128256, 70.6e9,
-                          max_position_embeddings=8192),
-    "llama-2-7b": _model("llama-2-7b", 32, 32, 32, 128, 4096, 11008, 32000, 6.74e9,
-                         max_position_embeddings=4096),
-    "llama-2-13b": _model("llama-2-13b", 40, 40, 40, 128, 5120, 13824, 32000, 13.0e9,
-                          max_position_embeddings=4096),
-    "llama-2-70b": _model("llama-2-70b", 80, 64, 8, 128, 8192, 28672, 32000, 69.0e9,
-                          max_position_embeddings=4096),
-    "mistral-7b": _model("mistral-7b", 32, 32, 8, 128, 4096, 14336, 32000, 7.24e9,
-                         sliding_window=4096, max_position_embeddings=32768),
-    "qwen2-7b": _model("qwen2-7b", 28, 28, 4, 128, 3584, 18944, 152064, 7.07e9,
-                       max_position_embeddings=32768),
-    "opt-13b": _model("opt-13b", 40, 40, 40, 128, 5120, 20480, 50272, 12.9e9, dtype="fp16",
-                      max_position_embeddings=2048),
+    "llama-3-8b": _model("llama-3-8b", 32, 32, 8, 128, 4096, 14336, 128256, 8.03e9, max_position_embeddings=8192),
+    "llama-3-70b": _model("llama-3-70b", 80, 64, 8, 128, 8192, 28672, 128256, 70.6e9, max_position_embeddings=8192),
+    "llama-2-7b": _model("llama-2-7b", 32, 32, 32, 128, 4096, 11008, 32000, 6.74e9, max_position_embeddings=4096),
+    "llama-2-13b": _model("llama-2-13b", 40, 40, 40, 128, 5120, 13824, 32000, 13.0e9, max_position_embeddings=4096),
+    "llama-2-70b": _model("llama-2-70b", 80, 64, 8, 128, 8192, 28672, 32000, 69.0e9, max_position_embeddings=4096),
+    "mistral-7b": _model(
+        "mistral-7b", 32, 32, 8, 128, 4096, 14336, 32000, 7.24e9, sliding_window=4096, max_position_embeddings=32768
+    ),
+    "qwen2-7b": _model("qwen2-7b", 28, 28, 4, 128, 3584, 18944, 152064, 7.07e9, max_position_embeddings=32768),
+    "opt-13b": _model(
+        "opt-13b", 40, 40, 40, 128, 5120, 20480, 50272, 12.9e9, dtype="fp16", max_position_embeddings=2048
+    ),
     # MLA: the per-head fields describe queries; the cache holds the 512 + 64 latent.
     # MoE (the models' config.json: n_routed_experts, num_experts_per_tok, n_shared_experts,
     # moe_intermediate_size, first_k_dense_replace, intermediate_size of the dense layers):
@@ -208,28 +215,74 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # V3 256 of width 2048, 8 per token, 1 shared, 3 dense layers of 18432. With the MLA
     # projections these give 235.8B / 21.4B (V2) and 670.9B / 37.5B (V3) parameters, the
     # published 236B / 21B and 671B / 37B, which are the figures kept here.
-    "deepseek-v2": _model("deepseek-v2", 60, 128, 128, 128, 5120, 12288, 102400, 236e9,
-                          active_params=21e9, kv_lora_rank=512, qk_rope_head_dim=64,
-                          max_position_embeddings=163840, num_experts=160, experts_per_token=6,
-                          moe_intermediate_size=1536, shared_expert_size=2 * 1536, dense_layers=1),
-    "deepseek-v3": _model("deepseek-v3", 61, 128, 128, 128, 7168, 18432, 129280, 671e9,
-                          active_params=37e9, kv_lora_rank=512, qk_rope_head_dim=64,
-                          max_position_embeddings=163840, num_experts=256, experts_per_token=8,
-                          moe_intermediate_size=2048, shared_expert_size=2048, dense_layers=3),
+    "deepseek-v2": _model(
+        "deepseek-v2",
+        60,
+        128,
+        128,
+        128,
+        5120,
+        12288,
+        102400,
+        236e9,
+        active_params=21e9,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        max_position_embeddings=163840,
+        num_experts=160,
+        experts_per_token=6,
+        moe_intermediate_size=1536,
+        shared_expert_size=2 * 1536,
+        dense_layers=1,
+    ),
+    "deepseek-v3": _model(
+        "deepseek-v3",
+        61,
+        128,
+        128,
+        128,
+        7168,
+        18432,
+        129280,
+        671e9,
+        active_params=37e9,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        max_position_embeddings=163840,
+        num_experts=256,
+        experts_per_token=8,
+        moe_intermediate_size=2048,
+        shared_expert_size=2048,
+        dense_layers=3,
+    ),
     # BLOOM-176B (bigscience/bloom config.json: n_layer 70, n_head 112, hidden 14336; MHA,
     # ALiBi, a plain 4x GELU MLP, vocabulary 250,880; 176,247,271,424 parameters on its
     # model card). fp16: the dtype of the serving measurements in shared/data/serving.
-    "bloom-176b": _model("bloom-176b", 70, 112, 112, 128, 14336, 57344, 250880, 176.25e9,
-                         dtype="fp16", alibi=True,
-                         max_position_embeddings=2048),   # its seq_length
+    "bloom-176b": _model(
+        "bloom-176b",
+        70,
+        112,
+        112,
+        128,
+        14336,
+        57344,
+        250880,
+        176.25e9,
+        dtype="fp16",
+        alibi=True,
+        max_position_embeddings=2048,
+    ),  # its seq_length
 }
+
 
 def _published_presets() -> dict[str, ModelSpec]:
     """Current open models (kvsim/data/models.json: each from its published config.json
     and model card, the source named in the file)."""
     doc = json.loads((Path(__file__).resolve().parents[1] / "data" / "models.json").read_text())
-    return {name: ModelSpec(name=name, **{k: v for k, v in entry.items() if k != "source"})
-            for name, entry in doc["models"].items()}
+    return {
+        name: ModelSpec(name=name, **{k: v for k, v in entry.items() if k != "source"})
+        for name, entry in doc["models"].items()
+    }
 
 
 MODEL_PRESETS.update(_published_presets())
@@ -263,8 +316,10 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     def size(key, default=None, minimum=1):
         value = cfg.get(key, default)
         if value is None:
-            raise ValueError(f"{path}: no {key} in it; is this a transformer model's config.json "
-                             "(from the model's Hugging Face page)?")
+            raise ValueError(
+                f"{path}: no {key} in it; is this a transformer model's config.json "
+                "(from the model's Hugging Face page)?"
+            )
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{path}: {key} must be a whole number >= {minimum}, not {json.dumps(value)}")
         return value
@@ -277,27 +332,39 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     vocab = size("vocab_size", 32000)
     kv_heads = size("num_key_value_heads", cfg.get("num_key_value_heads") or heads)
     dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(
-        str(cfg.get("torch_dtype", "bfloat16")), "bf16")
+        str(cfg.get("torch_dtype", "bfloat16")), "bf16"
+    )
     moe = _hf_experts(cfg, layers, size)
     # Dense estimate: attention projections + gated (3 matrices) or plain (2) MLP + embeddings
     # (one matrix when the LM head is tied to them); MoE layers hold every expert and a router.
     mlp_mats = 3 if cfg.get("hidden_act", "silu") in ("silu", "swiglu") else 2
     attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
     dense_mlp = (layers - moe["moe_layers"]) * mlp_mats * hidden * ffn
-    experts = moe["moe_layers"] * (moe["num_experts"] * (3 * hidden * (moe["moe_intermediate_size"] or ffn) + hidden)
-                                   + 3 * hidden * moe["shared_expert_size"])
+    experts = moe["moe_layers"] * (
+        moe["num_experts"] * (3 * hidden * (moe["moe_intermediate_size"] or ffn) + hidden)
+        + 3 * hidden * moe["shared_expert_size"]
+    )
     embeddings = (1 if cfg.get("tie_word_embeddings") else 2) * vocab * hidden
     params = layers * attn + dense_mlp + experts + embeddings
     return ModelSpec(
         name=cfg.get("_name_or_path") or Path(path).parent.name or "hf-model",
-        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        hidden_size=hidden, intermediate_size=ffn, vocab_size=vocab, params=float(params),
-        dtype=dtype, kv_lora_rank=size("kv_lora_rank", cfg.get("kv_lora_rank") or 0, minimum=0),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        vocab_size=vocab,
+        params=float(params),
+        dtype=dtype,
+        kv_lora_rank=size("kv_lora_rank", cfg.get("kv_lora_rank") or 0, minimum=0),
         qk_rope_head_dim=size("qk_rope_head_dim", cfg.get("qk_rope_head_dim") or 0, minimum=0),
         sliding_window=_window(cfg) and size("sliding_window"),
         max_position_embeddings=cfg.get("max_position_embeddings") and size("max_position_embeddings"),
-        num_experts=moe["num_experts"], experts_per_token=moe["experts_per_token"],
-        moe_intermediate_size=moe["moe_intermediate_size"], shared_expert_size=moe["shared_expert_size"],
+        num_experts=moe["num_experts"],
+        experts_per_token=moe["experts_per_token"],
+        moe_intermediate_size=moe["moe_intermediate_size"],
+        shared_expert_size=moe["shared_expert_size"],
         dense_layers=layers - moe["moe_layers"] if moe["num_experts"] else 0,
     )
 
@@ -311,8 +378,13 @@ def _hf_experts(cfg: dict, layers: int, size) -> dict:
     moe_intermediate_size, dense below `first_k_dense_replace`, then every `moe_layer_freq`.
     All take `num_experts_per_tok`. A dense model gets zeros."""
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
-    none = {"num_experts": 0, "experts_per_token": 0, "moe_intermediate_size": None,
-            "shared_expert_size": 0, "moe_layers": 0}
+    none = {
+        "num_experts": 0,
+        "experts_per_token": 0,
+        "moe_intermediate_size": None,
+        "shared_expert_size": 0,
+        "moe_layers": 0,
+    }
     if not experts:
         return none
     key = next(k for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k))
@@ -321,16 +393,21 @@ def _hf_experts(cfg: dict, layers: int, size) -> dict:
     if top_k > experts:
         raise ValueError(f"num_experts_per_tok ({top_k}) exceeds {key} ({experts})")
     width = cfg.get("moe_intermediate_size") and size("moe_intermediate_size")
-    if cfg.get("n_routed_experts"):     # DeepSeek
+    if cfg.get("n_routed_experts"):  # DeepSeek
         shared = (cfg.get("n_shared_experts") or 0) * (width or size("intermediate_size"))
         first, freq = cfg.get("first_k_dense_replace") or 0, cfg.get("moe_layer_freq") or 1
         moe_layers = sum(1 for i in range(layers) if i >= first and i % freq == 0)
-    else:                               # Mixtral, Qwen-MoE
+    else:  # Mixtral, Qwen-MoE
         shared = cfg.get("shared_expert_intermediate_size") or 0
         step, dense = cfg.get("decoder_sparse_step") or 1, set(cfg.get("mlp_only_layers") or ())
         moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
-    return {"num_experts": experts, "experts_per_token": top_k, "moe_intermediate_size": width,
-            "shared_expert_size": int(shared), "moe_layers": moe_layers}
+    return {
+        "num_experts": experts,
+        "experts_per_token": top_k,
+        "moe_intermediate_size": width,
+        "shared_expert_size": int(shared),
+        "moe_layers": moe_layers,
+    }
 
 
 def _window(cfg: dict) -> int | None:

@@ -30,6 +30,7 @@ Each GPU of a tensor-parallel group holds every token's KV for its share of the 
 (max(1, kv_heads / tp) of them, replicated when tp exceeds the heads: config/model.py,
 get_num_kv_heads); an MLA latent is not split. All figures here are per GPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,10 @@ class KVCapacity:
 
     def lines(self) -> tuple[str, str]:
         """The two figures as vLLM 0.33.0 prints them."""
-        return (f"GPU KV cache size: {self.tokens:,} tokens",
-                f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.concurrency:.2f}x")
+        return (
+            f"GPU KV cache size: {self.tokens:,} tokens",
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.concurrency:.2f}x",
+        )
 
 
 def kv_shards(model: ModelSpec, tp: int) -> int:
@@ -120,8 +123,7 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
     up to min(2 x max_num_seqs, 512, max_num_batched_tokens), plus max_num_seqs and
     max_num_batched_tokens where they fit."""
     top = min(max_num_seqs * 2, 512, max_num_batched_tokens)
-    sizes = [n for n in (1, 2, 4) if n <= top] + list(range(8, min(top + 1, 256), 8)) \
-        + list(range(256, top + 1, 16))
+    sizes = [n for n in (1, 2, 4) if n <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
     sizes += [n for n in (max_num_batched_tokens, max_num_seqs) if n <= top]
     return sorted(set(sizes))
 
@@ -137,10 +139,19 @@ def cudagraph_estimate(model: ModelSpec, tp: int, max_num_seqs: int, max_num_bat
     return forward_peak(model, sizes[-1], tp) + piece * (len(sizes) - 1) + MIB * max(len(full) - 1, 0)
 
 
-def size_pool(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization: float,
-              max_num_batched_tokens: int, max_num_seqs: int, cuda_graphs: bool = True,
-              activation_bytes: float | None = None, kv_cache_memory_bytes: float | None = None,
-              engine: str = "vllm-v1") -> PoolSizing:
+def size_pool(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    *,
+    tp: int,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    cuda_graphs: bool = True,
+    activation_bytes: float | None = None,
+    kv_cache_memory_bytes: float | None = None,
+    engine: str = "vllm-v1",
+) -> PoolSizing:
     """One GPU's accounting as vLLM 0.33.0 does it. cuda_graphs False: --enforce-eager
     (nothing captured, nothing counted); activation_bytes: a given activation peak in place
     of kvsim's estimate; kv_cache_memory_bytes: --kv-cache-memory-bytes, which skips the
@@ -150,20 +161,35 @@ def size_pool(model: ModelSpec, gpu: GPUSpec, *, tp: int, gpu_memory_utilization
     weights = weight_bytes(model, tp)
     non_torch = NON_TORCH_ONE_GPU + (NON_TORCH_PARALLEL if tp > 1 else 0.0)
     seqs = min(max_num_seqs, max_num_batched_tokens)
-    activation = activation_bytes if activation_bytes is not None else max(
-        forward_peak(model, max_num_batched_tokens, tp), sampler_peak(model, seqs, max_num_batched_tokens))
+    activation = (
+        activation_bytes
+        if activation_bytes is not None
+        else max(forward_peak(model, max_num_batched_tokens, tp), sampler_peak(model, seqs, max_num_batched_tokens))
+    )
     graphs = cudagraph_estimate(model, tp, max_num_seqs, max_num_batched_tokens) if cuda_graphs else 0.0
     shards = kv_shards(model, tp)
     if kv_cache_memory_bytes is not None:
-        return PoolSizing(engine, total, requested, weights, activation, kv_cache_memory_bytes, shards,
-                          "kv_cache_memory_bytes", non_torch, graphs)
+        return PoolSizing(
+            engine,
+            total,
+            requested,
+            weights,
+            activation,
+            kv_cache_memory_bytes,
+            shards,
+            "kv_cache_memory_bytes",
+            non_torch,
+            graphs,
+        )
     available = requested - weights - non_torch - activation - graphs
-    return PoolSizing(engine, total, requested, weights, activation, available, shards,
-                      "gpu_memory_utilization", non_torch, graphs)
+    return PoolSizing(
+        engine, total, requested, weights, activation, available, shards, "gpu_memory_utilization", non_torch, graphs
+    )
 
 
 def activation_estimate(model: ModelSpec, batched_tokens: int, max_num_seqs: int, tp: int) -> float:
     """Peak activation bytes per GPU of a step of `batched_tokens` tokens and its sampler
     over max_num_seqs requests, estimated as for vLLM's profile run."""
-    return max(forward_peak(model, batched_tokens, tp),
-               sampler_peak(model, min(max_num_seqs, batched_tokens), batched_tokens))
+    return max(
+        forward_peak(model, batched_tokens, tp), sampler_peak(model, min(max_num_seqs, batched_tokens), batched_tokens)
+    )

@@ -4,6 +4,7 @@ policy, the unlimited cache's hit rate as the ceiling (kvsim.analysis.cache_curv
 Same conventions as kvsim.plots.curves: a bare Figure, a policy's colour from
 kvsim.plots.style, the context line above the title.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,15 @@ def cache_curve_figure(table: pd.DataFrame, context: str = "", tokens_per_gib: f
     unlimited = table[~table.capacity_tokens.map(math.isfinite)]
     for policy, rows in finite.groupby("policy", sort=False):
         st = styles[str(policy)]
-        ax.plot(rows.capacity_tokens, 100 * rows.hit_rate, color=st.colour, ls=st.linestyle,
-                marker=st.marker, ms=4, label=str(policy))
+        ax.plot(
+            rows.capacity_tokens,
+            100 * rows.hit_rate,
+            color=st.colour,
+            ls=st.linestyle,
+            marker=st.marker,
+            ms=4,
+            label=str(policy),
+        )
     if not unlimited.empty:
         ceiling = 100 * float(unlimited.hit_rate.max())
         ax.axhline(ceiling, color="0.4", ls=":", lw=1, label=f"unlimited: {ceiling:.1f}%")

@@ -23,6 +23,7 @@ list, say) does the later one, in the order of their settings, take the family's
 free shade; past six variants of one family, and for a policy whose settings are not
 known, the colour comes from the policy's name (CRC-32 into a 20-colour palette).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-FAMILIES = {        # six shades each, dark to light in the order variants take them
+FAMILIES = {  # six shades each, dark to light in the order variants take them
     "contiguous": ("#a63603", "#fd8d3c", "#e6550d", "#7f2704", "#fdae6b", "#d94801"),
     "contiguous-quantized": ("#a50f15", "#fb6a4a", "#de2d26", "#67000d", "#fc9272", "#cb181d"),
     "paged": ("#08519c", "#6baed6", "#3182bd", "#08306b", "#9ecae1", "#2171b5"),
@@ -41,20 +42,49 @@ FAMILIES = {        # six shades each, dark to light in the order variants take 
     "radix": ("#54278f", "#9e9ac8", "#756bb1", "#3f007d", "#bcbddc", "#6a51a3"),
     "radix-quantized": ("#980043", "#df65b0", "#ce1256", "#67001f", "#d4b9da", "#e7298a"),
 }
-RESERVATIONS = (("max", "first-fit"), ("pow2", "buddy"), ("oracle", "first-fit"),
-                ("max", "buddy"), ("pow2", "first-fit"), ("oracle", "buddy"))
-BLOCK_SIZES = {"paged": (16, 32, 8, 64, 128, 256), "prefix": (16, 32, 8, 64, 128, 256),
-               "radix": (1, 16, 32, 8, 64, 128)}
+RESERVATIONS = (
+    ("max", "first-fit"),
+    ("pow2", "buddy"),
+    ("oracle", "first-fit"),
+    ("max", "buddy"),
+    ("pow2", "first-fit"),
+    ("oracle", "buddy"),
+)
+BLOCK_SIZES = {
+    "paged": (16, 32, 8, 64, 128, 256),
+    "prefix": (16, 32, 8, 64, 128, 256),
+    "radix": (1, 16, 32, 8, 64, 128),
+}
 QUANTIZED = {"fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"}
 # matplotlib's tab20, dark shades first: for policies whose settings are not known
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
-           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#c7c7c7",
+    "#dbdb8d",
+    "#9edae5",
+)
 
 
 class Variant(NamedTuple):
     """Where a policy's settings put it: its family (the hue), the shade it asks for, and
     the settings that make two policies the same variant."""
+
     family: str
     shade: int
     key: tuple
@@ -87,7 +117,7 @@ def policy_colours(*frames: pd.DataFrame) -> dict[str, str]:
     names = _names(*frames)
     settings = _settings(frames)
     colour: dict[str, str] = {}
-    taken: dict[str, dict[int, tuple]] = {}       # family -> shade -> settings key
+    taken: dict[str, dict[int, tuple]] = {}  # family -> shade -> settings key
     known = {n: variant(settings[n]) for n in names if n in settings}
     known = {n: v for n, v in known.items() if v is not None}
     for name in sorted(known, key=lambda n: (known[n].shade, repr(known[n].key), n)):
@@ -128,23 +158,31 @@ def settings_frame(scn) -> pd.DataFrame:
     """A scenario's policies with the settings the colour rule reads, as they take effect
     under its engine (for tables that name policies only: capacity's)."""
     from kvsim.sim.plan import policy_columns
+
     rows = []
     for policy in scn.policies:
         kind, options = policy.allocator_kind(scn.engine_name)
         effective = policy_columns(scn.engine_settings(), kind, options)
         if kind == "radix":
             effective["block_size"] = options.get("page_size", 1)
-        rows.append({"policy": policy.name, "allocator": "contiguous" if kind == "contiguous" else "paged",
-                     "kv_cache_dtype": policy.kv_cache_dtype, "block_size": effective["block_size"],
-                     "prefix_cache": effective["prefix_cache"],
-                     "reserve": getattr(policy, "reserve", None), "placement": getattr(policy, "placement", None)})
+        rows.append(
+            {
+                "policy": policy.name,
+                "allocator": "contiguous" if kind == "contiguous" else "paged",
+                "kv_cache_dtype": policy.kv_cache_dtype,
+                "block_size": effective["block_size"],
+                "prefix_cache": effective["prefix_cache"],
+                "reserve": getattr(policy, "reserve", None),
+                "placement": getattr(policy, "placement", None),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def _names(*frames: pd.DataFrame) -> list[str]:
     names: dict[str, None] = {}
     for frame in frames:
-        if "policy" in frame:     # unique() keeps first-seen order, without a string per row
+        if "policy" in frame:  # unique() keeps first-seen order, without a string per row
             names.update(dict.fromkeys(str(name) for name in frame["policy"].unique()))
     return list(names)
 

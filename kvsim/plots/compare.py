@@ -9,6 +9,7 @@ swept rate if none does), where the policies differ most while one still keeps u
 Other sets of runs are compared side by side, a policy named `folder/policy` where two
 runs share a policy name.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ from kvsim.plots.colours import with_settings
 from kvsim.plots.style import arrival_rate, context_line, percent, seconds
 from kvsim.analysis.verdict import pick, sentence
 
+
 def _count(x) -> str:
     return f"{x:,.0f}"
 
@@ -36,26 +38,45 @@ def _one(x) -> str:
 
 # The summary as the report shows it, in two tables that fit the page: (column,
 # heading, format). Every column in full is in the table after them.
-MEMORY_COLUMNS = [("policy", "policy", str), ("engine", "engine", str), ("kv_utilization", "KV util", percent),
-                  ("reservation_fraction", "reserved", percent), ("internal_fraction", "internal", percent),
-                  ("external_fraction", "external", percent), ("kv_capacity_tokens", "KV capacity (tokens)", _count),
-                  ("memory_capacity_requests", "capacity (requests)", _one),
-                  ("achievable_batch_size", "achievable batch", _one), ("prefix_hit_rate", "prefix hit", percent),
-                  ("fraction_basis", "fractions over", str)]
-SERVING_COLUMNS = [("policy", "policy", str), ("mean_batch_size", "mean batch", _one),
-                   ("throughput_tok_s", "output tok/s", _count), ("request_throughput", "req/s", "{:.3g}".format),
-                   ("ttft_p50_s", "TTFT p50", seconds), ("ttft_p99_s", "TTFT p99", seconds),
-                   ("tpot_p50_s", "TPOT p50", seconds), ("tpot_p99_s", "TPOT p99", seconds),
-                   ("e2e_p99_s", "E2E p99", seconds), ("preemptions", "preempted", _count),
-                   ("requests_rejected", "rejected", _count)]
+MEMORY_COLUMNS = [
+    ("policy", "policy", str),
+    ("engine", "engine", str),
+    ("kv_utilization", "KV util", percent),
+    ("reservation_fraction", "reserved", percent),
+    ("internal_fraction", "internal", percent),
+    ("external_fraction", "external", percent),
+    ("kv_capacity_tokens", "KV capacity (tokens)", _count),
+    ("memory_capacity_requests", "capacity (requests)", _one),
+    ("achievable_batch_size", "achievable batch", _one),
+    ("prefix_hit_rate", "prefix hit", percent),
+    ("fraction_basis", "fractions over", str),
+]
+SERVING_COLUMNS = [
+    ("policy", "policy", str),
+    ("mean_batch_size", "mean batch", _one),
+    ("throughput_tok_s", "output tok/s", _count),
+    ("request_throughput", "req/s", "{:.3g}".format),
+    ("ttft_p50_s", "TTFT p50", seconds),
+    ("ttft_p99_s", "TTFT p99", seconds),
+    ("tpot_p50_s", "TPOT p50", seconds),
+    ("tpot_p99_s", "TPOT p99", seconds),
+    ("e2e_p99_s", "E2E p99", seconds),
+    ("preemptions", "preempted", _count),
+    ("requests_rejected", "rejected", _count),
+]
 
 
 def key_table(summary: pd.DataFrame, columns) -> pd.DataFrame:
     """Some of the summary's columns, formatted for reading (engine only where runs differ)."""
-    shown = [c for c in columns if c[0] in summary
-             and (c[0] != "engine" or summary["engine"].astype(str).nunique() > 1)]
-    return pd.DataFrame({head: [fmt(v) if not (isinstance(v, float) and math.isnan(v)) else "n/a"
-                                for v in summary[col]] for col, head, fmt in shown})
+    shown = [
+        c for c in columns if c[0] in summary and (c[0] != "engine" or summary["engine"].astype(str).nunique() > 1)
+    ]
+    return pd.DataFrame(
+        {
+            head: [fmt(v) if not (isinstance(v, float) and math.isnan(v)) else "n/a" for v in summary[col]]
+            for col, head, fmt in shown
+        }
+    )
 
 
 @dataclass
@@ -66,7 +87,7 @@ class RunFolder:
     timeseries: pd.DataFrame
     requests: pd.DataFrame
     meta: dict = field(default_factory=dict)
-    stages: pd.DataFrame | None = None      # stages.csv, where the run wrote one
+    stages: pd.DataFrame | None = None  # stages.csv, where the run wrote one
 
     @property
     def rate(self) -> float | None:
@@ -86,7 +107,9 @@ def find_runs(paths: list[Path]) -> list[Path]:
         if (path / "summary.csv").is_file():
             found.append(path)
             continue
-        below = sorted(p.parent for p in path.glob("*/summary.csv")) or sorted(p.parent for p in path.glob("*/*/summary.csv"))
+        below = sorted(p.parent for p in path.glob("*/summary.csv")) or sorted(
+            p.parent for p in path.glob("*/*/summary.csv")
+        )
         if not below:
             raise InputError(str(path), "folder", "holds no kvsim run (no summary.csv in it or below it)")
         found.extend(below)
@@ -117,8 +140,7 @@ def load_run(path: Path) -> RunFolder:
 
 def is_sweep(runs: list[RunFolder]) -> bool:
     rates = [r.rate for r in runs]
-    return (len(runs) > 1 and len({r.name for r in runs}) == 1 and None not in rates
-            and len(set(rates)) == len(rates))
+    return len(runs) > 1 and len({r.name for r in runs}) == 1 and None not in rates and len(set(rates)) == len(rates)
 
 
 def combine(runs: list[RunFolder]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -162,38 +184,57 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
     verdict = [pick(summary, targets)] + [sentence(r, targets, rate) for r in summary.to_dict(orient="records")]
     if sweep is not None:
         verdict += ["Rate sweep: " + line for line in summary_lines(sweep)]
-        verdict.append(f"The figures below show the run at {focus[0].rate:g} req/s (the highest rate some policy sustains).")
+        verdict.append(
+            f"The figures below show the run at {focus[0].rate:g} req/s (the highest rate some policy sustains)."
+        )
     body.append(html.items(verdict, "verdict"))
     body += [html.paragraph(c, "context") for c in contexts]
 
     pngs = write_plots(summary, timeseries, requests, out, context=" | ".join(contexts))
     if sweep is not None:
-        pngs.append(save(rate_sweep(sweep, context_line(runs[0].scenario, summary, swept=True), settings=summary), out / "rate_sweep.png"))
+        pngs.append(
+            save(
+                rate_sweep(sweep, context_line(runs[0].scenario, summary, swept=True), settings=summary),
+                out / "rate_sweep.png",
+            )
+        )
         sweep.to_csv(out / "rates.csv", index=False)
-    sections = [("Memory: where the KV pool went, and its capacity", ["memory_breakdown.png"]),
-                ("Memory and batch over time", ["utilization_batch.png"]),
-                ("Latency", ["latency_percentiles.png", "latency.png"]),
-                ("Batch and throughput", ["throughput_batch.png", "rate_sweep.png"])]
+    sections = [
+        ("Memory: where the KV pool went, and its capacity", ["memory_breakdown.png"]),
+        ("Memory and batch over time", ["utilization_batch.png"]),
+        ("Latency", ["latency_percentiles.png", "latency.png"]),
+        ("Batch and throughput", ["throughput_batch.png", "rate_sweep.png"]),
+    ]
     for title, files in sections:
         body.append(html.heading(title))
         body += [html.image(out / f, f) for f in files if (out / f).is_file()]
 
     stages = combine_stages(focus)
-    if stages is not None and stages["stage"].nunique() > 1:     # one stage is the summary again
+    if stages is not None and stages["stage"].nunique() > 1:  # one stage is the summary again
         body.append(html.heading("Per load stage"))
-        body.append(html.paragraph("Each stage's requests, as inference-perf reports them: itl and tpot "
-                                   "are its client-side line gaps (about half the time between tokens)."))
+        body.append(
+            html.paragraph(
+                "Each stage's requests, as inference-perf reports them: itl and tpot "
+                "are its client-side line gaps (about half the time between tokens)."
+            )
+        )
         body.append(html.table(side_by_side(stages), scroll=True))
         body.append(html.heading("Every stage column", 3))
         body.append(html.table(stages, scroll=True))
 
     body.append(html.heading("Summary"))
-    body += [html.heading("Memory", 3), html.table(key_table(summary, MEMORY_COLUMNS)),
-             html.heading("Throughput and latency", 3), html.table(key_table(summary, SERVING_COLUMNS))]
+    body += [
+        html.heading("Memory", 3),
+        html.table(key_table(summary, MEMORY_COLUMNS)),
+        html.heading("Throughput and latency", 3),
+        html.table(key_table(summary, SERVING_COLUMNS)),
+    ]
     if sweep is not None:
         body += [html.heading("Rate sweep", 3), html.table(sweep)]
-    body += [html.heading("Step-cost model per policy (with extrapolations)"),
-             html.table(summary[[c for c in ("policy", "cost_model") if c in summary]])]
+    body += [
+        html.heading("Step-cost model per policy (with extrapolations)"),
+        html.table(summary[[c for c in ("policy", "cost_model") if c in summary]]),
+    ]
     body.append(html.heading("Every summary column"))
     body.append(html.table(summary, scroll=True))
     body.append(html.heading("Scenario as run"))

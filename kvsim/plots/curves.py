@@ -3,6 +3,7 @@
 Same conventions as kvsim.plots.run_figures: bare Figures (no pyplot), a policy's colour
 from kvsim.plots.style, the context line under the title.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ from kvsim.analysis.rates import DIVERGENCE, sustained, unloaded_latency
 from kvsim.plots.style import policy_styles
 
 
-def rate_sweep(table: pd.DataFrame, context: str = "", divergence: float = DIVERGENCE,
-               settings: pd.DataFrame | None = None) -> Figure:
+def rate_sweep(
+    table: pd.DataFrame, context: str = "", divergence: float = DIVERGENCE, settings: pd.DataFrame | None = None
+) -> Figure:
     """Normalized latency and throughput against request rate, per policy; a policy's
     sustained rate is ringed, and the divergence threshold drawn. `settings`: a frame of
     the policies' settings (a summary), for their colours."""
@@ -40,8 +42,7 @@ def rate_sweep(table: pd.DataFrame, context: str = "", divergence: float = DIVER
                 ax.plot([rate], [at[col]], marker="o", ms=11, mfc="none", mec=st.colour, mew=1.5)
     if np.isfinite(limit) and limit > 0:
         ax_lat.axhline(limit, color="0.4", ls=":", lw=1)
-        ax_lat.text(ax_lat.get_xlim()[0], limit, f" {divergence:g}x unloaded", va="bottom", fontsize=7,
-                    color="0.3")
+        ax_lat.text(ax_lat.get_xlim()[0], limit, f" {divergence:g}x unloaded", va="bottom", fontsize=7, color="0.3")
         ax_lat.set_yscale("log")
     ax_lat.set_ylabel("normalized latency (s per output token)")
     ax_lat.set_title("Normalized latency vs request rate (rings: highest sustained rate)", fontsize=10)
@@ -55,9 +56,16 @@ def rate_sweep(table: pd.DataFrame, context: str = "", divergence: float = DIVER
     return fig
 
 
-def curves(series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str,
-           title: str, bands: list[tuple[float, float, str]] = (), context: str = "",
-           percent: bool = True, logx: bool = False) -> Figure:
+def curves(
+    series: dict[str, tuple[list[float], list[float]]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    bands: list[tuple[float, float, str]] = (),
+    context: str = "",
+    percent: bool = True,
+    logx: bool = False,
+) -> Figure:
     """A line per name over shared axes; `bands` shade claimed ranges (low, high, label)."""
     styles = policy_styles(pd.DataFrame({"policy": list(series)}))
     fig = Figure(figsize=(9.5, 4.8), layout="constrained")
@@ -67,8 +75,7 @@ def curves(series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylab
         ax.axhspan(scale * low, scale * high, color=shade, alpha=0.6, label=label, lw=0)
     for name, (x, y) in series.items():
         st = styles[name]
-        ax.plot(x, [scale * v for v in y], color=st.colour, ls=st.linestyle, marker=st.marker,
-                ms=4, label=name)
+        ax.plot(x, [scale * v for v in y], color=st.colour, ls=st.linestyle, marker=st.marker, ms=4, label=name)
     if logx:
         ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)

@@ -8,6 +8,7 @@ the page's width (on a screen narrower than the page's 1,200 px, a table that ca
 wrap further scrolls in its box rather than the page sideways). Colours follow the reader's light or dark setting; the figures keep
 the white ground they are drawn on.
 """
+
 from __future__ import annotations
 
 import base64
@@ -73,18 +74,24 @@ def table(frame: pd.DataFrame, digits: int = 4, scroll: bool = False) -> str:
     """A DataFrame as an HTML table; floats to `digits` significant digits. Headings
     may break after an underscore; columns of text are left-aligned. With `scroll`,
     cells keep one line and the table scrolls inside its own box instead."""
+
     def cell(v) -> str:
         if isinstance(v, float):
             return "" if math.isnan(v) else f"{v:.{digits}g}"
         return "" if v is None or v is pd.NA else str(v)
 
-    text = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])
-            and frame[c].astype(str).str.len().max() > 24]
+    text = [
+        c
+        for c in frame.columns
+        if not pd.api.types.is_numeric_dtype(frame[c]) and frame[c].astype(str).str.len().max() > 24
+    ]
     head = "".join(f"<th>{esc(c).replace('_', '_<wbr>')}</th>" for c in frame.columns)
     rows = []
     for values in frame.itertuples(index=False, name=None):
-        cells = "".join(f'<td class="text">{esc(cell(v))}</td>' if c in text else f"<td>{esc(cell(v))}</td>"
-                        for c, v in zip(frame.columns, values))
+        cells = "".join(
+            f'<td class="text">{esc(cell(v))}</td>' if c in text else f"<td>{esc(cell(v))}</td>"
+            for c, v in zip(frame.columns, values)
+        )
         rows.append(f"<tr>{cells}</tr>")
     out = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     # a wrapping table fits a page of 1,200 px; on a narrower screen it scrolls in its box
@@ -97,7 +104,8 @@ def image(path: Path, alt: str) -> str:
 
 
 def page(title: str, body: list[str]) -> str:
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n"
-            + "\n".join(body) + "\n</body></html>\n")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

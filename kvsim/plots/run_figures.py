@@ -23,6 +23,7 @@ figure is left open.  Each policy keeps one colour in every figure (policies in
 colour derived from its name, kvsim.plots.style), lines differ in style and marker
 too, identical lines are labelled so, and each memory category has one fixed colour.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -38,15 +39,20 @@ from matplotlib.patches import Patch
 
 from kvsim.sim.parallel import ordered_map
 from kvsim.plots import tier_plots
-from kvsim.plots.style import (bar_figure_width, policy_colours, policy_styles,  # noqa: F401 (re-exported)
-                                same_as, set_policy_ticks, wrap_label)
+from kvsim.plots.style import bar_figure_width, policy_styles, same_as, set_policy_ticks
+from kvsim.plots.style import policy_colours, wrap_label  # noqa: F401 (re-exported)
 from kvsim.analysis.verdict import arrival_limited
 
 DPI = 110
 MAX_POINTS = 2000  # drawn points per policy line; more are invisible at this size
-MAX_CDF_POINTS = 4000   # drawn points per latency CDF (a rank step under 1/4000 of the axis)
-FILES = ("memory_breakdown.png", "utilization_batch.png", "latency.png",
-         "throughput_batch.png", "latency_percentiles.png")
+MAX_CDF_POINTS = 4000  # drawn points per latency CDF (a rank step under 1/4000 of the axis)
+FILES = (
+    "memory_breakdown.png",
+    "utilization_batch.png",
+    "latency.png",
+    "throughput_batch.png",
+    "latency_percentiles.png",
+)
 
 # (summary column, timeseries column, legend label, colour): good use green, waste
 # in warm colours that darken as it gets harder to reclaim, free space grey.
@@ -57,33 +63,42 @@ CATEGORIES = (
     ("external_fraction", "external", "external fragmentation & others", "#c62828"),
     ("free_fraction", "free", "free", "#cfd8dc"),
 )
-BASIS = {"waiting": "time-weighted while requests wait",
-         "busy": "time-weighted over busy time",
-         "memory": "time-weighted over the steps memory kept a request waiting",
-         "none": "never memory-bound: no fractions"}
+BASIS = {
+    "waiting": "time-weighted while requests wait",
+    "busy": "time-weighted over busy time",
+    "memory": "time-weighted over the steps memory kept a request waiting",
+    "none": "never memory-bound: no fractions",
+}
 
 
-TIMED = {"latency.png", "throughput_batch.png", "latency_percentiles.png"}   # figures of time
+TIMED = {"latency.png", "throughput_batch.png", "latency_percentiles.png"}  # figures of time
 
 
-def _builders(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
-              targets: dict | None = None):
+def _builders(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame, targets: dict | None = None):
     """Each figure's file name and a function that builds it (one figure at a time)."""
     styles = policy_styles(summary, timeseries, requests)
     colours = {name: s.colour for name, s in styles.items()}
-    builders = (lambda: _memory_breakdown(summary, requests, colours),
-                lambda: _utilization_batch(timeseries, styles),
-                lambda: _latency(requests, styles, targets or {}),
-                lambda: _throughput_batch(summary, colours),
-                lambda: latency_percentiles(summary, colours, targets or {}))
+    builders = (
+        lambda: _memory_breakdown(summary, requests, colours),
+        lambda: _utilization_batch(timeseries, styles),
+        lambda: _latency(requests, styles, targets or {}),
+        lambda: _throughput_batch(summary, colours),
+        lambda: latency_percentiles(summary, colours, targets or {}),
+    )
     built = dict(zip(FILES, builders))
-    if tier_plots.tiered(summary):      # a run with KV tiers: their figure too
+    if tier_plots.tiered(summary):  # a run with KV tiers: their figure too
         built[tier_plots.FILE] = lambda: tier_plots.hits_by_tier(summary, timeseries, colours)
     return built
 
 
-def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
-            context: str = "", targets: dict | None = None, notes=()) -> dict[str, Figure]:
+def figures(
+    summary: pd.DataFrame,
+    timeseries: pd.DataFrame,
+    requests: pd.DataFrame,
+    context: str = "",
+    targets: dict | None = None,
+    notes=(),
+) -> dict[str, Figure]:
     """The five figures by file name (six with KV tiers: kvsim.plots.tier_plots; the notebooks show these; write_plots saves them).
     targets: the scenario's latency targets (drawn on the latency figures); notes: lines
     for the figures of time (kvsim.analysis.unmodelled's)."""
@@ -93,26 +108,42 @@ def figures(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFr
     return figs
 
 
-def write_plots(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
-                out_dir: Path, context: str = "", workers: int = 1, targets: dict | None = None,
-                notes=()) -> list[Path]:
+def write_plots(
+    summary: pd.DataFrame,
+    timeseries: pd.DataFrame,
+    requests: pd.DataFrame,
+    out_dir: Path,
+    context: str = "",
+    workers: int = 1,
+    targets: dict | None = None,
+    notes=(),
+) -> list[Path]:
     """Write the figures into `out_dir` (which must exist); return their paths.
     workers: draw them in up to that many processes (kvsim.sim.parallel; the same files)."""
     jobs = plot_jobs(summary, timeseries, requests, out_dir, context, targets, notes)
     return ordered_map(lambda i: jobs[i](), len(jobs), workers)
 
 
-def plot_jobs(summary: pd.DataFrame, timeseries: pd.DataFrame, requests: pd.DataFrame,
-              out_dir: Path, context: str = "", targets: dict | None = None,
-              notes=()) -> list[Callable[[], Path]]:
+def plot_jobs(
+    summary: pd.DataFrame,
+    timeseries: pd.DataFrame,
+    requests: pd.DataFrame,
+    out_dir: Path,
+    context: str = "",
+    targets: dict | None = None,
+    notes=(),
+) -> list[Callable[[], Path]]:
     """One job per figure, in FILES order: build it, save it into `out_dir`, return its path
     (independent of each other, so a caller may run them in any process)."""
+
     def job(name: str, build) -> Callable[[], Path]:
         def draw() -> Path:
             fig = build()
             add_context(fig, context, notes if name in TIMED else ())
             return save(fig, Path(out_dir) / name)
+
         return draw
+
     return [job(name, build) for name, build in _builders(summary, timeseries, requests, targets).items()]
 
 
@@ -130,14 +161,14 @@ def add_context(fig: Figure, context: str, notes=()) -> None:
     on lines of its own."""
     if context or notes:
         inches = fig.get_figwidth() - (3.2 if fig.legends else 0.2)
-        width = max(40, int(inches * 13))    # characters that surely fit at 8 pt
-        lines = textwrap.wrap(context, width) + [line for note in notes
-                                                  for line in textwrap.wrap("Note: " + note, width)]
+        width = max(40, int(inches * 13))  # characters that surely fit at 8 pt
+        lines = textwrap.wrap(context, width) + [
+            line for note in notes for line in textwrap.wrap("Note: " + note, width)
+        ]
         fig.suptitle("\n".join(lines), fontsize=8, color="0.35", x=0.01, ha="left")
 
 
-def downsample(series: pd.DataFrame, columns: list[str],
-               max_points: int = MAX_POINTS) -> pd.DataFrame:
+def downsample(series: pd.DataFrame, columns: list[str], max_points: int = MAX_POINTS) -> pd.DataFrame:
     """Time-bucket one policy's step series to at most `max_points` rows.
 
     Steps are assigned to equal-width time buckets by their start time; each bucket
@@ -174,13 +205,14 @@ def latency_samples(requests: pd.DataFrame) -> pd.DataFrame:
     """
     done = requests[requests["outcome"] == "completed"]
     decode_tokens = done["output_tokens"] - 1
-    return pd.DataFrame({
-        "policy": done["policy"].astype(str),
-        "ttft_s": done["first_token_s"] - done["arrival_s"],
-        "tpot_s": ((done["finish_s"] - done["first_token_s"])
-                   / decode_tokens.where(decode_tokens > 0)),
-        "e2e_s": done["finish_s"] - done["arrival_s"],
-    })
+    return pd.DataFrame(
+        {
+            "policy": done["policy"].astype(str),
+            "ttft_s": done["first_token_s"] - done["arrival_s"],
+            "tpot_s": ((done["finish_s"] - done["first_token_s"]) / decode_tokens.where(decode_tokens > 0)),
+            "e2e_s": done["finish_s"] - done["arrival_s"],
+        }
+    )
 
 
 def _memory_breakdown(summary: pd.DataFrame, requests: pd.DataFrame, colours: dict[str, str]) -> Figure:
@@ -191,8 +223,7 @@ def _memory_breakdown(summary: pd.DataFrame, requests: pd.DataFrame, colours: di
     bottom = np.zeros(len(policies))
     for col, _, label, colour in CATEGORIES:
         share = 100 * pd.to_numeric(summary[col], errors="coerce").fillna(0).to_numpy()
-        ax.bar(x, share, 0.6, bottom=bottom, color=colour, label=label,
-               edgecolor="white", linewidth=0.5)
+        ax.bar(x, share, 0.6, bottom=bottom, color=colour, label=label, edgecolor="white", linewidth=0.5)
         bottom += share
     tokens = pd.to_numeric(summary["token_fraction"], errors="coerce")
     for xi, top, tok in zip(x, bottom, tokens):
@@ -231,8 +262,15 @@ def _capacity(ax, summary, requests, policies, colours) -> None:
     tokens = _numbers(summary, "kv_capacity_tokens")
     reqs, what = capacity_requests(summary, requests)
     bars = ax.bar(x, np.nan_to_num(tokens), 0.6, color=[colours[p] for p in policies])
-    ax.bar_label(bars, ["n/a" if np.isnan(t) else f"{t:,.0f}\n{r:,.0f} req" if not np.isnan(r) else f"{t:,.0f}"
-                        for t, r in zip(tokens, reqs)], fontsize=7, padding=2)
+    ax.bar_label(
+        bars,
+        [
+            "n/a" if np.isnan(t) else f"{t:,.0f}\n{r:,.0f} req" if not np.isnan(r) else f"{t:,.0f}"
+            for t, r in zip(tokens, reqs)
+        ],
+        fontsize=7,
+        padding=2,
+    )
     ax.set_title(f"KV capacity: token slots and {what}", fontsize=10)
     ax.set_ylabel("token slots")
     top = ax.get_ylim()[1]
@@ -285,9 +323,11 @@ def _latency(requests: pd.DataFrame, styles: dict, targets: dict) -> Figure:
     samples = latency_samples(requests)
     fig = Figure(figsize=(13.5, 4.5), layout="constrained")
     axes = fig.subplots(1, 3, sharey=True)
-    panels = (("ttft_s", "time to first token (s)"),
-              ("tpot_s", "time per output token (s)"),
-              ("e2e_s", "end-to-end latency (s)"))
+    panels = (
+        ("ttft_s", "time to first token (s)"),
+        ("tpot_s", "time per output token (s)"),
+        ("e2e_s", "end-to-end latency (s)"),
+    )
     by_policy = dict(tuple(samples.groupby("policy", sort=False)))
     for ax, (col, xlabel) in zip(axes, panels):
         values = samples[col].to_numpy(float)
@@ -308,8 +348,7 @@ def _latency(requests: pd.DataFrame, styles: dict, targets: dict) -> Figure:
             ax.set_xscale("log")
         for pct, level in PERCENTILE_LEVELS:
             ax.axhline(level, color="0.55", ls=":", lw=0.8)
-            ax.text(1.0, level, f" {pct}", transform=ax.get_yaxis_transform(), va="center", fontsize=7,
-                    color="0.35")
+            ax.text(1.0, level, f" {pct}", transform=ax.get_yaxis_transform(), va="center", fontsize=7, color="0.35")
         _targets_on_cdf(ax, col.removesuffix("_s"), targets)
         ax.set_xlabel(xlabel)
         ax.set_ylim(0, 1.02)
@@ -318,14 +357,16 @@ def _latency(requests: pd.DataFrame, styles: dict, targets: dict) -> Figure:
     axes[0].set_ylabel("fraction of completed requests")
     axes[1].set_title("Latency CDFs, completed requests", fontsize=10)
     counts = samples["policy"].value_counts()
-    handles = [Line2D([], [], color=st.colour, ls=st.linestyle, label=f"{n} (n={counts.get(n, 0)})")
-               for n, st in styles.items()]
+    handles = [
+        Line2D([], [], color=st.colour, ls=st.linestyle, label=f"{n} (n={counts.get(n, 0)})")
+        for n, st in styles.items()
+    ]
     fig.legend(handles=handles, loc="outside right upper", title="policy", fontsize=8)
     return fig
 
 
 PERCENTILE_LEVELS = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
-TARGET_STYLE = {"p50": ":", "p90": "-.", "p99": "--"}      # a target's line, by its percentile
+TARGET_STYLE = {"p50": ":", "p90": "-.", "p99": "--"}  # a target's line, by its percentile
 
 
 def _targets_on_cdf(ax, metric: str, targets: dict) -> None:
@@ -340,8 +381,14 @@ def _targets_on_cdf(ax, metric: str, targets: dict) -> None:
             continue
         ax.axvline(bound, ymax=level / 1.02, color="black", ls=TARGET_STYLE.get(pct, "--"), lw=1.1)
         ax.plot([bound], [level], marker="v", color="black", ms=5)
-        ax.annotate(f"target {pct} ≤ {bound:g} s ", (bound, level), xytext=(-2, 3), textcoords="offset points",
-                    fontsize=7, ha="right")
+        ax.annotate(
+            f"target {pct} ≤ {bound:g} s ",
+            (bound, level),
+            xytext=(-2, 3),
+            textcoords="offset points",
+            fontsize=7,
+            ha="right",
+        )
 
 
 def cdf_points(v: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
@@ -363,22 +410,30 @@ def _throughput_batch(summary: pd.DataFrame, colours: dict[str, str]) -> Figure:
     achievable = _numbers(summary, "achievable_batch_size")
     mean = _numbers(summary, "mean_batch_size")
     bars_a = ax_batch.bar(x - 0.2, np.nan_to_num(achievable), 0.4, color=policy_colours_)
-    bars_m = ax_batch.bar(x + 0.2, np.nan_to_num(mean), 0.4, color=policy_colours_,
-                          alpha=0.45, hatch="//", edgecolor="white")
+    bars_m = ax_batch.bar(
+        x + 0.2, np.nan_to_num(mean), 0.4, color=policy_colours_, alpha=0.45, hatch="//", edgecolor="white"
+    )
     for bars, values in ((bars_a, achievable), (bars_m, mean)):
-        ax_batch.bar_label(bars, ["n/a" if np.isnan(v) else f"{v:.1f}" for v in values],
-                           fontsize=7, padding=2)
-    ax_batch.legend(handles=[Patch(color="0.35", label="achievable batch size"),
-                             Patch(facecolor="0.35", alpha=0.45, hatch="//",
-                                   edgecolor="white", label="mean batch size")],
-                    loc="upper left", fontsize=8)
+        ax_batch.bar_label(bars, ["n/a" if np.isnan(v) else f"{v:.1f}" for v in values], fontsize=7, padding=2)
+    ax_batch.legend(
+        handles=[
+            Patch(color="0.35", label="achievable batch size"),
+            Patch(facecolor="0.35", alpha=0.45, hatch="//", edgecolor="white", label="mean batch size"),
+        ],
+        loc="upper left",
+        fontsize=8,
+    )
     ax_batch.set_ylabel("batch size (requests)")
     ax_batch.set_title("Batch size: achievable vs mean", fontsize=10)
     tput = _numbers(summary, "throughput_tok_s")
     bars_t = ax_tput.bar(x, np.nan_to_num(tput), 0.6, color=policy_colours_)
     limited = [arrival_limited(r) for r in summary.to_dict(orient="records")]
-    ax_tput.bar_label(bars_t, ["n/a" if np.isnan(v) else f"{v:,.0f}" + ("\nset by\narrivals" if a else "")
-                               for v, a in zip(tput, limited)], fontsize=7, padding=2)
+    ax_tput.bar_label(
+        bars_t,
+        ["n/a" if np.isnan(v) else f"{v:,.0f}" + ("\nset by\narrivals" if a else "") for v, a in zip(tput, limited)],
+        fontsize=7,
+        padding=2,
+    )
     ax_tput.set_ylabel("output throughput (tok/s)")
     title = "Output throughput"
     if all(limited) and limited:
@@ -405,23 +460,35 @@ def latency_percentiles(summary: pd.DataFrame, colours: dict[str, str], targets:
     policies = summary["policy"].astype(str).tolist()
     fig = Figure(figsize=(2 * bar_figure_width(len(policies), extra=1.0), 4.6), layout="constrained")
     x = np.arange(len(policies))
-    for ax, metric, label in zip(fig.subplots(1, 2), ("ttft", "tpot"),
-                                 ("time to first token (s)", "time per output token (s)")):
+    for ax, metric, label in zip(
+        fig.subplots(1, 2), ("ttft", "tpot"), ("time to first token (s)", "time per output token (s)")
+    ):
         for k, (pct, alpha, hatch) in enumerate(PERCENTILES):
             values = _numbers(summary, f"{metric}_{pct}_s")
-            ax.bar(x + (k - 1) * 0.27, np.nan_to_num(values), 0.27, alpha=alpha, hatch=hatch,
-                   color=[colours[p] for p in policies], edgecolor="0.3", linewidth=0.4)
-        handles = [Patch(facecolor="0.6", alpha=alpha, hatch=hatch, edgecolor="0.3", label=pct)
-                   for pct, alpha, hatch in PERCENTILES]
+            ax.bar(
+                x + (k - 1) * 0.27,
+                np.nan_to_num(values),
+                0.27,
+                alpha=alpha,
+                hatch=hatch,
+                color=[colours[p] for p in policies],
+                edgecolor="0.3",
+                linewidth=0.4,
+            )
+        handles = [
+            Patch(facecolor="0.6", alpha=alpha, hatch=hatch, edgecolor="0.3", label=pct)
+            for pct, alpha, hatch in PERCENTILES
+        ]
         for column, bound in (targets or {}).items():
             name, _, pct = column.removesuffix("_s").rpartition("_")
             if name == metric:
                 ax.axhline(bound, color="black", ls=TARGET_STYLE.get(pct, "--"), lw=1.1)
-                handles.append(Line2D([], [], color="black", ls=TARGET_STYLE.get(pct, "--"),
-                                      label=f"target {pct} ≤ {bound:g} s"))
+                handles.append(
+                    Line2D([], [], color="black", ls=TARGET_STYLE.get(pct, "--"), label=f"target {pct} ≤ {bound:g} s")
+                )
         ax.legend(handles=handles, fontsize=7, loc="upper left")
         top = ax.get_ylim()[1]
-        ax.set_ylim(0, top * 1.25 if top > 0 else 1)     # room for the legend
+        ax.set_ylim(0, top * 1.25 if top > 0 else 1)  # room for the legend
         ax.set_ylabel(label)
         ax.set_title(f"{metric.upper()} percentiles (bars: p50, p90, p99)", fontsize=10)
         set_policy_ticks(ax, x, policies, colours)

@@ -7,6 +7,7 @@ and run. Line styles and markers cycle by position so that identical lines in on
 figure stay distinguishable. Only matplotlib-free helpers live here; kvsim.plots.run_figures
 and kvsim.plots.curves draw.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,8 @@ from kvsim.plots.colours import policy_colours
 
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-LABEL_WIDTH = 14          # characters per line of a wrapped policy name
-INCH_PER_LABEL = 1.25     # horizontal room per bar group, so wrapped labels never meet
+LABEL_WIDTH = 14  # characters per line of a wrapped policy name
+INCH_PER_LABEL = 1.25  # horizontal room per bar group, so wrapped labels never meet
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,10 @@ class Style:
 def policy_styles(*frames: pd.DataFrame) -> dict[str, Style]:
     """Colour from the settings; line style and marker by position, so no two lines match."""
     colours = policy_colours(*frames)
-    return {name: Style(colours[name], LINESTYLES[i % len(LINESTYLES)], MARKERS[i % len(MARKERS)])
-            for i, name in enumerate(colours)}
+    return {
+        name: Style(colours[name], LINESTYLES[i % len(LINESTYLES)], MARKERS[i % len(MARKERS)])
+        for i, name in enumerate(colours)
+    }
 
 
 def wrap_label(name: str, width: int = LABEL_WIDTH) -> str:
@@ -97,8 +100,13 @@ def _arrival_text(scenario: dict) -> str:
     if arrival.get("process") == "burst":
         return "all requests at t=0"
     if arrival.get("stages"):
-        return "stages " + ", ".join(f"{s.get('rate_per_s', 0):g} req/s x {s.get('duration_s', 0):g} s"
-                                     for s in arrival["stages"][:4]) + (", ..." if len(arrival["stages"]) > 4 else "")
+        return (
+            "stages "
+            + ", ".join(
+                f"{s.get('rate_per_s', 0):g} req/s x {s.get('duration_s', 0):g} s" for s in arrival["stages"][:4]
+            )
+            + (", ..." if len(arrival["stages"]) > 4 else "")
+        )
     rate = arrival_rate(scenario)
     return f"{arrival.get('process', '?')} {rate:g} req/s" if rate is not None else "arrivals ?"
 
@@ -117,10 +125,12 @@ def context_line(scenario: dict | None, summary: pd.DataFrame | None = None, swe
     if not scenario:
         return ""
     arrival = (scenario.get("workload") or {}).get("arrival") or {}
-    parts = [str(scenario.get("name", "?")),
-             f"{_name(scenario.get('model'), 'model')} on {_name(scenario.get('gpu'), 'gpu')}, "
-             f"tp {scenario.get('tensor_parallel_size', 1)}" + _fleet_text(scenario),
-             f"{arrival.get('process', '?')} arrivals, rate swept" if swept else _arrival_text(scenario)]
+    parts = [
+        str(scenario.get("name", "?")),
+        f"{_name(scenario.get('model'), 'model')} on {_name(scenario.get('gpu'), 'gpu')}, "
+        f"tp {scenario.get('tensor_parallel_size', 1)}" + _fleet_text(scenario),
+        f"{arrival.get('process', '?')} arrivals, rate swept" if swept else _arrival_text(scenario),
+    ]
     engines = _distinct(summary, "engine") or ([scenario["engine"]] if scenario.get("engine") else [])
     if engines:
         parts.append("engine " + "/".join(engines))
@@ -134,8 +144,7 @@ def context_line(scenario: dict | None, summary: pd.DataFrame | None = None, swe
 
 def _fleet_text(scenario: dict) -> str:
     n = scenario.get("replicas") or 1
-    return f", {n} replicas ({scenario.get('router') or 'round-robin'} router; time series: replica 0)" \
-        if n > 1 else ""
+    return f", {n} replicas ({scenario.get('router') or 'round-robin'} router; time series: replica 0)" if n > 1 else ""
 
 
 def _distinct(summary: pd.DataFrame | None, column: str) -> list[str]:
@@ -146,8 +155,12 @@ def _distinct(summary: pd.DataFrame | None, column: str) -> list[str]:
 
 
 # --- swept fields ----------------------------------------------------------------
-KNOWN_FIELDS = {"rate_per_s": "arrival rate (req/s)", "num_requests": "requests",
-                "tensor_parallel_size": "tensor_parallel_size", "seed": "seed"}
+KNOWN_FIELDS = {
+    "rate_per_s": "arrival rate (req/s)",
+    "num_requests": "requests",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "seed": "seed",
+}
 
 
 def param_label(path: str) -> str:

@@ -12,6 +12,7 @@ per policy beside every probe's value of each target. Axes name the swept fields
 words (kvsim.plots.style.param_label) and every figure carries its context line.
 Like kvsim.plots.run_figures, figures are bare Agg `Figure`s: no pyplot state.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,16 +29,23 @@ from kvsim.plots.run_figures import add_context, policy_colours, save
 from kvsim.plots.style import param_label
 
 # (column, axis label, upper bound: 1 for shares, None for unbounded; all are >= 0)
-METRICS = (("throughput_tok_s", "output tok/s", None), ("ttft_p99_s", "TTFT p99 (s)", None),
-           ("tpot_p50_s", "TPOT p50 (s)", None), ("kv_utilization", "KV utilization", 1.0),
-           ("achievable_batch_size", "achievable batch", None))
-UNDEFINED = {"kv_utilization": "n/a: memory never held a request back",
-             "achievable_batch_size": "n/a: memory never held a request back"}
+METRICS = (
+    ("throughput_tok_s", "output tok/s", None),
+    ("ttft_p99_s", "TTFT p99 (s)", None),
+    ("tpot_p50_s", "TPOT p50 (s)", None),
+    ("kv_utilization", "KV utilization", 1.0),
+    ("achievable_batch_size", "achievable batch", None),
+)
+UNDEFINED = {
+    "kv_utilization": "n/a: memory never held a request back",
+    "achievable_batch_size": "n/a: memory never held a request back",
+}
 MAX_PANELS = 6
 
 
-def write_sweep_plots(summary: pd.DataFrame, params: list[str], out_dir: Path, workers: int = 1,
-                      context: str = "") -> list[Path]:
+def write_sweep_plots(
+    summary: pd.DataFrame, params: list[str], out_dir: Path, workers: int = 1, context: str = ""
+) -> list[Path]:
     """The figures are independent jobs, drawn in up to `workers` processes (kvsim.sim.parallel)."""
     if summary.empty:
         return []
@@ -51,6 +59,7 @@ def write_sweep_plots(summary: pd.DataFrame, params: list[str], out_dir: Path, w
         fig = _against(summary, param, [p for p in swept if p != param], metrics, colours)
         add_context(fig, context)
         return save(fig, path)
+
     return ordered_map(draw, len(swept), workers)
 
 
@@ -66,7 +75,7 @@ def _against(summary, param, others, metrics, colours) -> Figure:
     frame = summary.copy()
     combos = list(dict.fromkeys(frame[others].astype(str).itertuples(index=False, name=None))) if others else [()]
     averaged = len(combos) > MAX_PANELS
-    if averaged:     # too many panels: one panel, the mean over the other parameters
+    if averaged:  # too many panels: one panel, the mean over the other parameters
         cols = [c for c, _, _ in metrics]
         frame = frame.groupby([param, "policy"], sort=False, dropna=False)[cols].mean().reset_index()
         combos = [()]
@@ -90,12 +99,28 @@ def _against(summary, param, others, metrics, colours) -> Figure:
                     continue
                 err = group.get(f"{col}_ci95")
                 yerr = None if err is None else clipped_errors(y, err.to_numpy(float), upper)
-                ax.errorbar(group["_x"], y, yerr=yerr, marker="o", ms=4, capsize=3,
-                            color=colours.get(str(policy)), label=str(policy))
+                ax.errorbar(
+                    group["_x"],
+                    y,
+                    yerr=yerr,
+                    marker="o",
+                    ms=4,
+                    capsize=3,
+                    color=colours.get(str(policy)),
+                    label=str(policy),
+                )
                 drawn += 1
             if not drawn:
-                ax.text(0.5, 0.5, UNDEFINED.get(col, "n/a: no value"), transform=ax.transAxes,
-                        ha="center", va="center", fontsize=8, color="0.35")
+                ax.text(
+                    0.5,
+                    0.5,
+                    UNDEFINED.get(col, "n/a: no value"),
+                    transform=ax.transAxes,
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="0.35",
+                )
             ax.set_ylim(bottom=0)
             if upper is not None and drawn:
                 ax.set_ylim(top=min(upper * 1.05, ax.get_ylim()[1]))
@@ -119,13 +144,23 @@ def _against(summary, param, others, metrics, colours) -> Figure:
     return fig
 
 
-CAPACITY_AXES = {"max_rate_per_s": "highest rate within targets (req/s)",
-                 "gpus": "fewest GPUs within targets", "rate_per_s": "arrival rate (req/s)"}
+CAPACITY_AXES = {
+    "max_rate_per_s": "highest rate within targets (req/s)",
+    "gpus": "fewest GPUs within targets",
+    "rate_per_s": "arrival rate (req/s)",
+}
 
 
-def write_capacity_plot(table: pd.DataFrame, probes: pd.DataFrame, targets: dict,
-                        answer: str, x: str, out_dir: Path, context: str = "",
-                        settings: pd.DataFrame | None = None) -> Path:
+def write_capacity_plot(
+    table: pd.DataFrame,
+    probes: pd.DataFrame,
+    targets: dict,
+    answer: str,
+    x: str,
+    out_dir: Path,
+    context: str = "",
+    settings: pd.DataFrame | None = None,
+) -> Path:
     """`answer`: the table's column per policy (max_rate_per_s or gpus); `x`: the probes'
     varied column (rate_per_s or gpus); `settings`: the policies' settings, for their
     colours (kvsim.plots.colours.settings_frame)."""
@@ -148,8 +183,7 @@ def write_capacity_plot(table: pd.DataFrame, probes: pd.DataFrame, targets: dict
             ax.plot(group[x], group[col], color=c, lw=1, alpha=0.6)
             met = group[group["met"]]
             ax.scatter(met[x], met[col], color=c, s=18, label=str(policy))
-            ax.scatter(group[~group["met"]][x], group[~group["met"]][col], facecolors="none",
-                       edgecolors=c, s=18)
+            ax.scatter(group[~group["met"]][x], group[~group["met"]][col], facecolors="none", edgecolors=c, s=18)
         ax.axhline(bound, color="black", ls="--", lw=1)
         finite = pd.to_numeric(probes[col], errors="coerce")
         if (finite > 0).all() and finite.max() / finite.min() > 50:
@@ -160,8 +194,10 @@ def write_capacity_plot(table: pd.DataFrame, probes: pd.DataFrame, targets: dict
         ax.grid(alpha=0.3)
     if len(axes) > 1:
         handles, labels = axes[1].get_legend_handles_labels()
-        handles += [Line2D([], [], color="black", ls="--", lw=1),
-                    Line2D([], [], ls="", marker="o", mfc="none", mec="0.3", ms=5)]
+        handles += [
+            Line2D([], [], color="black", ls="--", lw=1),
+            Line2D([], [], ls="", marker="o", mfc="none", mec="0.3", ms=5),
+        ]
         labels += ["target", "probe that missed a target"]
         fig.legend(handles, labels, loc="outside right upper", fontsize=8)
     add_context(fig, context)

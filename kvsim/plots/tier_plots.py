@@ -4,6 +4,7 @@ from, and how full each tier ran.
 Same conventions as kvsim.plots.run_figures: a bare Figure, a policy's colour from
 kvsim.plots.style, the context line added by the caller.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,9 +15,11 @@ from kvsim.plots.style import bar_figure_width, set_policy_ticks
 
 FILE = "prefix_hits_by_tier.png"
 # (summary column, label, colour): the GPU's own hits darkest, the slower tiers lighter
-TIERS = (("prefix_hit_rate_gpu", "GPU prefix cache", "#1b5e20"),
-         ("prefix_hit_rate_cpu", "host memory", "#43a047"),
-         ("prefix_hit_rate_disk", "disk", "#a5d6a7"))
+TIERS = (
+    ("prefix_hit_rate_gpu", "GPU prefix cache", "#1b5e20"),
+    ("prefix_hit_rate_cpu", "host memory", "#43a047"),
+    ("prefix_hit_rate_disk", "disk", "#a5d6a7"),
+)
 
 
 def tiered(summary: pd.DataFrame) -> bool:
@@ -48,8 +51,14 @@ def hits_by_tier(summary: pd.DataFrame, timeseries: pd.DataFrame, colours: dict[
     for policy, rows in timeseries.groupby("policy", sort=False):
         for column, ls in (("tier_cpu_occupancy", "-"), ("tier_disk_occupancy", ":")):
             if column in rows and rows[column].notna().any() and rows[column].max() > 0:
-                ax_occ.plot(rows["time_s"], 100 * rows[column], ls=ls, lw=1.2, color=colours[str(policy)],
-                            label=f"{policy}: {column.split('_')[1]}")
+                ax_occ.plot(
+                    rows["time_s"],
+                    100 * rows[column],
+                    ls=ls,
+                    lw=1.2,
+                    color=colours[str(policy)],
+                    label=f"{policy}: {column.split('_')[1]}",
+                )
     ax_occ.set_xlabel("simulated time (s)")
     ax_occ.set_ylabel("tier occupancy (% of its capacity)")
     ax_occ.set_ylim(0, 105)

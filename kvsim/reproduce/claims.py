@@ -7,6 +7,7 @@ claimed, a verdict ("holds", "holds only when …", "does not hold …") and why
 never adjusts a model to make a claim hold: where kvsim disagrees, the verdict says so
 and `why` gives the cause. Tolerances are part of the `expected` text.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -34,12 +35,14 @@ def default_traces() -> Path | None:
 
 def select(only: tuple[str, ...]) -> dict[str, Callable]:
     from kvsim.reproduce.checks import CHECKS
+
     if not only:
         return CHECKS
     unknown = [c for c in only if c not in CHECKS]
     if unknown:
-        raise InputError("command line", "--claim", f"unknown claim {', '.join(unknown)}; choose from: "
-                         f"{', '.join(CHECKS)}")
+        raise InputError(
+            "command line", "--claim", f"unknown claim {', '.join(unknown)}; choose from: {', '.join(CHECKS)}"
+        )
     return {c: CHECKS[c] for c in only}
 
 
@@ -69,18 +72,23 @@ def markdown(table: pd.DataFrame) -> str:
 def write(table: pd.DataFrame, ctx: Context, command: str) -> None:
     """claims.csv, claims.md and report.html into ctx.out (figures are already there)."""
     from kvsim.plots import html
+
     table.to_csv(ctx.out / "claims.csv", index=False)
     (ctx.out / "claims.md").write_text(f"Measured with `{command}`.\n\n" + markdown(table))
-    body = [html.heading("kvsim reproduce: the claims, measured", 1),
-            html.paragraph(f"Measured with `{command}`" + (" (quick settings: fewer requests and "
-                           "rates)" if ctx.quick else "") + "."),
-            html.table(table[[c for c in COLUMNS if c != "why"]])]
+    body = [
+        html.heading("kvsim reproduce: the claims, measured", 1),
+        html.paragraph(
+            f"Measured with `{command}`" + (" (quick settings: fewer requests and rates)" if ctx.quick else "") + "."
+        ),
+        html.table(table[[c for c in COLUMNS if c != "why"]]),
+    ]
     for row in table.to_dict(orient="records"):
-        body += [html.heading(f"{row['id']}: {row['claim']}", 3),
-                 html.paragraph(f"Source: {row['source']}. Scenario: {row['scenario']}."),
-                 html.paragraph(f"Measured: {row['measured']}. Expected: {row['expected']}. "
-                                f"Verdict: {row['verdict']}."),
-                 html.paragraph(row["why"])]
+        body += [
+            html.heading(f"{row['id']}: {row['claim']}", 3),
+            html.paragraph(f"Source: {row['source']}. Scenario: {row['scenario']}."),
+            html.paragraph(f"Measured: {row['measured']}. Expected: {row['expected']}. Verdict: {row['verdict']}."),
+            html.paragraph(row["why"]),
+        ]
     shown: set[Path] = set()
     body.append(html.heading("Figures and tables"))
     for claim_id, png in ctx.figures:

@@ -17,6 +17,7 @@ scenario's first requests as kvsim draws them (their shared system prompts, docu
 conversation turns and samples), two arrivals a step, outputs cut short to keep the
 comparison quick, over a pool that holds about four of them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,8 +26,13 @@ import numpy as np
 
 from kvsim.engines.base import Request
 from kvsim.engines.vllm_v1 import VllmV1
-from kvsim.kvcache import (PagedAllocator, PrefixCachingPagedAllocator, SeqShape, SlidingWindowPagedAllocator,
-                           SlidingWindowPrefixCache)
+from kvsim.kvcache import (
+    PagedAllocator,
+    PrefixCachingPagedAllocator,
+    SeqShape,
+    SlidingWindowPagedAllocator,
+    SlidingWindowPrefixCache,
+)
 from kvsim.kvcache.sliding import admission_cap
 from kvsim.sim.scheduler import Scheduler, sample_shape
 from kvsim.workload.requests import RequestSpec
@@ -35,14 +41,15 @@ from kvsim.workload.requests import RequestSpec
 @dataclass(frozen=True)
 class Setup:
     """What both schedulers run with (vLLM's names)."""
-    num_blocks: int             # vLLM's pool, its null block included
+
+    num_blocks: int  # vLLM's pool, its null block included
     block_size: int = 16
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     max_model_len: int = 4096
-    sliding_window: int | None = None     # on every layer (vLLM's SlidingWindowSpec)
+    sliding_window: int | None = None  # on every layer (vLLM's SlidingWindowSpec)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class Arrival:
 @dataclass
 class Record:
     """One step, as the two sides are compared."""
+
     scheduled: dict[int, int] = field(default_factory=dict)
     admitted: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
@@ -67,9 +75,10 @@ class Record:
 def random_stream(rng: np.random.Generator, setup: Setup, n: int = 30) -> list[Arrival]:
     """`n` requests (samples count one each) over a few dozen steps."""
     bs, out, step, key = setup.block_size, [], 0, 0
-    docs = [(100 + d, int(rng.integers(1, 6)) * bs + int(rng.integers(0, 2)) * int(rng.integers(1, bs)))
-            for d in range(3)]
-    longest = max(16, (setup.num_blocks - 1) * bs // 3)      # a few fit at once: preemption
+    docs = [
+        (100 + d, int(rng.integers(1, 6)) * bs + int(rng.integers(0, 2)) * int(rng.integers(1, bs))) for d in range(3)
+    ]
+    longest = max(16, (setup.num_blocks - 1) * bs // 3)  # a few fit at once: preemption
     while key < n:
         step += int(rng.integers(0, 4))
         segments = tuple(docs[int(rng.integers(0, 3))] for _ in range(int(rng.integers(0, 3))))
@@ -79,9 +88,9 @@ def random_stream(rng: np.random.Generator, setup: Setup, n: int = 30) -> list[A
         if prompt + output > setup.max_model_len or prompt + output > (setup.num_blocks - 1) * bs:
             continue
         samples = int(rng.choice([1, 1, 1, 2, 3]))
-        repeat = int(rng.integers(1000, 1010)) if rng.random() < 0.3 else None   # tails met again
+        repeat = int(rng.integers(1000, 1010)) if rng.random() < 0.3 else None  # tails met again
         for _ in range(min(samples, n - key)):
-            tail = repeat if repeat is not None and samples == 1 else 10_000 + key   # else its own
+            tail = repeat if repeat is not None and samples == 1 else 10_000 + key  # else its own
             out.append(Arrival(step, key, SeqShape(prompt, output, segments, tail)))
             key += 1
     return out
@@ -91,72 +100,102 @@ def scenario_stream(path, n: int = 24, max_output: int = 48) -> tuple[list[Arriv
     """The first `n` sequences of a scenario's request stream, and a setup for them."""
     from kvsim.config.scenario import load_scenario
     from kvsim.workload.requests import generate_requests
+
     scn, base = load_scenario(path)
     table, width = generate_requests(scn, base, str(path)), scn.workload.n
     shapes = []
     for i in range(min(len(table), n)):
         spec = table[i]
         shapes += [sample_shape(spec, k) for k in range(width)] if width > 1 else [spec.shape]
-    shapes = [SeqShape(x.prompt_tokens, min(x.output_tokens, max_output), x.segments, x.tail_id)
-              for x in shapes[:n]]
+    shapes = [SeqShape(x.prompt_tokens, min(x.output_tokens, max_output), x.segments, x.tail_id) for x in shapes[:n]]
     bs = next((p.block_size for p in scn.policies if getattr(p, "block_size", None)), 16)
     finals = sorted(-(-x.final_tokens // bs) for x in shapes)
-    setup = Setup(num_blocks=1 + max(finals[-1], sum(finals[-4:])), block_size=bs, max_num_seqs=16,
-                  max_num_batched_tokens=2048, max_model_len=max(x.final_tokens for x in shapes),
-                  sliding_window=scn.model_spec(base).sliding_window)
+    setup = Setup(
+        num_blocks=1 + max(finals[-1], sum(finals[-4:])),
+        block_size=bs,
+        max_num_seqs=16,
+        max_num_batched_tokens=2048,
+        max_model_len=max(x.final_tokens for x in shapes),
+        sliding_window=scn.model_spec(base).sliding_window,
+    )
     return [Arrival(k // 2, k, x) for k, x in enumerate(shapes)], setup
 
 
-def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
-                  trace: bool = True) -> list[Record]:
+def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000, trace: bool = True) -> list[Record]:
     """vLLM's scheduler over the stream; `trace` False records only what was scheduled."""
     from kvsim.engines.vllm_reference import VllmReference
-    ref = VllmReference(num_blocks=setup.num_blocks, block_size=setup.block_size,
-                        max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
-                        enable_chunked_prefill=setup.enable_chunked_prefill, max_model_len=setup.max_model_len,
-                        enable_prefix_caching=setup.enable_prefix_caching, sliding_window=setup.sliding_window)
+
+    ref = VllmReference(
+        num_blocks=setup.num_blocks,
+        block_size=setup.block_size,
+        max_num_seqs=setup.max_num_seqs,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        enable_chunked_prefill=setup.enable_chunked_prefill,
+        max_model_len=setup.max_model_len,
+        enable_prefix_caching=setup.enable_prefix_caching,
+        sliding_window=setup.sliding_window,
+    )
     records, pending, step = [], list(stream), 0
     while (pending or ref.unfinished) and step < max_steps:
         while pending and pending[0].step <= step:
             a = pending.pop(0)
             ref.add(a.key, a.shape)
         t = ref.step(trace_cache=trace)
-        records.append(Record(t.scheduled, sorted(t.admitted), sorted(t.preempted), sorted(t.finished), t.free_blocks,
-                              t.cached_blocks, {k: ref.table(k) for k in sorted(t.scheduled) if ref.table(k)}
-                              if trace else {}))
+        records.append(
+            Record(
+                t.scheduled,
+                sorted(t.admitted),
+                sorted(t.preempted),
+                sorted(t.finished),
+                t.free_blocks,
+                t.cached_blocks,
+                {k: ref.table(k) for k in sorted(t.scheduled) if ref.table(k)} if trace else {},
+            )
+        )
         step += 1
     return records
 
 
-def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
-               trace: bool = True) -> list[Record]:
+def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000, trace: bool = True) -> list[Record]:
     """kvsim's scheduler and vllm-v1 rules over the stream; `trace` as run_reference's."""
     alloc = native_allocator(setup)
-    s = Scheduler(alloc, VllmV1(), max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs,
-                  max_num_batched_tokens=setup.max_num_batched_tokens,
-                  chunked_prefill=setup.enable_chunked_prefill, sliding_window=setup.sliding_window)
+    s = Scheduler(
+        alloc,
+        VllmV1(),
+        max_model_len=setup.max_model_len,
+        max_num_seqs=setup.max_num_seqs,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        chunked_prefill=setup.enable_chunked_prefill,
+        sliding_window=setup.sliding_window,
+    )
     records, pending, step, live = [], list(stream), 0, 0
     cached = (lambda: frozenset(b + 1 for b in alloc.cached_blocks)) if setup.enable_prefix_caching else frozenset
     while (pending or live) and step < max_steps:
         while pending and pending[0].step <= step:
             a = pending.pop(0)
-            spec = RequestSpec(a.key, float(step), a.shape.prompt_tokens, a.shape.output_tokens,
-                               a.shape.segments, a.shape.tail_id)
+            spec = RequestSpec(
+                a.key, float(step), a.shape.prompt_tokens, a.shape.output_tokens, a.shape.segments, a.shape.tail_id
+            )
             s.arrive(Request(spec, a.shape), float(step), a.key)
             live += 1
         before = list(s.running)
         st = s.schedule(float(step))
-        rec = Record(scheduled={q.spec.id: n for q, n in st.work},
-                     admitted=sorted((q.spec.id, q.prefilled) for q, n in st.work if q not in before),
-                     preempted=sorted(q.spec.id for q in before if q not in s.running))
+        rec = Record(
+            scheduled={q.spec.id: n for q, n in st.work},
+            admitted=sorted((q.spec.id, q.prefilled) for q, n in st.work if q not in before),
+            preempted=sorted(q.spec.id for q in before if q not in s.running),
+        )
         done = s.complete(st, float(step) + 0.5)
         live -= len(done) + len(st.rejected)
         rec.finished = sorted(q.spec.id for q in done)
         if trace:
             rec.free_blocks = len(alloc.free_blocks)
             rec.cached_blocks = cached()
-            rec.tables = {q.spec.id: [0] * alloc.released_blocks(q.ids[0]) + [b + 1 for b in alloc.block_table(q.ids[0])]
-                          for q in sorted(s.running, key=lambda q: q.spec.id) if q.spec.id in rec.scheduled}
+            rec.tables = {
+                q.spec.id: [0] * alloc.released_blocks(q.ids[0]) + [b + 1 for b in alloc.block_table(q.ids[0])]
+                for q in sorted(s.running, key=lambda q: q.spec.id)
+                if q.spec.id in rec.scheduled
+            }
         records.append(rec)
         step += 1
     return records
@@ -189,5 +228,3 @@ def compare(native: list[Record], reference: list[Record]) -> list[str]:
         if len(out) >= 5:
             break
     return out
-
-

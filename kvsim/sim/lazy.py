@@ -49,6 +49,7 @@ Not lazy (their runs go step by step, as in the plain path): the radix cache (ev
 token takes a free slot), sliding windows (blocks leave the window), and sequence
 groups (samples or beams in vLLM V0 share partly filled blocks).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,24 +67,31 @@ from kvsim.sim.running import RunningSet
 def applies(allocator, rules, options: dict, cost_block_size: int | None = None) -> bool:
     """Whether a run of these settings can use the lazy running set (see the module docstring)."""
     single = rules.split_samples or options.get("width", 1) == 1
-    return (single and not options.get("beam") and options.get("sliding_window") is None
-            and allocator.counted and cost_block_size in (None, allocator.block_size))
+    return (
+        single
+        and not options.get("beam")
+        and options.get("sliding_window") is None
+        and allocator.counted
+        and cost_block_size in (None, allocator.block_size)
+    )
 
 
 @dataclass(eq=False, slots=True)
 class LazyEntry:
     """A request as it went lazy, and when its laziness ends."""
-    tick: int              # the tick it went lazy at
-    held: int              # its held and generated tokens then
+
+    tick: int  # the tick it went lazy at
+    held: int  # its held and generated tokens then
     generated: int
-    due: int               # the first tick it is not lazy in ...
-    finishes: bool         # ... completing in the tick before, if it completes lazily
+    due: int  # the first tick it is not lazy in ...
+    finishes: bool  # ... completing in the tick before, if it completes lazily
     last_crossing: int = 0  # the tick its last crossing takes a block ending past its final
-                            # length (those slots are internal), 0 if none is lazy
+    # length (those slots are internal), 0 if none is lazy
 
 
 class Wanting(NamedTuple):
     """A request that may take a slot in this step, at its place in the running order."""
+
     order: int
     req: Request
     was_lazy: bool
@@ -97,7 +105,7 @@ class LazyRunningSet(RunningSet):
 
     def __init__(self, sched, *, cost_block_size: int | None = None, tails_private: bool = False):
         super().__init__(sched)
-        allocator: BulkBlockAllocator = sched.allocator    # or a CountedAllocator: see `bulk`
+        allocator: BulkBlockAllocator = sched.allocator  # or a CountedAllocator: see `bulk`
         self.allocator = allocator
         self.cost_block_size = cost_block_size
         self.tails_private = tails_private
@@ -113,24 +121,24 @@ class LazyRunningSet(RunningSet):
         # A crossing adds a block's slots to the reservation, except into a last block that
         # ends past the final length: those slots are internal. tick -> such slots.
         self.internal_at: dict[int, int] = {}
-        self.tick = 0              # decode ticks planned so far
-        self.pending = False       # the last tick planned has not completed yet
-        self.tick_at_start = 0     # the tick when the step being planned began
-        self.refreshed_at: tuple[int, bool] | None = None   # (tick, pending) of the last refresh_all
+        self.tick = 0  # decode ticks planned so far
+        self.pending = False  # the last tick planned has not completed yet
+        self.tick_at_start = 0  # the tick when the step being planned began
+        self.refreshed_at: tuple[int, bool] | None = None  # (tick, pending) of the last refresh_all
         self.lazy: dict[Request, LazyEntry] = {}
-        self.due: dict[int, list[tuple[Request, LazyEntry]]] = {}         # made explicit at that tick
-        self.finishing: dict[int, list[tuple[Request, LazyEntry]]] = {}   # completed with that tick
-        self.explicit: dict[Request, None] = {}    # running requests not lazy
-        self.order: dict[Request, int] = {}        # running order: admissions counted
+        self.due: dict[int, list[tuple[Request, LazyEntry]]] = {}  # made explicit at that tick
+        self.finishing: dict[int, list[tuple[Request, LazyEntry]]] = {}  # completed with that tick
+        self.explicit: dict[Request, None] = {}  # running requests not lazy
+        self.order: dict[Request, int] = {}  # running order: admissions counted
         self._admissions = 0
-        self.lazy_held = 0         # sum over lazy requests of held - tick when they went lazy
-        self.lazy_blocks = 0       # sum of their contexts' cost blocks at the last tick
+        self.lazy_held = 0  # sum over lazy requests of held - tick when they went lazy
+        self.lazy_blocks = 0  # sum of their contexts' cost blocks at the last tick
         # The breakdown in sums over running requests at their true counts; a lazy
         # request's own share stays as it went lazy (the sums move for it: its
         # reservation falls by one per tick and rises by a block per crossing, as its
         # slots do) until it is caught up.
         self.sums = PoolSums(allocator)
-        self.swapped_in = False    # a swap-in ran: recount the sums
+        self.swapped_in = False  # a swap-in ran: recount the sums
 
     # --- lazy requests ---------------------------------------------------------------
     def _enter(self, req: Request) -> None:
@@ -155,15 +163,17 @@ class LazyRunningSet(RunningSet):
             if self.cost_block_size:
                 self.lazy_blocks += -(-held // bs)
             final = req.shape.final_tokens
-            internal = -final % bs                     # slots of its last block past its final length
-            start = (final - 1) // bs * bs             # where its last block starts
+            internal = -final % bs  # slots of its last block past its final length
+            start = (final - 1) // bs * bs  # where its last block starts
             if internal and held <= start and tick + start - held + 1 < entry.due:
                 last = entry.last_crossing = tick + start - held + 1
                 self.internal_at[last] = self.internal_at.get(last, 0) + internal
         self.lazy[req] = entry
         self.explicit.pop(req, None)
-        if not registered:   # a request that finishes lazily does so in the completion of tick due - 1
-            (self.finishing if entry.finishes else self.due).setdefault(entry.due - entry.finishes, []).append((req, entry))
+        if not registered:  # a request that finishes lazily does so in the completion of tick due - 1
+            (self.finishing if entry.finishes else self.due).setdefault(entry.due - entry.finishes, []).append(
+                (req, entry)
+            )
         self.lazy_held += held - tick
 
     def _bring_up_to_date(self, req: Request) -> LazyEntry:
@@ -186,19 +196,19 @@ class LazyRunningSet(RunningSet):
             if blocks * bs > slots:
                 new_slots = blocks * bs
             last = entry.last_crossing
-            if last > self.tick:                       # its last crossing will not be lazy
+            if last > self.tick:  # its last crossing will not be lazy
                 internal_at = self.internal_at
                 internal_at[last] -= -final % bs
                 if not internal_at[last]:
                     del internal_at[last]
-        if new_slots > slots:                          # the blocks taken for its crossings, last first
+        if new_slots > slots:  # the blocks taken for its crossings, last first
             ahead, n = self.taken_ahead, (new_slots - slots) // bs
             taken = ahead[-n:]
             del ahead[-n:]
             taken.reverse()
             self.allocator.extend(req.ids[0], held, taken)
         else:
-            self.allocator.grow(req.ids[0], held)      # a count only: within its room
+            self.allocator.grow(req.ids[0], held)  # a count only: within its room
         # the sums have followed it tick by tick; its own share is now where they put it
         _, reservation, internal = split_used(held, new_slots, final)
         share[req] = Share(reservation, internal, pad, new_slots)
@@ -228,7 +238,7 @@ class LazyRunningSet(RunningSet):
 
     def refresh_all(self) -> None:
         """Every lazy request's fields up to date; they stay lazy."""
-        if self.refreshed_at != (self.tick, self.pending):   # else none has moved since
+        if self.refreshed_at != (self.tick, self.pending):  # else none has moved since
             for req in list(self.lazy):
                 self._refresh(req)
             self.refreshed_at = (self.tick, self.pending)
@@ -253,7 +263,7 @@ class LazyRunningSet(RunningSet):
         return iter(self.requests)
 
     def prefilling(self) -> list[Request]:
-        return [q for q in self._explicit_in_order() if q.prefilling]     # lazy ones decode
+        return [q for q in self._explicit_in_order() if q.prefilling]  # lazy ones decode
 
     def decoding(self) -> list[Request]:
         if self.lazy:
@@ -261,10 +271,11 @@ class LazyRunningSet(RunningSet):
         return super().decoding()
 
     def slots_to_decode(self) -> int:
-        needed = sum(self.allocator.slots_to_grow(k, q.held + 1)
-                     for q in self.explicit if not q.prefilling for k in q.ids)
+        needed = sum(
+            self.allocator.slots_to_grow(k, q.held + 1) for q in self.explicit if not q.prefilling for k in q.ids
+        )
         needed += self._crossing(self.tick + 1) * (self.bs or 0)
-        if needed > self.free_slots():     # the engine will look at every decoding request
+        if needed > self.free_slots():  # the engine will look at every decoding request
             self.make_all_explicit()
         return needed
 
@@ -284,7 +295,7 @@ class LazyRunningSet(RunningSet):
         if not self.lazy:
             return super().advance(step, now, budget)
         work, needs, demand = [], [], len(self.lazy)
-        for req in (self._explicit_in_order() if self.explicit else ()):
+        for req in self._explicit_in_order() if self.explicit else ():
             n = req.next_tokens()
             demand += n
             needs.append(sum(self.allocator.slots_to_grow(sid, req.held_after(n, self.ahead)) for sid in req.ids))
@@ -299,8 +310,8 @@ class LazyRunningSet(RunningSet):
         if not self.lazy:
             return super().decode_all(step, now)
         work, needs = [], []
-        for req in (self._explicit_in_order() if self.explicit else ()):
-            if req.prefilling:          # a pass that skips it: the plain one
+        for req in self._explicit_in_order() if self.explicit else ():
+            if req.prefilling:  # a pass that skips it: the plain one
                 self.make_all_explicit()
                 return super().decode_all(step, now)
             needs.append(sum(self.allocator.slots_to_grow(sid, req.held + 1) for sid in req.ids))
@@ -313,15 +324,18 @@ class LazyRunningSet(RunningSet):
         tick's crossings; else the short pass. Returns `left`, the budget it leaves."""
         crossing = self._crossing(self.tick + 1)
         if sum(needs) + crossing * (self.bs or 0) > self.free_slots():
-            return self._short_pass(step, now, [req for req, _ in work], left + sum(n for _, n in work)
-                                    + len(self.lazy))
+            return self._short_pass(
+                step, now, [req for req, _ in work], left + sum(n for _, n in work) + len(self.lazy)
+            )
         # The lazy requests' grows first: in the plain pass they only count, and their
         # blocks may come off the queue in any order (no output depends on which id).
         self._lazy_tick(crossing)
         for req, n in work:
             if not self.run(req, n, step, now) or step.preempted:
-                raise InvariantError(f"request {req.spec.id} could not grow in a step that had room "
-                                     "for every running request (a kvsim bug)")
+                raise InvariantError(
+                    f"request {req.spec.id} could not grow in a step that had room "
+                    "for every running request (a kvsim bug)"
+                )
         return left
 
     def _short_pass(self, step: Step, now: float, explicit: list[Request], budget: int) -> int:
@@ -347,13 +361,13 @@ class LazyRunningSet(RunningSet):
         free, bulk, ran = self.free_slots(), 0, 0
         for _, req, was_lazy in wanting:
             if was_lazy:
-                if req not in self.lazy:          # preempted by a request before it
+                if req not in self.lazy:  # preempted by a request before it
                     continue
-                if free >= self.bs:               # its block is there: it stays lazy
+                if free >= self.bs:  # its block is there: it stays lazy
                     free -= self.bs
                     bulk += 1
                     continue
-            elif req not in self.explicit:        # preempted by a request before it
+            elif req not in self.explicit:  # preempted by a request before it
                 continue
             self._take_crossings(bulk)
             bulk = 0
@@ -388,7 +402,7 @@ class LazyRunningSet(RunningSet):
         self.tick += 1
         self.pending = True
         sums.reservation -= len(self.lazy)
-        internal = self.internal_at.pop(self.tick, 0)     # crossings into a last, partly used block
+        internal = self.internal_at.pop(self.tick, 0)  # crossings into a last, partly used block
         sums.reservation -= internal
         sums.internal += internal
 
@@ -401,9 +415,13 @@ class LazyRunningSet(RunningSet):
         """Whether every running request is lazy and the next tick is one that the
         engine's running pass would make without a change: none is due, and the free slots
         cover its crossings (`_lazy_pass` with no explicit request)."""
-        return (bool(self.lazy) and not self.explicit and not self.swapped_in
-                and self.tick + 1 not in self.due
-                and self._crossing(self.tick + 1) * (self.bs or 0) <= self.free_slots())
+        return (
+            bool(self.lazy)
+            and not self.explicit
+            and not self.swapped_in
+            and self.tick + 1 not in self.due
+            and self._crossing(self.tick + 1) * (self.bs or 0) <= self.free_slots()
+        )
 
     def quiet_tick(self) -> StepBatch:
         """Plan a quiet step: the tick of `_lazy_pass` without explicit requests, and the
@@ -411,8 +429,7 @@ class LazyRunningSet(RunningSet):
         self.tick_at_start = self.tick
         self._lazy_tick(self._crossing(self.tick + 1))
         n = len(self.lazy)
-        return StepBatch((), (), Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks,
-                                         self.cost_block_size))
+        return StepBatch((), (), Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks, self.cost_block_size))
 
     def completes_none(self) -> bool:
         """Whether the tick in flight completes no request (its completion then only ends it)."""
@@ -461,9 +478,11 @@ class LazyRunningSet(RunningSet):
         super().close_step(step)
         if self.tick != self.tick_at_start and self.lazy:
             n = step.lazy = len(self.lazy)
-            step.cost = StepBatch(step.cost.prefills, step.cost.decode_contexts,
-                                  Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks,
-                                          self.cost_block_size))
+            step.cost = StepBatch(
+                step.cost.prefills,
+                step.cost.decode_contexts,
+                Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks, self.cost_block_size),
+            )
         if self.swapped_in:
             self._recount()
         elif step.work:

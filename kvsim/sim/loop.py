@@ -24,6 +24,7 @@ the clock, and a step's end is the exact float sum of its start and its price.
 `simulate` runs one policy and returns plain records; kvsim.analysis.metrics turns them
 into tables. Nothing here writes files or reads a clock.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -46,8 +47,7 @@ from kvsim.workload.requests import RequestSpec, RequestTable
 
 # One row per step: the memory breakdown (slots) while the step runs, and what kept the
 # waiting queue's head out (an index into kvsim.engines.base.LIMITS).
-STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens",
-               *PoolParts._fields, "limit")
+STEP_FIELDS = ("time_s", "step_s", "running", "waiting", "prefill_tokens", "decode_tokens", *PoolParts._fields, "limit")
 INT_FIELDS = STEP_FIELDS[2:]
 # with KV tiers (kvsim.kvcache.tiered), the chunks each holds while the step runs
 TIER_FIELDS = ("tier_cpu_chunks", "tier_disk_chunks")
@@ -59,9 +59,15 @@ def step_log(bucket_s: float | None = None, tiers: bool = False) -> StepLog:
     ints = INT_FIELDS + TIER_FIELDS if tiers else INT_FIELDS
     if bucket_s is None:
         return StepLog(fields, ints)
-    return BucketLog(fields, ints, bucket_s, totals=("prefill_tokens", "decode_tokens"),
-                     weighted=("running", "waiting", *PoolParts._fields, *fields[len(STEP_FIELDS):]),
-                     limits=len(LIMITS), memory=LIMITS.index("memory"))
+    return BucketLog(
+        fields,
+        ints,
+        bucket_s,
+        totals=("prefill_tokens", "decode_tokens"),
+        weighted=("running", "waiting", *PoolParts._fields, *fields[len(STEP_FIELDS) :]),
+        limits=len(LIMITS),
+        memory=LIMITS.index("memory"),
+    )
 
 
 @dataclass
@@ -69,36 +75,47 @@ class PolicyRun:
     name: str
     capacity_slots: int
     requests: RequestTable
-    per: int = 1               # sequences per request (an engine that runs samples as requests)
-    records: SeqLog | None = None   # each sequence's outcome, request-major
+    per: int = 1  # sequences per request (an engine that runs samples as requests)
+    records: SeqLog | None = None  # each sequence's outcome, request-major
     steps: StepLog | MergedLog = field(default_factory=step_log)
     preemptions: int = 0
     swaps: int = 0
-    prompt_tokens: int = 0     # tokens to prefill at admissions, and those found cached
+    prompt_tokens: int = 0  # tokens to prefill at admissions, and those found cached
     cached_tokens: int = 0
-    width: int = 1             # sequences per request
-    extrapolated: int = 0      # steps the cost model priced beyond its measured ranges ...
-    extrapolation_reasons: set[str] = field(default_factory=set)   # ... and why
-    arrived_s: np.ndarray | None = None   # each sequence's arrival, where stages moved them
-    parts: list["PolicyRun"] = field(default_factory=list)   # a fleet's replicas' runs ...
-    replica: np.ndarray | None = None     # ... and the replica each request was sent to
-    tiers: dict[str, float] | None = None   # what KV tiers did (kvsim.kvcache.tiers.tally)
+    width: int = 1  # sequences per request
+    extrapolated: int = 0  # steps the cost model priced beyond its measured ranges ...
+    extrapolation_reasons: set[str] = field(default_factory=set)  # ... and why
+    arrived_s: np.ndarray | None = None  # each sequence's arrival, where stages moved them
+    parts: list["PolicyRun"] = field(default_factory=list)  # a fleet's replicas' runs ...
+    replica: np.ndarray | None = None  # ... and the replica each request was sent to
+    tiers: dict[str, float] | None = None  # what KV tiers did (kvsim.kvcache.tiers.tally)
 
     @property
     def seqs(self) -> list[SeqRecord]:
         """Every sequence's outcome as an object (for small runs and tests)."""
         specs = [self.requests[i // self.per] for i in range(len(self.records))]
-        return [self.records.record(i, r, sample_shape(r, i % self.per) if self.per > 1 else r.shape)
-                for i, r in enumerate(specs)]
+        return [
+            self.records.record(i, r, sample_shape(r, i % self.per) if self.per > 1 else r.shape)
+            for i, r in enumerate(specs)
+        ]
 
 
-def simulate(name: str, requests: RequestTable | list[RequestSpec],
-             allocator: KVAllocator | Sequence[KVAllocator], cost: CostModel, *,
-             engine: str = "vllm-v1", on_step: Callable[[int], None] | None = None,
-             check_invariants: bool = False, time_limit_s: float | None = None,
-             exact_steps: bool = False, bucket_s: float | None = None,
-             router: str = "round-robin", request_timeout_s: float | None = None,
-             **scheduler_options) -> PolicyRun:
+def simulate(
+    name: str,
+    requests: RequestTable | list[RequestSpec],
+    allocator: KVAllocator | Sequence[KVAllocator],
+    cost: CostModel,
+    *,
+    engine: str = "vllm-v1",
+    on_step: Callable[[int], None] | None = None,
+    check_invariants: bool = False,
+    time_limit_s: float | None = None,
+    exact_steps: bool = False,
+    bucket_s: float | None = None,
+    router: str = "round-robin",
+    request_timeout_s: float | None = None,
+    **scheduler_options,
+) -> PolicyRun:
     """Replay `requests` against one allocator under `engine`'s rules (kvsim.engines);
     `on_step(finished_so_far)` reports progress.
 
@@ -131,31 +148,52 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
         rules = make_rules(engine)
         if not exact_steps and lazy.applies(alloc, rules, scheduler_options, cost_blocks):
             tails_private = alloc.takes_blocks_in_bulk and requests.private_tails()
-            sched = Scheduler(alloc, rules, running_set=lazy.LazyRunningSet, **scheduler_options, arrivals=requests,
-                              running_options={"cost_block_size": cost_blocks, "tails_private": tails_private})
+            sched = Scheduler(
+                alloc,
+                rules,
+                running_set=lazy.LazyRunningSet,
+                **scheduler_options,
+                arrivals=requests,
+                running_options={"cost_block_size": cost_blocks, "tails_private": tails_private},
+            )
         else:
             sched = Scheduler(alloc, rules, **scheduler_options, arrivals=requests)
         reps.append(_Replica(sched, index=i if len(fleet) > 1 else None))
     per = scheduler_options.get("width", 1) if reps[0].sched.rules.split_samples else 1
     records = SeqLog(len(requests) * per)
     for rep in reps:
-        rep.run = PolicyRun(name, rep.sched.allocator.capacity, requests, per, records,
-                            step_log(bucket_s, tiers=rep.sched.allocator.store is not None))
+        rep.run = PolicyRun(
+            name,
+            rep.sched.allocator.capacity,
+            requests,
+            per,
+            records,
+            step_log(bucket_s, tiers=rep.sched.allocator.store is not None),
+        )
     stores = {id(a.store): a.store for a in fleet if a.store is not None}
     shared = None
     if len(fleet) > 1 and len(stores) == 1 and all(a.store is not None for a in fleet):
-        store = next(iter(stores.values()))      # one KV store behind every replica
+        store = next(iter(stores.values()))  # one KV store behind every replica
         shared = lambda spec: len(store.find(spec.shape, 0)) * store.chunk_tokens  # noqa: E731
     pick = make_router(router, len(reps), shared).pick if len(reps) > 1 else None
-    loop = StepLoop(name, reps, requests, records, cost, per=per,
-                    width=scheduler_options.get("width", 1), pick=pick, on_step=on_step,
-                    check_invariants=check_invariants,
-                    time_limit_s=math.inf if time_limit_s is None else time_limit_s,
-                    request_timeout_s=request_timeout_s)
+    loop = StepLoop(
+        name,
+        reps,
+        requests,
+        records,
+        cost,
+        per=per,
+        width=scheduler_options.get("width", 1),
+        pick=pick,
+        on_step=on_step,
+        check_invariants=check_invariants,
+        time_limit_s=math.inf if time_limit_s is None else time_limit_s,
+        request_timeout_s=request_timeout_s,
+    )
     loop.run()
     for rep in reps:
         sched = rep.sched
-        for seq in [*sched.running, *sched.waiting, *sched.swapped]:    # unfinished
+        for seq in [*sched.running, *sched.waiting, *sched.swapped]:  # unfinished
             records.record_outcome(seq.index, seq)
         rep.run.preemptions, rep.run.swaps = sched.preemptions, sched.swaps
         rep.run.prompt_tokens, rep.run.cached_tokens = sched.prompt_tokens, sched.cached_tokens
@@ -176,12 +214,13 @@ def simulate(name: str, requests: RequestTable | list[RequestSpec],
 # order, routed as the replicas stand after those completions); then every replica
 # without a step in flight that has requests to serve plans its next step.
 COMPLETE, ARRIVE = 0, 1
-ARRIVALS = LIMITS.index("arrivals")     # the limit of a step with nothing waiting
+ARRIVALS = LIMITS.index("arrivals")  # the limit of a step with nothing waiting
 
 
 class Event(NamedTuple):
     """A step's end (COMPLETE, on its replica) or the next arrival (ARRIVE), in heap
     order: by time, then phase, then the order events were made in."""
+
     time: float
     phase: int
     order: int
@@ -190,8 +229,9 @@ class Event(NamedTuple):
 
 class Deadline(NamedTuple):
     """When a sequence's client gives up (a replica's heap of them, earliest first)."""
+
     time: float
-    index: int                    # the sequence's arrival index
+    index: int  # the sequence's arrival index
 
 
 class _Stages:
@@ -208,9 +248,9 @@ class _Stages:
             return
         self.per = per
         self.firsts = self.plan.firsts
-        self.zero = 0.0                       # where the current stage started
+        self.zero = 0.0  # where the current stage started
         self.stage = 0
-        self.left = [c * per for c in self.plan.counts]   # its sequences not ended yet
+        self.left = [c * per for c in self.plan.counts]  # its sequences not ended yet
         self.last_end = [-math.inf] * len(self.left)
         self.stage_of = requests.stage
         self.arrived_s = np.full(len(requests) * per, np.nan)
@@ -250,12 +290,13 @@ class _Stages:
 class _Replica:
     """One engine of a fleet: its scheduler, what it records, its unfinished requests
     (the router's load) and the step it has in flight."""
+
     sched: Scheduler
     load: int = 0
-    index: int | None = None      # in a fleet of several
+    index: int | None = None  # in a fleet of several
     run: PolicyRun | None = None
-    in_flight: object = None      # the Step planned and not yet completed
-    deadlines: list[Deadline] = field(default_factory=list)   # a heap, earliest first
+    in_flight: object = None  # the Step planned and not yet completed
+    deadlines: list[Deadline] = field(default_factory=list)  # a heap, earliest first
 
     def label(self, name: str) -> str:
         return f"{name}: " if self.index is None else f"{name}: replica {self.index}: "
@@ -285,26 +326,39 @@ class StepLoop:
     request due or finishing) the steps follow one another without the event queue, each
     priced and recorded as `_plan` does, its clock one float addition from the last."""
 
-    def __init__(self, name: str, reps: list[_Replica], requests: RequestTable, records: SeqLog,
-                 cost: CostModel, *, per: int, width: int, pick: Callable | None, on_step,
-                 check_invariants: bool, time_limit_s: float, request_timeout_s: float | None = None):
+    def __init__(
+        self,
+        name: str,
+        reps: list[_Replica],
+        requests: RequestTable,
+        records: SeqLog,
+        cost: CostModel,
+        *,
+        per: int,
+        width: int,
+        pick: Callable | None,
+        on_step,
+        check_invariants: bool,
+        time_limit_s: float,
+        request_timeout_s: float | None = None,
+    ):
         self.name, self.reps, self.requests, self.records, self.cost = name, reps, requests, records, cost
         self.per, self.width = per, width
-        self.pick = pick             # the router's choice of replica (None: one replica)
-        self.served = np.full(len(requests), -1, dtype=np.int64)   # each request's replica
-        self.left = [per] * len(requests) if self.pick else None    # its sequences not ended yet
+        self.pick = pick  # the router's choice of replica (None: one replica)
+        self.served = np.full(len(requests), -1, dtype=np.int64)  # each request's replica
+        self.left = [per] * len(requests) if self.pick else None  # its sequences not ended yet
         self.on_step, self.checking, self.limit = on_step, check_invariants, time_limit_s
-        self.ended = 0               # sequences ended so far (progress)
+        self.ended = 0  # sequences ended so far (progress)
         self.events: list[Event] = []
         self.made = 0
-        self.next_request = 0        # the next request to arrive ...
-        self.arriving: list = []     # ... or, while one arrives, its sequences still to come
-        self.index = 0               # arrival index of the next sequence
-        self.first = False           # the next of `arriving` is its request's first
-        self.rep: _Replica | None = None   # where the arriving request was routed
-        self.shift = 0.0             # how far its stage moved the arriving request
+        self.next_request = 0  # the next request to arrive ...
+        self.arriving: list = []  # ... or, while one arrives, its sequences still to come
+        self.index = 0  # arrival index of the next sequence
+        self.first = False  # the next of `arriving` is its request's first
+        self.rep: _Replica | None = None  # where the arriving request was routed
+        self.shift = 0.0  # how far its stage moved the arriving request
         self.stages = _Stages(requests, per)
-        self.blocked = False         # the next request waits for its stage's predecessor to drain
+        self.blocked = False  # the next request waits for its stage's predecessor to drain
         # each sequence's client deadline: it gives up request_timeout_s after it sent it
         self.timeout = request_timeout_s
         self.deadline = None if request_timeout_s is None else np.full(len(records), math.inf)
@@ -328,7 +382,7 @@ class StepLoop:
                             self._expire(rep, now)
                         if rep.has_work():
                             self._plan(rep, now)
-                        else:            # nothing runs or waits once this instant's events are done
+                        else:  # nothing runs or waits once this instant's events are done
                             rep.sched.rules.on_idle()
             if not events or events[0].time > limit:
                 return
@@ -346,7 +400,7 @@ class StepLoop:
                 if self.next_request == len(requests):
                     return
                 i = self.next_request
-                if self.stages.before(i):        # its stage waits for the last to drain
+                if self.stages.before(i):  # its stage waits for the last to drain
                     self.blocked = True
                     return
                 self.next_request += 1
@@ -371,7 +425,7 @@ class StepLoop:
             rep = self.rep
             self.stages.arrived(self.index, now)
             rep.sched.arrive(seq, now, self.index)
-            if seq.outcome:          # rejected on arrival
+            if seq.outcome:  # rejected on arrival
                 self._record_outcome(rep, self.index, seq, now)
             elif self.deadline is not None:
                 self.deadline[self.index] = now + self.timeout
@@ -381,7 +435,7 @@ class StepLoop:
     def _record_outcome(self, rep: _Replica, index: int, seq, now: float) -> None:
         self.records.record_outcome(index, seq)
         self.ended += 1
-        if self.stages.ended(index, seq.finish_s) and self.blocked:    # its stage drained
+        if self.stages.ended(index, seq.finish_s) and self.blocked:  # its stage drained
             self.blocked = False
             self._push(now, ARRIVE)
         left = self.left
@@ -393,7 +447,7 @@ class StepLoop:
     def _plan(self, rep: _Replica, now: float) -> None:
         while rep.sched.quiet_next():
             now = self._quiet_step(rep, now)
-            if now is None:          # it is in flight
+            if now is None:  # it is in flight
                 return
         sched, run = rep.sched, rep.run
         step = sched.schedule(now)
@@ -401,13 +455,15 @@ class StepLoop:
             self._record_outcome(rep, seq.index, seq, now)
         if not step.work and not step.lazy:
             if rep.has_work():
-                raise RuntimeError(f"{self.name}: no progress possible at t={now:.6f}s with "
-                                   f"{len(sched.waiting)} waiting; this is a kvsim bug")
+                raise RuntimeError(
+                    f"{self.name}: no progress possible at t={now:.6f}s with "
+                    f"{len(sched.waiting)} waiting; this is a kvsim bug"
+                )
             return
         dt = self._price(run, step.cost)
-        if step.swap_bytes:      # the step waits for its PCIe copies ...
+        if step.swap_bytes:  # the step waits for its PCIe copies ...
             dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
-        dt += step.load_s        # ... and for the KV its admissions load from tiers
+        dt += step.load_s  # ... and for the KV its admissions load from tiers
         prefill = sum(n for n, _ in step.cost.prefills)
         _record(run, sched, now, dt, prefill, step.cost.decodes, step.head_need, LIMITS.index(step.limit))
         if self.checking:
@@ -429,8 +485,12 @@ class StepLoop:
             _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
         end = now + dt
         events = self.events
-        if ((events and events[0].time <= end) or end >= self.limit or rep.deadlines
-                or not sched.running.completes_none()):
+        if (
+            (events and events[0].time <= end)
+            or end >= self.limit
+            or rep.deadlines
+            or not sched.running.completes_none()
+        ):
             rep.in_flight = Step(lazy=batch.decodes, cost=batch, limit="arrivals")
             self._push(end, COMPLETE, rep)
             return None
@@ -454,7 +514,7 @@ class StepLoop:
         """Abort, at a step's start, every request whose client has given up by now."""
         while rep.deadlines and rep.deadlines[0].time <= now:
             end_s, index = heapq.heappop(rep.deadlines)
-            if self.records.outcome[index] == 0:             # not settled yet
+            if self.records.outcome[index] == 0:  # not settled yet
                 seq = rep.sched.abort(index, end_s)
                 if seq is not None:
                     self._record_outcome(rep, index, seq, now)
@@ -464,7 +524,7 @@ class StepLoop:
         rep.in_flight = None
         for seq in sched.complete(step, now):
             index = seq.index
-            if self.deadline is not None and now > self.deadline[index]:   # its client left first
+            if self.deadline is not None and now > self.deadline[index]:  # its client left first
                 seq.outcome, seq.finish_s = "timed out", float(self.deadline[index])
             self._record_outcome(rep, index, seq, now)
         if self.checking:
@@ -477,9 +537,18 @@ def fleet_run(name: str, parts: list[PolicyRun], served: np.ndarray) -> PolicyRu
     """The fleet as one run: every request, the replicas' steps read as one log (so
     time-weighted figures are over replica-time) and their counts summed."""
     first = parts[0]
-    run = PolicyRun(name, first.capacity_slots, first.requests, first.per, first.records,
-                    MergedLog([p.steps for p in parts]), width=first.width, parts=parts, replica=served,
-                    arrived_s=first.arrived_s)
+    run = PolicyRun(
+        name,
+        first.capacity_slots,
+        first.requests,
+        first.per,
+        first.records,
+        MergedLog([p.steps for p in parts]),
+        width=first.width,
+        parts=parts,
+        replica=served,
+        arrived_s=first.arrived_s,
+    )
     for p in parts:
         run.preemptions += p.preemptions
         run.swaps += p.swaps
@@ -497,10 +566,19 @@ def _check(sched: Scheduler, where: str) -> None:
         raise InvariantError(f"{where}: {e}") from None
 
 
-def _record(run: PolicyRun, sched: Scheduler, now: float, dt: float, prefill: int, decodes: int,
-            head_need, limit: int) -> None:
-    row = (now, dt, len(sched.running), len(sched.waiting) + len(sched.swapped), prefill,   # STEP_FIELDS
-           decodes, *sched.recorded_parts(head_need), limit)
+def _record(
+    run: PolicyRun, sched: Scheduler, now: float, dt: float, prefill: int, decodes: int, head_need, limit: int
+) -> None:
+    row = (
+        now,
+        dt,
+        len(sched.running),
+        len(sched.waiting) + len(sched.swapped),
+        prefill,  # STEP_FIELDS
+        decodes,
+        *sched.recorded_parts(head_need),
+        limit,
+    )
     if len(run.steps.fields) > len(STEP_FIELDS):
         row += sched.allocator.tier_occupancy()
     run.steps.append(row)

@@ -11,6 +11,7 @@ the jobs run one after the other in this process: the same results.
 Only the command line asks for workers (`kvsim run --jobs`); library callers and sweeps,
 which run their own pools, get the serial path unless they ask.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -22,7 +23,7 @@ from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 
-_JOB: Callable | None = None      # the job function, set for the forked workers to inherit
+_JOB: Callable | None = None  # the job function, set for the forked workers to inherit
 
 
 def cores() -> int:
@@ -31,12 +32,19 @@ def cores() -> int:
 
 
 def can_fork() -> bool:
-    return ("fork" in multiprocessing.get_all_start_methods()
-            and not multiprocessing.current_process().daemon)      # a daemon may not have children
+    return (
+        "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
+    )  # a daemon may not have children
 
 
-def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence[int] = (),
-                on_result: Callable[[int, T], None] | None = None) -> list[T]:
+def ordered_map(
+    fn: Callable[[int], T],
+    n: int,
+    workers: int,
+    *,
+    first: Sequence[int] = (),
+    on_result: Callable[[int, T], None] | None = None,
+) -> list[T]:
     """[fn(i) for i in range(n)], run in up to `workers` forked processes. `first`: jobs to
     start before the others (the longest, so that they do not end the run alone).
     on_result(i, result) is called in this process as each job's result arrives."""
@@ -67,7 +75,7 @@ def ordered_map(fn: Callable[[int], T], n: int, workers: int, *, first: Sequence
         done = True
     finally:
         _JOB = None
-        pool.shutdown(wait=done, cancel_futures=True)    # on an error: the rest not started
+        pool.shutdown(wait=done, cancel_futures=True)  # on an error: the rest not started
     return [out[i] for i in range(n)]
 
 

@@ -9,6 +9,7 @@ pool in tokens), its swap space and its step-cost model. Every check that needs 
 Nothing after this reads the scenario's schema: the simulation takes the plan, and
 reports take the plan and the results.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ from kvsim.model.specs import GIB, GPUSpec, KVSpec, ModelSpec, resolve_kv_dtype
 from kvsim.sim.scheduler import SwapSpace
 from kvsim.workload.requests import RequestTable, generate_requests
 
-MAX_UNITS = 1 << 26    # blocks (or slots) a simulated pool may have: beyond, memory runs out
+MAX_UNITS = 1 << 26  # blocks (or slots) a simulated pool may have: beyond, memory runs out
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class TierPlan:
     """A policy's KV tiers (kv_offload), resolved: host memory and disk per replica (or
     one store for the fleet, `shared`), the chunk size, and the links that copy them:
     the host link and network ports of a replica's tp GPUs, and the disk's read rate."""
+
     cpu_gib: float
     disk_gib: float
     policy: str
@@ -47,54 +49,79 @@ class TierPlan:
     link_bytes_s: float
     network_bytes_s: float
     disk_bytes_s: float
-    hicache: tuple[int, str] | None = None   # behind the radix cache: (host slots, write policy)
+    hicache: tuple[int, str] | None = None  # behind the radix cache: (host slots, write policy)
 
     def stores(self, replicas: int, bytes_per_token: float) -> list[TierStore | HiCacheSpec]:
         """Fresh stores for one run, one per replica (kvsim.kvcache.tiers.build_stores),
         or each replica's HiCache host pool (kvsim.kvcache.hiradix)."""
         if self.hicache is not None:
             return [HiCacheSpec(*self.hicache, self.link_bytes_s)] * replicas
-        return build_stores(replicas=replicas, shared=self.shared, cpu_bytes=self.cpu_gib * GIB,
-                            disk_bytes=self.disk_gib * GIB, policy=self.policy,
-                            chunk_tokens=self.chunk_tokens, bytes_per_token=bytes_per_token,
-                            link_bytes_s=self.link_bytes_s, network_bytes_s=self.network_bytes_s,
-                            disk_bytes_s=self.disk_bytes_s)
+        return build_stores(
+            replicas=replicas,
+            shared=self.shared,
+            cpu_bytes=self.cpu_gib * GIB,
+            disk_bytes=self.disk_gib * GIB,
+            policy=self.policy,
+            chunk_tokens=self.chunk_tokens,
+            bytes_per_token=bytes_per_token,
+            link_bytes_s=self.link_bytes_s,
+            network_bytes_s=self.network_bytes_s,
+            disk_bytes_s=self.disk_bytes_s,
+        )
 
 
 def offload_columns(t: TierPlan | None) -> dict:
     """A policy's KV tiers as summary columns (zeros where it has none)."""
     if t is None:
-        return {"kv_offload_cpu_gib": 0.0, "kv_offload_disk_gib": 0.0, "kv_offload_policy": "",
-                "kv_offload_chunk_tokens": 0, "kv_offload_shared": False}
-    return {"kv_offload_cpu_gib": t.cpu_gib, "kv_offload_disk_gib": t.disk_gib,
-            "kv_offload_policy": t.policy if t.hicache is None else t.hicache[1],
-            "kv_offload_chunk_tokens": t.chunk_tokens,
-            "kv_offload_shared": t.shared}
+        return {
+            "kv_offload_cpu_gib": 0.0,
+            "kv_offload_disk_gib": 0.0,
+            "kv_offload_policy": "",
+            "kv_offload_chunk_tokens": 0,
+            "kv_offload_shared": False,
+        }
+    return {
+        "kv_offload_cpu_gib": t.cpu_gib,
+        "kv_offload_disk_gib": t.disk_gib,
+        "kv_offload_policy": t.policy if t.hicache is None else t.hicache[1],
+        "kv_offload_chunk_tokens": t.chunk_tokens,
+        "kv_offload_shared": t.shared,
+    }
 
 
 @dataclass(frozen=True)
 class PolicyPlan:
     """One policy, resolved."""
+
     name: str
-    allocator: str                    # the scenario's allocator family (contiguous, paged)
-    kind: str                         # the registered allocator it runs (kvsim.kvcache.ALLOCATORS) ...
-    options: Mapping[str, object]     # ... with these options
-    capacity: int                     # its pool in slots
+    allocator: str  # the scenario's allocator family (contiguous, paged)
+    kind: str  # the registered allocator it runs (kvsim.kvcache.ALLOCATORS) ...
+    options: Mapping[str, object]  # ... with these options
+    capacity: int  # its pool in slots
     kv: KVSpec
     settings: EngineSettings
     swap: SwapSpace | None
     cost: CostModel
-    tiers: TierPlan | None = None     # KV tiers behind its prefix cache
+    tiers: TierPlan | None = None  # KV tiers behind its prefix cache
 
     def scheduler_options(self, plan: Plan) -> dict:
         """What kvsim.sim.scheduler.Scheduler takes for this policy."""
         s = self.settings
-        return dict(max_model_len=plan.max_model_len, max_num_seqs=s.max_num_seqs,
-                    max_num_batched_tokens=s.max_num_batched_tokens,
-                    chunked_prefill=s.enable_chunked_prefill, watermark=s.watermark,
-                    preemption_mode=s.preemption_mode, swap=self.swap, schedule_policy=s.schedule_policy,
-                    sliding_window=self.kv.model.sliding_window, seed=plan.seed,
-                    async_scheduling=s.async_scheduling, width=plan.width, beam=plan.beam)
+        return dict(
+            max_model_len=plan.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            chunked_prefill=s.enable_chunked_prefill,
+            watermark=s.watermark,
+            preemption_mode=s.preemption_mode,
+            swap=self.swap,
+            schedule_policy=s.schedule_policy,
+            sliding_window=self.kv.model.sliding_window,
+            seed=plan.seed,
+            async_scheduling=s.async_scheduling,
+            width=plan.width,
+            beam=plan.beam,
+        )
 
     def columns(self) -> dict:
         """The settings the policy ran with, as summary columns (so a comparison hides none)."""
@@ -104,34 +131,40 @@ class PolicyPlan:
 def policy_columns(s: EngineSettings, kind: str, options: Mapping[str, object]) -> dict:
     """Engine settings and an allocator's kind and options as a summary's columns."""
     cache = "radix" if kind == "radix" else "hash" if options.get("prefix_caching") else "none"
-    return {"engine": s.engine, "block_size": options.get("block_size", 1 if kind == "radix" else 0),
-            "enable_prefix_caching": cache != "none", "prefix_cache": cache,
-            "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
-            "enable_chunked_prefill": s.enable_chunked_prefill,
-            "preemption_mode": s.preemption_mode or "recompute; swap for groups",
-            "watermark": s.watermark}
+    return {
+        "engine": s.engine,
+        "block_size": options.get("block_size", 1 if kind == "radix" else 0),
+        "enable_prefix_caching": cache != "none",
+        "prefix_cache": cache,
+        "max_num_seqs": s.max_num_seqs,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+        "enable_chunked_prefill": s.enable_chunked_prefill,
+        "preemption_mode": s.preemption_mode or "recompute; swap for groups",
+        "watermark": s.watermark,
+    }
 
 
 @dataclass(frozen=True)
 class Plan:
     """A scenario, resolved: what a run of every policy uses."""
+
     name: str
-    source: str                       # where it came from (a file, for messages)
+    source: str  # where it came from (a file, for messages)
     seed: int
     model: ModelSpec
     gpu: GPUSpec
     tensor_parallel_size: int
     pool: PoolSizing
     max_model_len: int
-    width: int                        # sequences per request (samples or beams)
+    width: int  # sequences per request (samples or beams)
     beam: bool
     replicas: int
     router: str
     time_limit_s: float | None
-    request_timeout_s: float | None   # clients give up this long after sending
+    request_timeout_s: float | None  # clients give up this long after sending
     requests: RequestTable
-    stages: tuple[tuple[float, float], ...]   # each load stage's (rate_per_s, duration_s)
-    streaming: bool                   # clients read tokens as they come (inference-perf's streaming)
+    stages: tuple[tuple[float, float], ...]  # each load stage's (rate_per_s, duration_s)
+    streaming: bool  # clients read tokens as they come (inference-perf's streaming)
     policies: tuple[PolicyPlan, ...]
 
 
@@ -143,62 +176,93 @@ def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSi
     s = scn.engine_settings()
     fixed = None if scn.kv_cache_memory_gib is None else scn.kv_cache_memory_gib * GIB
     if scn.kv_cache_memory_gib is not None and scn.kv_cache_memory_gib > gpu.memory_gib:
-        raise InputError(src, "kv_cache_memory_gib", f"{scn.kv_cache_memory_gib} GiB is more than "
-                         f"the GPU's {gpu.memory_gib} GiB")
+        raise InputError(
+            src, "kv_cache_memory_gib", f"{scn.kv_cache_memory_gib} GiB is more than the GPU's {gpu.memory_gib} GiB"
+        )
 
     def vllm(tp: int) -> PoolSizing:
         return vllm_pool.size_pool(
-            model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
-            max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
+            model,
+            gpu,
+            tp=tp,
+            gpu_memory_utilization=scn.gpu_memory_utilization,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs,
             cuda_graphs=scn.engine_name in ("vllm-v1", "vllm-reference") and not scn.enforce_eager,
             activation_bytes=None if scn.activation_memory_gib is None else scn.activation_memory_gib * GIB,
-            kv_cache_memory_bytes=fixed, engine=scn.engine_name)
+            kv_cache_memory_bytes=fixed,
+            engine=scn.engine_name,
+        )
+
     if scn.engine_name == "trtllm":
         return _trtllm_pool(scn, model, gpu, src, fixed)
     if scn.engine_name == "sglang":
-        pool = sglang_pool.size_pool(model, gpu, tp=tp, mem_fraction_static=scn.mem_fraction_static,
-                                     chunked_prefill_size=scn.scheduler.max_num_batched_tokens,
-                                     max_running_requests=scn.scheduler.max_num_seqs)
+        pool = sglang_pool.size_pool(
+            model,
+            gpu,
+            tp=tp,
+            mem_fraction_static=scn.mem_fraction_static,
+            chunked_prefill_size=scn.scheduler.max_num_batched_tokens,
+            max_running_requests=scn.scheduler.max_num_seqs,
+        )
         if fixed is not None:
             pool = replace(pool, per_gpu_bytes=fixed, source="kv_cache_memory_gib")
         if pool.pool_bytes <= 0:
-            raise InputError(src, "mem_fraction_static", f"no memory left for the KV cache: "
-                             f"{pool.usable_bytes / GIB:.1f} GiB (mem_fraction_static of {gpu.memory_gib:g} GiB) "
-                             f"holds {pool.weight_bytes / GIB:.1f} GiB of weights per GPU; raise "
-                             "tensor_parallel_size or mem_fraction_static, or use a larger GPU")
+            raise InputError(
+                src,
+                "mem_fraction_static",
+                f"no memory left for the KV cache: "
+                f"{pool.usable_bytes / GIB:.1f} GiB (mem_fraction_static of {gpu.memory_gib:g} GiB) "
+                f"holds {pool.weight_bytes / GIB:.1f} GiB of weights per GPU; raise "
+                "tensor_parallel_size or mem_fraction_static, or use a larger GPU",
+            )
         return pool
 
-    def overheads(tp: int) -> float:       # all but the weights and the KV cache
+    def overheads(tp: int) -> float:  # all but the weights and the KV cache
         p = vllm(tp)
         return p.activation_bytes + p.non_torch_bytes + p.cudagraph_bytes
-    problem = fixed is None and no_room(model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization,
-                                        activation_bytes=overheads)
+
+    problem = fixed is None and no_room(
+        model, gpu, tp=tp, gpu_memory_utilization=scn.gpu_memory_utilization, activation_bytes=overheads
+    )
     if problem:
         raise InputError(src, "tensor_parallel_size", problem)
     pool = vllm(tp)
     if pool.pool_bytes <= 0:
-        raise InputError(src, "gpu_memory_utilization",
-                         f"no memory left for the KV cache: {scn.gpu_memory_utilization} x "
-                         f"{gpu.memory_gib} GiB holds {pool.weight_bytes / GIB:.1f} GiB of weights, "
-                         f"{pool.activation_bytes / GIB:.1f} GiB of activations and "
-                         f"{(pool.non_torch_bytes + pool.cudagraph_bytes) / GIB:.1f} GiB of CUDA and NCCL "
-                         "buffers and CUDA graphs per GPU; raise tensor_parallel_size or "
-                         "gpu_memory_utilization, or use a larger GPU")
+        raise InputError(
+            src,
+            "gpu_memory_utilization",
+            f"no memory left for the KV cache: {scn.gpu_memory_utilization} x "
+            f"{gpu.memory_gib} GiB holds {pool.weight_bytes / GIB:.1f} GiB of weights, "
+            f"{pool.activation_bytes / GIB:.1f} GiB of activations and "
+            f"{(pool.non_torch_bytes + pool.cudagraph_bytes) / GIB:.1f} GiB of CUDA and NCCL "
+            "buffers and CUDA graphs per GPU; raise tensor_parallel_size or "
+            "gpu_memory_utilization, or use a larger GPU",
+        )
     return pool
 
 
 def _trtllm_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str, fixed: float | None) -> PoolSizing:
     s, cfg = scn.engine_settings(), scn.kv_cache_config
     pool = trtllm_pool.size_pool(
-        model, gpu, tp=scn.tensor_parallel_size, max_num_tokens=s.max_num_batched_tokens,
-        max_batch_size=s.max_num_seqs, free_gpu_memory_fraction=(cfg or KvCacheConfig()).free_gpu_memory_fraction,
+        model,
+        gpu,
+        tp=scn.tensor_parallel_size,
+        max_num_tokens=s.max_num_batched_tokens,
+        max_batch_size=s.max_num_seqs,
+        free_gpu_memory_fraction=(cfg or KvCacheConfig()).free_gpu_memory_fraction,
         activation_bytes=None if scn.activation_memory_gib is None else scn.activation_memory_gib * GIB,
-        kv_cache_memory_bytes=fixed)
+        kv_cache_memory_bytes=fixed,
+    )
     if pool.pool_bytes <= 0:
-        raise InputError(src, "tensor_parallel_size", f"no memory left for the KV cache: "
-                         f"{pool.weight_bytes / GIB:.1f} GiB of weights and {pool.activation_bytes / GIB:.1f} "
-                         f"GiB of activations per GPU fill the {gpu.memory_gib:g} GiB GPU; raise "
-                         "tensor_parallel_size or use a larger GPU")
+        raise InputError(
+            src,
+            "tensor_parallel_size",
+            f"no memory left for the KV cache: "
+            f"{pool.weight_bytes / GIB:.1f} GiB of weights and {pool.activation_bytes / GIB:.1f} "
+            f"GiB of activations per GPU fill the {gpu.memory_gib:g} GiB GPU; raise "
+            "tensor_parallel_size or use a larger GPU",
+        )
     return pool
 
 
@@ -224,54 +288,104 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
     tp = scn.tensor_parallel_size
     policies = []
     for i, policy in enumerate(scn.policies):
-        kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale,
-                    policy.kv_scale_group_size)
+        kv = KVSpec(model, resolve_kv_dtype(policy.kv_cache_dtype, model), policy.kv_scale, policy.kv_scale_group_size)
         kind, options = policy.allocator_kind(scn.engine_name)
         tiers = None
         if kind == "trtllm":
             options, tiers = _trtllm_policy(scn, policy, pool, gpu)
         units = pool.pool_bytes / kv.bytes_per_token / options.get("block_size", 1)
         if units > MAX_UNITS:
-            raise InputError(src, f"policies[{i}]", f"the KV pool would hold {units:.3g} "
-                             f"{'blocks' if 'block_size' in options else 'token slots'} for policy "
-                             f"'{policy.name}'; kvsim simulates at most {MAX_UNITS:,} (use larger blocks "
-                             "or a smaller pool)")
+            raise InputError(
+                src,
+                f"policies[{i}]",
+                f"the KV pool would hold {units:.3g} "
+                f"{'blocks' if 'block_size' in options else 'token slots'} for policy "
+                f"'{policy.name}'; kvsim simulates at most {MAX_UNITS:,} (use larger blocks "
+                "or a smaller pool)",
+            )
         settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
         if kind == "paged" and model.sliding_window and settings.engine in ("vllm-v1", "vllm-reference"):
             # vLLM V1's sliding-window rules, whose admission cap counts the tokens in flight
-            batches = 2 if settings.async_scheduling else 1     # VllmConfig.max_concurrent_batches
+            batches = 2 if settings.async_scheduling else 1  # VllmConfig.max_concurrent_batches
             options = {**options, "vllm_in_flight_tokens": batches * settings.max_num_batched_tokens}
         capacity = make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options).capacity
         if capacity <= 0:
-            raise InputError(src, f"policies[{i}]", f"the KV pool ({pool.pool_bytes / GIB:.3g} GiB) "
-                             f"holds not even one block of policy '{policy.name}'")
-        cost = make_cost_model(scn.cost_model, model, gpu, kv, tp,
-                               block_size=options.get("block_size"), base_dir=base_dir, src=src,
-                               engine=settings.engine,
-                               limits=(settings.max_num_seqs, settings.max_num_batched_tokens))
+            raise InputError(
+                src,
+                f"policies[{i}]",
+                f"the KV pool ({pool.pool_bytes / GIB:.3g} GiB) holds not even one block of policy '{policy.name}'",
+            )
+        cost = make_cost_model(
+            scn.cost_model,
+            model,
+            gpu,
+            kv,
+            tp,
+            block_size=options.get("block_size"),
+            base_dir=base_dir,
+            src=src,
+            engine=settings.engine,
+            limits=(settings.max_num_seqs, settings.max_num_batched_tokens),
+        )
         swap = None
-        if settings.preemption_mode != "recompute":      # swap, or V0's choice (groups swap)
-            swap = SwapSpace(scn.scheduler.swap_space_gib * GIB * tp, kv.bytes_per_token,
-                             gpu.pcie_gb_s * 1e9 * tp)
+        if settings.preemption_mode != "recompute":  # swap, or V0's choice (groups swap)
+            swap = SwapSpace(scn.scheduler.swap_space_gib * GIB * tp, kv.bytes_per_token, gpu.pcie_gb_s * 1e9 * tp)
         if kind != "trtllm" and (t := policy.tiers) is not None:
             if why := t.refusal("radix" if kind == "radix" else "hash"):
                 raise InputError(src, f"policies[{i}].kv_offload", why)
             cpu_gib, hicache = t.cpu_gib, None
-            if kind == "radix":       # SGLang's host pool, sized by its own rules
-                slots = host_slots(capacity, options.get("page_size", 1), kv.bytes_per_token,
-                                   t.cpu_gib * GIB, t.hicache_ratio)
+            if kind == "radix":  # SGLang's host pool, sized by its own rules
+                slots = host_slots(
+                    capacity, options.get("page_size", 1), kv.bytes_per_token, t.cpu_gib * GIB, t.hicache_ratio
+                )
                 cpu_gib, hicache = slots * kv.bytes_per_token / GIB, (slots, t.write_policy or "write_through")
-            tiers = TierPlan(cpu_gib, t.disk_gib, t.policy, t.chunk_tokens or options.get("block_size", 1),
-                             t.shared, gpu.pcie_gb_s * 1e9 * tp, t.network_gb_s * 1e9 * tp, t.disk_gb_s * 1e9,
-                             hicache)
-        policies.append(PolicyPlan(policy.name, policy.allocator, kind, MappingProxyType(dict(options)),
-                                   capacity, kv, settings, swap, cost, tiers))
+            tiers = TierPlan(
+                cpu_gib,
+                t.disk_gib,
+                t.policy,
+                t.chunk_tokens or options.get("block_size", 1),
+                t.shared,
+                gpu.pcie_gb_s * 1e9 * tp,
+                t.network_gb_s * 1e9 * tp,
+                t.disk_gb_s * 1e9,
+                hicache,
+            )
+        policies.append(
+            PolicyPlan(
+                policy.name,
+                policy.allocator,
+                kind,
+                MappingProxyType(dict(options)),
+                capacity,
+                kv,
+                settings,
+                swap,
+                cost,
+                tiers,
+            )
+        )
     replicas, router = scn.fleet
     wl = scn.workload
-    return Plan(scn.name, src, scn.seed, model, gpu, tp, pool, scn.max_model_len,
-                max(wl.n, wl.beam_width), wl.beam_width > 1, replicas, router, scn.time_limit_s,
-                wl.request_timeout_s, requests, _stages(scn, requests),
-                wl.inference_perf.streaming if wl.inference_perf else True, tuple(policies))
+    return Plan(
+        scn.name,
+        src,
+        scn.seed,
+        model,
+        gpu,
+        tp,
+        pool,
+        scn.max_model_len,
+        max(wl.n, wl.beam_width),
+        wl.beam_width > 1,
+        replicas,
+        router,
+        scn.time_limit_s,
+        wl.request_timeout_s,
+        requests,
+        _stages(scn, requests),
+        wl.inference_perf.streaming if wl.inference_perf else True,
+        tuple(policies),
+    )
 
 
 def _stages(scn: Scenario, requests: RequestTable) -> tuple[tuple[float, float], ...]:

@@ -17,6 +17,7 @@ sequence; O(holes) in a contiguous pool) is asked again only after one. Asked fo
 sequence, the allocator is asked each time: the same question seldom comes back before
 the pool changes.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -28,6 +29,7 @@ from kvsim.sim.records import PoolParts
 
 class Share(NamedTuple):
     """One request's part of the sums, in slots."""
+
     reservation: int
     internal: int
     padding: int
@@ -40,10 +42,10 @@ NO_SHARE = Share(0, 0, 0, 0)
 class PoolSums:
     def __init__(self, allocator):
         self.allocator = allocator
-        self.share: dict = {}      # request -> its Share
+        self.share: dict = {}  # request -> its Share
         self.reservation = self.internal = self.padding = self.slots = 0
         self.version = 0
-        self._version = self._free = None    # the free part at that version
+        self._version = self._free = None  # the free part at that version
 
     def update(self, seq) -> None:
         """A request's share as it stands now (at its `held` tokens), in the sums."""
@@ -84,14 +86,22 @@ class PoolSums:
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
         unusable, free, starved = self.pool_free(next_seq)
         used = self.allocator.capacity - unusable - free
-        return Breakdown(used - self.reservation - self.internal - self.padding, self.reservation,
-                         self.internal, self.padding, unusable, free,
-                         shared=self.slots + self.padding - used, starved=starved)
+        return Breakdown(
+            used - self.reservation - self.internal - self.padding,
+            self.reservation,
+            self.internal,
+            self.padding,
+            unusable,
+            free,
+            shared=self.slots + self.padding - used,
+            starved=starved,
+        )
 
     def recorded_parts(self, next_seq: NextSeq | None) -> PoolParts:
         """What a step records, from the sums (the breakdown's parts, without building it)."""
         unusable, free, _ = self.pool_free(next_seq)
         used = self.allocator.capacity - unusable - free
         res, internal, pad = self.reservation, self.internal, self.padding
-        return PoolParts(used - res - internal - pad, res, internal, pad + unusable, free, used,
-                         self.slots + pad - used)
+        return PoolParts(
+            used - res - internal - pad, res, internal, pad + unusable, free, used, self.slots + pad - used
+        )

@@ -9,6 +9,7 @@ A sequence's outcome (when it was admitted, produced its first token and finishe
 often it was preempted, how it ended and why) is written into arrays when it ends, or
 when the run does, so a run keeps objects only for the requests in flight.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ CHUNK = 4096
 
 class PoolParts(NamedTuple):
     """What a step records of the KV pool's breakdown (kvsim.kvcache.base.Breakdown), in slots."""
+
     token: int
     reservation: int
     internal: int
@@ -32,6 +34,7 @@ class PoolParts(NamedTuple):
 
 class StepLog:
     """Rows of `fields`, the ones named in `ints` integers, in the order appended."""
+
     bucketed = False
 
     def __init__(self, fields: Sequence[str], ints: Sequence[str] = ()):
@@ -68,8 +71,10 @@ class StepLog:
     def columns(self) -> dict[str, np.ndarray]:
         """Each field as an array: int64 for the integer fields, float64 for the others."""
         a = self.array()
-        return {name: a[:, i].astype(np.int64) if name in self.ints else a[:, i].copy()
-                for i, name in enumerate(self.fields)}
+        return {
+            name: a[:, i].astype(np.int64) if name in self.ints else a[:, i].copy()
+            for i, name in enumerate(self.fields)
+        }
 
     def _row(self, values: np.ndarray) -> tuple:
         return tuple(int(v) if name in self.ints else float(v) for name, v in zip(self.fields, values))
@@ -89,18 +94,35 @@ class BucketLog(StepLog):
     time-weighted means over the run are those of the steps, up to the order of
     floating-point additions. `limit_field` names the field holding a limit code, of
     `limits` codes; `memory` is the code whose steps are memory-bound."""
+
     bucketed = True
 
-    def __init__(self, fields: Sequence[str], ints: Sequence[str], bucket_s: float, *,
-                 totals: Sequence[str], weighted: Sequence[str], limits: int, memory: int,
-                 limit_field: str = "limit", peaks: Sequence[str] = ("running",)):
+    def __init__(
+        self,
+        fields: Sequence[str],
+        ints: Sequence[str],
+        bucket_s: float,
+        *,
+        totals: Sequence[str],
+        weighted: Sequence[str],
+        limits: int,
+        memory: int,
+        limit_field: str = "limit",
+        peaks: Sequence[str] = ("running",),
+    ):
         super().__init__(fields, ints)
         self.bucket_s = bucket_s
         self.col = {name: i for i, name in enumerate(fields)}
         self.totals, self.weighted = tuple(totals), tuple(weighted)
         self.limits, self.memory, self.limit_field = limits, memory, limit_field
-        self.sums = ("steps", "busy", *self.totals, *(f"dt_{f}" for f in self.weighted),
-                     *(f"dt_limit_{i}" for i in range(limits)), *(f"w_{f}" for f in self.weighted))
+        self.sums = (
+            "steps",
+            "busy",
+            *self.totals,
+            *(f"dt_{f}" for f in self.weighted),
+            *(f"dt_limit_{i}" for i in range(limits)),
+            *(f"w_{f}" for f in self.weighted),
+        )
         self.acc = np.zeros((0, len(self.sums)))
         self.peak: dict[str, np.ndarray] = {f: np.zeros(0) for f in peaks}
         self._steps = 0
@@ -118,9 +140,14 @@ class BucketLog(StepLog):
         dt = a[:, self.col["step_s"]]
         limit = a[:, self.col[self.limit_field]]
         w = dt * (limit == self.memory)
-        parts = [np.ones(len(a)), dt, *(a[:, self.col[f]] for f in self.totals),
-                 *(dt * a[:, self.col[f]] for f in self.weighted),
-                 *(dt * (limit == i) for i in range(self.limits)), *(w * a[:, self.col[f]] for f in self.weighted)]
+        parts = [
+            np.ones(len(a)),
+            dt,
+            *(a[:, self.col[f]] for f in self.totals),
+            *(dt * a[:, self.col[f]] for f in self.weighted),
+            *(dt * (limit == i) for i in range(self.limits)),
+            *(w * a[:, self.col[f]] for f in self.weighted),
+        ]
         for j, weights in enumerate(parts):
             self.acc[lo:hi, j] += np.bincount(bucket - lo, weights=weights, minlength=hi - lo)
         for f, peak in self.peak.items():
@@ -170,8 +197,9 @@ OUTCOMES = ("unfinished", "completed", "rejected", "timed out")
 @dataclass(frozen=True)
 class SeqRecord:
     """One sequence's outcome, as a view (outcome "" while unfinished, as on a live Seq)."""
-    spec: object               # its RequestSpec
-    shape: object              # its SeqShape
+
+    spec: object  # its RequestSpec
+    shape: object  # its SeqShape
     admitted_s: float
     first_token_s: float
     finish_s: float
@@ -188,9 +216,9 @@ class SeqLog:
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
         self.preemptions = np.zeros(n, dtype=np.int64)
-        self.outcome = np.zeros(n, dtype=np.int8)        # an index into OUTCOMES
-        self.reasons: dict[int, str] = {}                 # only rejected ones have one
-        self.stalls: dict[int, tuple] = {}                # only preempted ones (Seq.stalls)
+        self.outcome = np.zeros(n, dtype=np.int8)  # an index into OUTCOMES
+        self.reasons: dict[int, str] = {}  # only rejected ones have one
+        self.stalls: dict[int, tuple] = {}  # only preempted ones (Seq.stalls)
 
     def __len__(self) -> int:
         return len(self.outcome)
@@ -219,6 +247,13 @@ class SeqLog:
 
     def record(self, index: int, spec, shape) -> SeqRecord:
         outcome = int(self.outcome[index])
-        return SeqRecord(spec, shape, float(self.admitted_s[index]), float(self.first_token_s[index]),
-                         float(self.finish_s[index]), int(self.preemptions[index]),
-                         OUTCOMES[outcome] if outcome else "", self.reasons.get(index, ""))
+        return SeqRecord(
+            spec,
+            shape,
+            float(self.admitted_s[index]),
+            float(self.first_token_s[index]),
+            float(self.finish_s[index]),
+            int(self.preemptions[index]),
+            OUTCOMES[outcome] if outcome else "",
+            self.reasons.get(index, ""),
+        )

@@ -26,9 +26,10 @@ sending it to its response). It never reads a replica's KV cache.
   preferred only for holding more of the prompt than the store, else the least-loaded
   one serves.
 """
+
 from __future__ import annotations
 
-CACHE_THRESHOLD = 0.5            # sglang-router 0.2.4 CacheAwareConfig defaults
+CACHE_THRESHOLD = 0.5  # sglang-router 0.2.4 CacheAwareConfig defaults
 BALANCE_ABS_THRESHOLD = 32
 BALANCE_REL_THRESHOLD = 1.1
 
@@ -58,7 +59,7 @@ class PrefixAware:
     def __init__(self, replicas: int, shared=None):
         self.n = replicas
         self.seen: dict[tuple, dict[int, int]] = {}
-        self.shared = shared      # spec -> prompt tokens a shared KV store holds, or None
+        self.shared = shared  # spec -> prompt tokens a shared KV store holds, or None
 
     def matched(self, runs) -> list[int]:
         """Tokens of the prompt each replica's tree holds as a prefix."""

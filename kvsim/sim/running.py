@@ -15,6 +15,7 @@ breakdown in sums (kvsim.sim.lazy) answers them all from its sums.
 This plain set visits every running request in every step: it is the reference the
 lazy one is tested against (`--exact-steps`).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,15 +31,15 @@ from kvsim.sim.records import PoolParts
 if TYPE_CHECKING:
     from kvsim.sim.scheduler import Scheduler
 
-BEAM_REPLACE = 0.5    # chance that a beam is replaced by a fork of another each step
+BEAM_REPLACE = 0.5  # chance that a beam is replaced by a fork of another each step
 
 
 class RunningSet:
     def __init__(self, sched: Scheduler):
         self.sched = sched
         self.allocator = sched.allocator
-        self.ahead = sched.ahead             # a finished prefill's sampled token takes its slot now
-        self.requests: list[Request] = []    # admission order
+        self.ahead = sched.ahead  # a finished prefill's sampled token takes its slot now
+        self.requests: list[Request] = []  # admission order
 
     # --- reading --------------------------------------------------------------------
     def __len__(self) -> int:
@@ -64,8 +65,9 @@ class RunningSet:
         return [q for q in self.requests if not q.prefilling]
 
     def slots_to_decode(self) -> int:
-        return sum(self.allocator.slots_to_grow(k, q.held + 1)
-                   for q in self.requests if not q.prefilling for k in q.ids)
+        return sum(
+            self.allocator.slots_to_grow(k, q.held + 1) for q in self.requests if not q.prefilling for k in q.ids
+        )
 
     # --- the pool -------------------------------------------------------------------
     def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
@@ -108,7 +110,7 @@ class RunningSet:
         for sid in req.ids:
             while not grow(sid, tokens):
                 victim = requests[-1]
-                if victim is req and len(requests) == 1:   # alone and still stuck: it never fits
+                if victim is req and len(requests) == 1:  # alone and still stuck: it never fits
                     self.remove(req)
                     self.sched.reject(req, now, "cannot grow to its final length even alone in the KV pool", step)
                     return False
@@ -164,7 +166,8 @@ class RunningSet:
         width = self.sched.width
         step.cost = StepBatch.build(
             [(n, min(s.prefilled, window)) for s, n in step.work if s.prefilling],
-            [min(s.held + 1, window) for s, n in step.work if not s.prefilling for _ in range(width)])
+            [min(s.held + 1, window) for s, n in step.work if not s.prefilling for _ in range(width)],
+        )
         ahead = self.ahead
         for req, n in step.work:
             req.held = req.held_after(n, ahead)
@@ -176,14 +179,14 @@ class RunningSet:
         for req, n in step.work:
             if req.prefilling:
                 req.prefilled += n
-                for sid in req.ids:      # a cache that shares computed prompts may take them now
+                for sid in req.ids:  # a cache that shares computed prompts may take them now
                     allocator.cache_prefilled(sid, req.prefilled)
                 if req.prefilling:
                     continue
             req.generated += 1
             if math.isnan(req.first_token_s):
                 req.first_token_s = now
-            elif not math.isnan(req.stall_from):      # its first token after a preemption
+            elif not math.isnan(req.stall_from):  # its first token after a preemption
                 req.stalls += ((req.stall_from, now),)
                 req.stall_from = math.nan
             if req.generated == req.shape.output_tokens:
@@ -209,8 +212,7 @@ class RunningSet:
         for k in replaced:
             self.allocator.free(ids[k])
             if not self.allocator.fork(ids[int(rng.choice(kept))], ids[k]):
-                raise InvariantError(f"request {req.spec.id}: a beam's copy did not fit where "
-                                     "the pruned beam was")
+                raise InvariantError(f"request {req.spec.id}: a beam's copy did not fit where the pruned beam was")
 
     def check(self) -> None:
         """Raise InvariantError where the scheduler's state is wrong (Scheduler.check_state)."""

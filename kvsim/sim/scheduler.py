@@ -34,6 +34,7 @@ LIMITS): memory, the watermark, max_num_seqs, the token budget, a preemption in 
 step; with nothing waiting the step is arrival-bound. `Step.head_need` is what that
 head needed this step (its chunk with chunked prefill) for the memory breakdown.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,6 +54,7 @@ from kvsim.workload.requests import RequestSpec, RequestTable
 class SwapSpace:
     """CPU memory for swapped-out KV and the link it is copied over (the scheduler
     owns what is in use: `Scheduler.swap_used`)."""
+
     capacity_bytes: float
     bytes_per_token: float
     bandwidth_bytes_s: float
@@ -65,17 +67,32 @@ class Scheduler:
     which a request deep in a long waiting queue, kept as its index, is rebuilt near the
     head (kvsim.sim.waiting); without them every waiting request is an object."""
 
-    def __init__(self, allocator: KVAllocator, rules: EngineRules, *, max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, chunked_prefill: bool, watermark: float = 0.0,
-                 preemption_mode: str | None = "recompute", swap: SwapSpace | None = None,
-                 sliding_window: int | None = None, width: int = 1, beam: bool = False, seed: int = 0,
-                 schedule_policy: str = "fcfs", async_scheduling: bool = False,
-                 running_set: type[RunningSet] = RunningSet, running_options: dict | None = None,
-                 arrivals: RequestTable | None = None):
+    def __init__(
+        self,
+        allocator: KVAllocator,
+        rules: EngineRules,
+        *,
+        max_model_len: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool,
+        watermark: float = 0.0,
+        preemption_mode: str | None = "recompute",
+        swap: SwapSpace | None = None,
+        sliding_window: int | None = None,
+        width: int = 1,
+        beam: bool = False,
+        seed: int = 0,
+        schedule_policy: str = "fcfs",
+        async_scheduling: bool = False,
+        running_set: type[RunningSet] = RunningSet,
+        running_options: dict | None = None,
+        arrivals: RequestTable | None = None,
+    ):
         if width > 1 and chunked_prefill and not rules.split_samples:
             raise ValueError("sequence groups need whole-prompt prefill")
         self.allocator, self.rules = allocator, rules
-        self.ahead = int(rules.sampled_slot_ahead)   # see the module docstring
+        self.ahead = int(rules.sampled_slot_ahead)  # see the module docstring
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
@@ -84,18 +101,18 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.schedule_policy = schedule_policy
         self.swap = swap
-        self.swap_used = 0.0               # bytes of swapped-out KV in CPU memory
+        self.swap_used = 0.0  # bytes of swapped-out KV in CPU memory
         self.window = sliding_window
         self.width = 1 if rules.split_samples else width
         self.beam, self.seed = beam, seed
-        self._arrivals, self._per = arrivals, width if rules.split_samples else 1   # requests per arrival
+        self._arrivals, self._per = arrivals, width if rules.split_samples else 1  # requests per arrival
         self.waiting = WaitingQueue(self._rebuild if arrivals is not None else None)
         self.swapped: deque[Request] = deque()  # vLLM V0 keeps swapped-out groups apart
         self.preemptions = 0
         self.swaps = 0
-        self.prompt_tokens = 0             # tokens to prefill at admissions ...
-        self.cached_tokens = 0             # ... and those a prefix cache already held
-        self.now_planned = 0.0             # when the step being planned starts
+        self.prompt_tokens = 0  # tokens to prefill at admissions ...
+        self.cached_tokens = 0  # ... and those a prefix cache already held
+        self.now_planned = 0.0  # when the step being planned starts
         self.async_scheduling = async_scheduling
         # arrivals by index (the run numbers them in arrival order, kvsim.sim.loop): the
         # latest, the latest when the step in flight was planned, the latest the step
@@ -116,9 +133,11 @@ class Scheduler:
         """Queue `req` (the index-th of the run) or reject it at once with the reason."""
         self.arrived(req, index)
         self.latest = index
-        reason = ("prompt + output exceeds max_model_len"
-                  if req.shape.final_tokens > self.max_model_len
-                  else self.allocator.unfit_reason(req.shape))
+        reason = (
+            "prompt + output exceeds max_model_len"
+            if req.shape.final_tokens > self.max_model_len
+            else self.allocator.unfit_reason(req.shape)
+        )
         if reason:
             req.outcome, req.reason, req.finish_s = "rejected", reason, now
         else:
@@ -168,20 +187,19 @@ class Scheduler:
         """Free slots in the pool (with a radix cache, evictable ones too)."""
         return self.running.free_slots()
 
-    def admit(self, req: Request, cached: int, n: int, held: int, step: Step, now: float,
-              keep_free: int = 0) -> bool:
+    def admit(self, req: Request, cached: int, n: int, held: int, step: Step, now: float, keep_free: int = 0) -> bool:
         """Give the waiting head `held` tokens of KV (its cache hits reused) and run its
         next `n` tokens in this step; False, changing nothing, if memory refuses."""
         first, *others = req.ids
         if not self.allocator.allocate(first, req.shape, held, keep_free):
             return False
         for k, other in enumerate(others):
-            if not self.allocator.fork(first, other):    # a copy that does not fit: wait
+            if not self.allocator.fork(first, other):  # a copy that does not fit: wait
                 for sid in [first, *others[:k]]:
                     self.allocator.free(sid)
                 return False
         self.waiting.remove(req)
-        step.load_s += self.allocator.take_load_s()    # KV tiers: the step waits for its prefix
+        step.load_s += self.allocator.take_load_s()  # KV tiers: the step waits for its prefix
         req.prefilled = cached
         self.prompt_tokens += req.target
         self.cached_tokens += cached
@@ -271,7 +289,7 @@ class Scheduler:
             req.target, req.prefilled, req.held = req.shape.prompt_tokens + req.generated, 0, 0
             self.rules.requeue(self, req)
         if not math.isnan(req.first_token_s) and math.isnan(req.stall_from):
-            req.stall_from = self.now_planned      # it decoded in the step that just ended
+            req.stall_from = self.now_planned  # it decoded in the step that just ended
         req.preemptions += 1
         self.preemptions += 1
         step.preempted += 1
@@ -279,8 +297,11 @@ class Scheduler:
     def _swap_bytes(self, req: Request) -> float:
         """KV copied over PCIe: a group's shared prompt once, each sequence's own tokens."""
         own = req.held - req.shape.prompt_tokens
-        return (req.shape.prompt_tokens + own * self.width) * self.swap.bytes_per_token if self.width > 1 \
+        return (
+            (req.shape.prompt_tokens + own * self.width) * self.swap.bytes_per_token
+            if self.width > 1
             else req.held * self.swap.bytes_per_token
+        )
 
     # --- one step ------------------------------------------------------------------------
     def visible(self, req: Request) -> bool:
@@ -311,8 +332,9 @@ class Scheduler:
         elif step.preempted:
             step.limit = "preemption"
         elif not step.limit:
-            raise RuntimeError(f"{self.rules.name} left requests waiting without saying why "
-                               f"at t={now:.6f}s; this is a kvsim bug")
+            raise RuntimeError(
+                f"{self.rules.name} left requests waiting without saying why at t={now:.6f}s; this is a kvsim bug"
+            )
         if step.head_need is None and self.waiting:
             head = self.waiting[0]
             _, _, held = self.prefill_need(head, self.budget)
@@ -324,8 +346,7 @@ class Scheduler:
         """Whether the next step is quiet: nothing waits or is swapped out, every running
         request decodes lazily (kvsim.sim.lazy) and the engine's rules would plan nothing
         but their tokens (EngineRules.decodes_only)."""
-        return (not self.waiting and not self.swapped and self.running.quiet()
-                and self.rules.decodes_only(self))
+        return not self.waiting and not self.swapped and self.running.quiet() and self.rules.decodes_only(self)
 
     def quiet_step(self, now: float) -> StepBatch:
         """Plan a quiet step (`quiet_next`) as `schedule` would, without asking the rules
@@ -362,23 +383,25 @@ class Scheduler:
             for sid in req.ids:
                 held = self.allocator.tokens_of(sid)
                 if held != req.held:
-                    raise InvariantError(f"request {req.spec.id} (sequence {sid}) should hold "
-                                         f"{req.held} tokens of KV; the allocator has {held}")
+                    raise InvariantError(
+                        f"request {req.spec.id} (sequence {sid}) should hold "
+                        f"{req.held} tokens of KV; the allocator has {held}"
+                    )
             if req.held > req.shape.final_tokens:
-                raise InvariantError(f"request {req.spec.id} holds {req.held} tokens, more than "
-                                     f"its final length {req.shape.final_tokens}")
+                raise InvariantError(
+                    f"request {req.spec.id} holds {req.held} tokens, more than "
+                    f"its final length {req.shape.final_tokens}"
+                )
         if self.swap and not math.isclose(swapped, self.swap_used, abs_tol=1e-6):
-            raise InvariantError(f"swap space counts {self.swap_used} bytes; swapped-out "
-                                 f"requests hold {swapped}")
+            raise InvariantError(f"swap space counts {self.swap_used} bytes; swapped-out requests hold {swapped}")
         head = self.waiting[0] if self.waiting else None
         b = self.allocator.breakdown(None if head is None else (head.shape, head.target + 1, self.keep_free))
         parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)
         if min(parts) < 0 or b.capacity != self.allocator.capacity:
             raise InvariantError(f"breakdown {parts} does not split the pool of {self.allocator.capacity}")
-        held = sum(s.held for s in self.running) * self.width   # sharing and windows make b.token less
+        held = sum(s.held for s in self.running) * self.width  # sharing and windows make b.token less
         if b.token > held:
-            raise InvariantError(f"the pool counts {b.token} token slots; running requests hold "
-                                 f"only {held}")
+            raise InvariantError(f"the pool counts {b.token} token slots; running requests hold only {held}")
 
 
 def sample_shape(r: RequestSpec, k: int = 0) -> SeqShape:

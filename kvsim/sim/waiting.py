@@ -11,6 +11,7 @@ invariant checks), so identities stay stable.
 
 The operations are the deque's that the engines use; the order is the queue's.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -29,8 +30,8 @@ class WaitingQueue:
     def __init__(self, rebuild: Callable[[int], object] | None = None, keep: int | None = None):
         self.rebuild = rebuild
         self.keep = KEEP if keep is None else keep
-        self._seqs: deque = deque()     # the head: objects
-        self._rest: deque = deque()     # after them, in order: indices, or objects requeued at the back
+        self._seqs: deque = deque()  # the head: objects
+        self._rest: deque = deque()  # after them, in order: indices, or objects requeued at the back
         self._objects_in_rest = 0
 
     # --- arrivals and requeues -----------------------------------------------------

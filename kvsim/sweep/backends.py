@@ -11,6 +11,7 @@ MAX_ATTEMPTS times in all. The local pool cannot tell which of the points in fli
 killed it, so every point in flight then counts an attempt; at most `workers` are in
 flight at once.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -37,28 +38,28 @@ class Task:
     id: str
     scenario: Scenario
     base_dir: Path
-    src: str                  # the file named in the scenario's errors
+    src: str  # the file named in the scenario's errors
 
 
 @dataclass(frozen=True)
 class Outcome:
     id: str
-    summary: pd.DataFrame | None        # one row per policy; None when the point failed
-    error: str | None = None            # one line
-    detail: str = ""                    # the traceback, for a failure that is not bad input
-    input_error: tuple[str, str, str] | None = None   # bad input: InputError's (source, field, message)
+    summary: pd.DataFrame | None  # one row per policy; None when the point failed
+    error: str | None = None  # one line
+    detail: str = ""  # the traceback, for a failure that is not bad input
+    input_error: tuple[str, str, str] | None = None  # bad input: InputError's (source, field, message)
 
 
 def run_point(task: Task) -> Outcome:
     """Run one point; any exception becomes a failed outcome."""
     from kvsim.analysis.results import run_scenario
+
     try:
         return Outcome(task.id, run_scenario(task.scenario, task.base_dir, task.src).summary)
     except InputError as e:
         return Outcome(task.id, None, str(e), input_error=(e.source, e.field, e.message))
-    except Exception as e:      # recorded with the point; the sweep goes on
-        return Outcome(task.id, None, f"{type(e).__name__}: {e}".splitlines()[0],
-                       detail=traceback.format_exc())
+    except Exception as e:  # recorded with the point; the sweep goes on
+        return Outcome(task.id, None, f"{type(e).__name__}: {e}".splitlines()[0], detail=traceback.format_exc())
 
 
 def died(task: Task, attempts: int, why: str) -> Outcome:
@@ -83,7 +84,7 @@ class LocalPool:
 
     def __init__(self, workers: int | None = None, fn: Callable[[Task], Outcome] = run_point):
         self.workers = workers or default_workers()
-        self.slots = self.workers           # points that run at once
+        self.slots = self.workers  # points that run at once
         self.fn = fn
         self.label = f"local pool of {self.workers} workers"
         self._pool: ProcessPoolExecutor | None = None
@@ -113,7 +114,7 @@ class LocalPool:
                 flight[self._pool.submit(self.fn, task)] = task
             done, _ = wait(flight, return_when=FIRST_COMPLETED)
             if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
-                wait(flight)      # a broken pool fails every future at once
+                wait(flight)  # a broken pool fails every future at once
                 done = set(flight)
             broken = False
             for future in done:
@@ -126,7 +127,7 @@ class LocalPool:
                         on_outcome(died(task, attempts[task.id], "a local worker process exited"))
                     else:
                         queue.appendleft(task)
-                elif error is not None:     # the outcome could not come back (pickling, say)
+                elif error is not None:  # the outcome could not come back (pickling, say)
                     on_outcome(Outcome(task.id, None, f"{type(error).__name__}: {error}"))
                 else:
                     on_outcome(future.result())
@@ -141,8 +142,7 @@ class RayCluster:
     (`ray.init(...)` by the caller) is used as it is. Workers need kvsim installed and
     any file the scenario names (a trace, a profile folder) at the same path."""
 
-    def __init__(self, address: str, workers: int | None = None,
-                 fn: Callable[[Task], Outcome] = run_point):
+    def __init__(self, address: str, workers: int | None = None, fn: Callable[[Task], Outcome] = run_point):
         if importlib.util.find_spec("ray") is None:
             raise InputError("command line", "--ray", "Ray is not installed: pip install 'kvsim[ray]'")
         self.address, self.workers, self.fn = address, workers, fn
@@ -151,14 +151,21 @@ class RayCluster:
 
     def __enter__(self) -> "RayCluster":
         import ray
+
         if not ray.is_initialized():
             local = self.address == "local"
             try:
-                ray.init(address=self.address, num_cpus=self.workers if local else None,
-                         include_dashboard=False, logging_level="warning", log_to_driver=False)
+                ray.init(
+                    address=self.address,
+                    num_cpus=self.workers if local else None,
+                    include_dashboard=False,
+                    logging_level="warning",
+                    log_to_driver=False,
+                )
             except (ConnectionError, ValueError, RuntimeError) as e:
-                raise InputError("command line", "--ray", f"cannot reach a Ray cluster at "
-                                 f"'{self.address}': {str(e).splitlines()[0]}") from None
+                raise InputError(
+                    "command line", "--ray", f"cannot reach a Ray cluster at '{self.address}': {str(e).splitlines()[0]}"
+                ) from None
             self._started = True
         self._ray = ray
         self.slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -185,5 +192,5 @@ class RayCluster:
                         outcome = Outcome(task.id, None, f"{type(e).__name__}: {str(e).splitlines()[0]}")
                     on_outcome(outcome)
         finally:
-            for ref in refs:       # interrupted: stop what has not finished
+            for ref in refs:  # interrupted: stop what has not finished
                 ray.cancel(ref, force=True)

@@ -26,6 +26,7 @@ overstates capacity by about mu T / (q N): raise num_requests until that is smal
 (mu = 4/s, T = 2 s, N = 2,000, p99: 0.4%). TPOT targets do not diverge this way: a
 saturated engine decodes a full batch at a bounded step time.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,9 +41,9 @@ from kvsim.config.scenario import Constant, Gamma, Poisson, Scenario
 from kvsim.sweep.backends import Outcome, Task
 from kvsim.sweep.grid import scenario_id
 
-EXPAND = 20                      # doublings (or halvings) from the starting rate
-TP_SIZES = (1, 2, 4, 8)          # tensor-parallel degrees tried for --rate ...
-REPLICAS = (1, 2, 3, 4, 6, 8)    # ... and replicas of each (GPUs = tp x replicas)
+EXPAND = 20  # doublings (or halvings) from the starting rate
+TP_SIZES = (1, 2, 4, 8)  # tensor-parallel degrees tried for --rate ...
+REPLICAS = (1, 2, 3, 4, 6, 8)  # ... and replicas of each (GPUs = tp x replicas)
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,14 @@ class Probe:
     tensor_parallel_size: int
     replicas: int
     met: bool
-    why: str                     # the targets missed, or the error; empty when met
-    values: dict                 # the targets' columns at this rate
+    why: str  # the targets missed, or the error; empty when met
+    values: dict  # the targets' columns at this rate
 
 
 @dataclass
 class Search:
     """One policy's bracket: the probes so far decide the next rates."""
+
     policy: str
     start: float
     probes: list[Probe] = field(default_factory=list)
@@ -71,8 +73,7 @@ class Search:
     def highest_met(self) -> float | None:
         """The highest met rate below every missed one (what the bracket's floor is)."""
         cap = self.lowest_missed
-        return max((p.rate_per_s for p in self.probes if p.met and (cap is None or p.rate_per_s < cap)),
-                   default=None)
+        return max((p.rate_per_s for p in self.probes if p.met and (cap is None or p.rate_per_s < cap)), default=None)
 
     def done(self, tolerance: float) -> bool:
         lo, hi = self.highest_met, self.lowest_missed
@@ -80,17 +81,17 @@ class Search:
             return hi / lo <= 1 + tolerance
         if not self.probes:
             return False
-        return (hi is None and lo >= self.start * 2 ** EXPAND) or (lo is None and hi <= self.start / 2 ** EXPAND)
+        return (hi is None and lo >= self.start * 2**EXPAND) or (lo is None and hi <= self.start / 2**EXPAND)
 
     def next_rates(self, k: int) -> list[float]:
         lo, hi = self.highest_met, self.lowest_missed
         if not self.probes:
-            return [self.start * 2.0 ** j for j in [0, 1, -1, 2, -2, 3, -3][:k]]
+            return [self.start * 2.0**j for j in [0, 1, -1, 2, -2, 3, -3][:k]]
         if lo is not None and hi is not None:
             return [lo * (hi / lo) ** (i / (k + 1)) for i in range(1, k + 1)]
         if hi is None:
-            return [lo * 2.0 ** j for j in range(1, k + 1)]
-        return [hi / 2.0 ** j for j in range(1, k + 1)]
+            return [lo * 2.0**j for j in range(1, k + 1)]
+        return [hi / 2.0**j for j in range(1, k + 1)]
 
     def row(self) -> dict:
         lo, hi = self.highest_met, self.lowest_missed
@@ -101,24 +102,38 @@ class Search:
             note = f"met the targets at every rate tried, up to {lo:.4g}/s"
         elif any(p.met and p.rate_per_s > hi for p in self.probes):
             note = "not monotone: a higher rate met the targets than one that missed"
-        return {"policy": self.policy, "max_rate_per_s": ten_digits(lo) if lo is not None else 0.0,
-                "lowest_missed_rate_per_s": ten_digits(hi) if hi is not None else math.nan,
-                "probes": len(self.probes), "note": note}
+        return {
+            "policy": self.policy,
+            "max_rate_per_s": ten_digits(lo) if lo is not None else 0.0,
+            "lowest_missed_rate_per_s": ten_digits(hi) if hi is not None else math.nan,
+            "probes": len(self.probes),
+            "note": note,
+        }
 
 
 def arrival_rate(scn: Scenario, src: str) -> float:
     arrival = scn.workload.arrival
     if not isinstance(arrival, (Poisson, Gamma, Constant)):
-        raise InputError(src, "workload.arrival", "capacity varies the arrival rate: use process "
-                         "poisson, gamma or constant (a burst, stages or a trace have no one rate)")
+        raise InputError(
+            src,
+            "workload.arrival",
+            "capacity varies the arrival rate: use process "
+            "poisson, gamma or constant (a burst, stages or a trace have no one rate)",
+        )
     return arrival.rate_per_s
 
 
 def probe_scenario(scn: Scenario, policy, rate: float, tp: int, replicas: int | None) -> Scenario:
     wl = scn.workload
     arrival = wl.arrival.model_copy(update={"rate_per_s": rate})
-    return scn.model_copy(update={"policies": [policy], "tensor_parallel_size": tp, "replicas": replicas,
-                                  "workload": wl.model_copy(update={"arrival": arrival})})
+    return scn.model_copy(
+        update={
+            "policies": [policy],
+            "tensor_parallel_size": tp,
+            "replicas": replicas,
+            "workload": wl.model_copy(update={"arrival": arrival}),
+        }
+    )
 
 
 def judge(outcome: Outcome, policy: str, rate: float, tp: int, replicas: int, targets: dict) -> Probe:
@@ -131,8 +146,7 @@ def judge(outcome: Outcome, policy: str, rate: float, tp: int, replicas: int, ta
     return Probe(policy, rate, tp, replicas, not missed, "; ".join(missed), {k: row[k] for k in targets})
 
 
-def _run(backend, jobs: dict[str, tuple], scn, base_dir, src, targets, on_probe,
-         fatal_input: bool) -> list[Probe]:
+def _run(backend, jobs: dict[str, tuple], scn, base_dir, src, targets, on_probe, fatal_input: bool) -> list[Probe]:
     """jobs: task id -> (policy, rate, tp, replicas); runs them all and judges each. With
     fatal_input, bad input stops the search (the scenario is wrong); without, it is a
     missed probe (a tensor-parallel degree whose weights do not fit, say)."""
@@ -151,8 +165,9 @@ def _run(backend, jobs: dict[str, tuple], scn, base_dir, src, targets, on_probe,
     return probes
 
 
-def max_rates(scn: Scenario, base_dir, src: str, targets: dict, backend, tolerance: float,
-              on_probe=lambda p: None) -> tuple[pd.DataFrame, list[Probe]]:
+def max_rates(
+    scn: Scenario, base_dir, src: str, targets: dict, backend, tolerance: float, on_probe=lambda p: None
+) -> tuple[pd.DataFrame, list[Probe]]:
     """The highest rate each policy sustains within `targets` (see the module docstring);
     `backend` is open, and its `slots` (points at once) decide how many rates a round tries."""
     start = arrival_rate(scn, src)
@@ -174,15 +189,16 @@ def max_rates(scn: Scenario, base_dir, src: str, targets: dict, backend, toleran
     return table, [p for s in searches.values() for p in s.probes]
 
 
-def fewest_gpus(scn: Scenario, base_dir, src: str, targets: dict, backend, rate: float,
-                on_probe=lambda p: None) -> tuple[pd.DataFrame, list[Probe]]:
+def fewest_gpus(
+    scn: Scenario, base_dir, src: str, targets: dict, backend, rate: float, on_probe=lambda p: None
+) -> tuple[pd.DataFrame, list[Probe]]:
     """The fewest GPUs (tensor_parallel_size x replicas, of TP_SIZES x REPLICAS) with which
     each policy serves `rate`: GPU counts are tried in rising order, every layout of a
     count at once, until one meets the targets. Of several layouts of that count that
     meet, the one with the smallest tp is reported and the others named in the note.
     The fleet routes with the scenario's router (default round-robin)."""
     arrival_rate(scn, src)
-    layouts = sorted((tp * r, tp, r) for tp in TP_SIZES for r in REPLICAS)   # (gpus, tp, replicas)
+    layouts = sorted((tp * r, tp, r) for tp in TP_SIZES for r in REPLICAS)  # (gpus, tp, replicas)
     open_policies, probes, rows = list(scn.policies), [], {}
     for gpus in dict.fromkeys(g for g, _, _ in layouts):
         jobs = {}
@@ -196,23 +212,50 @@ def fewest_gpus(scn: Scenario, base_dir, src: str, targets: dict, backend, rate:
             met = sorted((p for p in found if p.policy == policy.name and p.met), key=lambda p: p.tensor_parallel_size)
             if met:
                 also = ", ".join(f"tp {p.tensor_parallel_size} x {p.replicas}" for p in met[1:])
-                rows[policy.name] = (gpus, met[0].tensor_parallel_size, met[0].replicas,
-                                     f"also met: {also}" if also else "")
+                rows[policy.name] = (
+                    gpus,
+                    met[0].tensor_parallel_size,
+                    met[0].replicas,
+                    f"also met: {also}" if also else "",
+                )
                 open_policies.remove(policy)
         if not open_policies:
             break
     most = f"not met with up to {max(TP_SIZES) * max(REPLICAS)} GPUs (tp {TP_SIZES[-1]} x {REPLICAS[-1]} replicas)"
-    table = pd.DataFrame([{"policy": p.name, "rate_per_s": rate,
-                           **dict(zip(("gpus", "tensor_parallel_size", "replicas", "note"),
-                                      rows.get(p.name, (None, None, None, most))))}
-                          for p in scn.policies])
+    table = pd.DataFrame(
+        [
+            {
+                "policy": p.name,
+                "rate_per_s": rate,
+                **dict(
+                    zip(
+                        ("gpus", "tensor_parallel_size", "replicas", "note"), rows.get(p.name, (None, None, None, most))
+                    )
+                ),
+            }
+            for p in scn.policies
+        ]
+    )
     table = table.astype({"gpus": "Int64", "tensor_parallel_size": "Int64", "replicas": "Int64"})
     return table, probes
 
 
 def probe_table(probes: list[Probe], targets: dict) -> pd.DataFrame:
-    rows = [{"policy": p.policy, "rate_per_s": ten_digits(p.rate_per_s), "gpus": p.tensor_parallel_size * p.replicas,
-             "tensor_parallel_size": p.tensor_parallel_size, "replicas": p.replicas,
-             "met": p.met, **{k: p.values.get(k, math.nan) for k in targets}, "why": p.why} for p in probes]
-    return pd.DataFrame(rows).sort_values(["policy", "gpus", "tensor_parallel_size", "rate_per_s"],
-                                          kind="stable").reset_index(drop=True)
+    rows = [
+        {
+            "policy": p.policy,
+            "rate_per_s": ten_digits(p.rate_per_s),
+            "gpus": p.tensor_parallel_size * p.replicas,
+            "tensor_parallel_size": p.tensor_parallel_size,
+            "replicas": p.replicas,
+            "met": p.met,
+            **{k: p.values.get(k, math.nan) for k in targets},
+            "why": p.why,
+        }
+        for p in probes
+    ]
+    return (
+        pd.DataFrame(rows)
+        .sort_values(["policy", "gpus", "tensor_parallel_size", "rate_per_s"], kind="stable")
+        .reset_index(drop=True)
+    )

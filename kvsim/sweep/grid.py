@@ -14,6 +14,7 @@ a scenario file before anything runs. A point's id is a hash of the scenario it 
 the same scenario is simulated once, and a resumed sweep finds its finished points
 even after the grid has grown.
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,6 +39,7 @@ class _Strict(BaseModel):
 
 class Quick(_Strict):
     """What --quick changes: `seeds` and `points` replace, `set` and `grid` update key by key."""
+
     seeds: list[int] | None = Field(None, min_length=1)
     overrides: dict[str, Any] = Field({}, alias="set")
     grid: dict[str, list[Any]] = {}
@@ -45,7 +47,7 @@ class Quick(_Strict):
 
 
 class SweepFile(_Strict):
-    scenario: str                                  # relative to the sweep file
+    scenario: str  # relative to the sweep file
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seeds: list[int] | None = Field(None, min_length=1)
     overrides: dict[str, Any] = Field({}, alias="set")
@@ -55,16 +57,21 @@ class SweepFile(_Strict):
 
     def quickened(self) -> "SweepFile":
         q = self.quick
-        return self.model_copy(update={
-            "seeds": q.seeds or self.seeds, "overrides": {**self.overrides, **q.overrides},
-            "grid": {**self.grid, **q.grid}, "points": self.points if q.points is None else q.points,
-            "quick": None})
+        return self.model_copy(
+            update={
+                "seeds": q.seeds or self.seeds,
+                "overrides": {**self.overrides, **q.overrides},
+                "grid": {**self.grid, **q.grid},
+                "points": self.points if q.points is None else q.points,
+                "quick": None,
+            }
+        )
 
 
 @dataclass(frozen=True)
 class Point:
-    id: str                   # hash of the scenario it runs
-    params: dict[str, Any]    # swept path -> value, in the sweep's order (seed apart)
+    id: str  # hash of the scenario it runs
+    params: dict[str, Any]  # swept path -> value, in the sweep's order (seed apart)
     seed: int
     scenario: Scenario
 
@@ -72,11 +79,11 @@ class Point:
 @dataclass(frozen=True)
 class Sweep:
     name: str
-    src: str                  # the sweep file
-    scenario_src: str         # the base scenario file
-    base_dir: Path            # where the scenario's relative paths start
-    params: list[str]         # swept paths: the results' parameter columns
-    points: list[Point]       # in plan order: points x grid x seeds
+    src: str  # the sweep file
+    scenario_src: str  # the base scenario file
+    base_dir: Path  # where the scenario's relative paths start
+    params: list[str]  # swept paths: the results' parameter columns
+    points: list[Point]  # in plan order: points x grid x seeds
 
 
 def load_sweep(path: str | Path, quick: bool = False) -> Sweep:
@@ -89,8 +96,7 @@ def load_sweep(path: str | Path, quick: bool = False) -> Sweep:
         raise _input_error(e, src) from None
     if quick:
         if spec.quick is None:
-            raise InputError(src, "quick", "--quick needs a quick: block (seeds, set, grid or points "
-                             "to use instead)")
+            raise InputError(src, "quick", "--quick needs a quick: block (seeds, set, grid or points to use instead)")
         spec = spec.quickened()
     scenario_path = path.parent / spec.scenario
     if not scenario_path.is_file():
@@ -139,8 +145,11 @@ def _check_keys(spec: SweepFile, src: str) -> None:
     if spec.seeds is not None:
         if len(set(spec.seeds)) < len(spec.seeds) or min(spec.seeds) < 0:
             raise InputError(src, "seeds", "give distinct seeds, each 0 or more")
-        for section, keys in (("set", spec.overrides), ("grid", spec.grid),
-                              *((f"points[{i}]", p) for i, p in enumerate(spec.points))):
+        for section, keys in (
+            ("set", spec.overrides),
+            ("grid", spec.grid),
+            *((f"points[{i}]", p) for i, p in enumerate(spec.points)),
+        ):
             if "seed" in keys:
                 raise InputError(src, f"{section}.seed", "the sweep has seeds: sweep seeds there, not here")
 
@@ -163,8 +172,12 @@ def parse_path(path: str, src: str, where: str) -> list[tuple[str, str]]:
     while pos < len(path):
         m = _TOKEN.match(path, pos)
         if not m or (pos == 0 and path.startswith(".")):
-            raise InputError(src, where, "not a field path: use keys joined by '.', with [*], [INDEX] "
-                             "or [KEY=VALUE] after a list (policies[*].block_size)")
+            raise InputError(
+                src,
+                where,
+                "not a field path: use keys joined by '.', with [*], [INDEX] "
+                "or [KEY=VALUE] after a list (policies[*].block_size)",
+            )
         tokens.append(("key", m.group(1)) if m.group(1) else ("select", m.group(2).strip()))
         pos = m.end()
     if not tokens or tokens[0][0] != "key":

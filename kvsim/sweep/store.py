@@ -14,6 +14,7 @@ A point's file is written under a temporary name and renamed, so an interrupted 
 (Ctrl-C, a killed process, a lost node) leaves every finished point intact and no
 partial one; the tables are rebuilt from the point files at the end of each run.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,24 @@ from kvsim.sweep.grid import Point, Sweep
 # Two-sided 95% quantiles of Student's t by degrees of freedom (any statistics table, e.g.
 # NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.2); between rows, the row
 # below (a slightly wider interval).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000, 120: 1.980}
+T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+    60: 2.000,
+    120: 1.980,
+}
 
 
 def t95(dof: int) -> float:
@@ -53,9 +70,13 @@ class Store:
 
     def start(self, sweep: Sweep) -> None:
         self.points.mkdir(parents=True, exist_ok=True)
-        plan = {"name": sweep.name, "sweep": sweep.src, "scenario": sweep.scenario_src,
-                "params": sweep.params,
-                "points": [{"id": p.id, "params": p.params, "seed": p.seed} for p in sweep.points]}
+        plan = {
+            "name": sweep.name,
+            "sweep": sweep.src,
+            "scenario": sweep.scenario_src,
+            "params": sweep.params,
+            "points": [{"id": p.id, "params": p.params, "seed": p.seed} for p in sweep.points],
+        }
         _atomic(self.out / "sweep.json", lambda tmp: tmp.write_text(json.dumps(plan, indent=1) + "\n"))
 
     def write(self, outcome: Outcome) -> None:
@@ -68,21 +89,21 @@ class Store:
             record = {"error": outcome.error, "detail": outcome.detail}
             _atomic(bad, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
 
-    def fill(self, sweep: Sweep, backend, resume: bool = False,
-             on_outcome: Callable[[Outcome], None] = lambda o: None) -> list[Point]:
+    def fill(
+        self, sweep: Sweep, backend, resume: bool = False, on_outcome: Callable[[Outcome], None] = lambda o: None
+    ) -> list[Point]:
         """Run the sweep's points that this folder lacks (with resume: those not finished;
         without: all), writing each as it finishes; returns the points it ran. The backend
         must be open (`with backend:`)."""
         self.start(sweep)
         done = self.finished() if resume else set()
-        todo = {p.id: p for p in sweep.points if p.id not in done}    # a repeated scenario runs once
+        todo = {p.id: p for p in sweep.points if p.id not in done}  # a repeated scenario runs once
 
         def record(outcome: Outcome) -> None:
             self.write(outcome)
             on_outcome(outcome)
 
-        backend.run([Task(p.id, p.scenario, sweep.base_dir, sweep.scenario_src) for p in todo.values()],
-                    record)
+        backend.run([Task(p.id, p.scenario, sweep.base_dir, sweep.scenario_src) for p in todo.values()], record)
         return list(todo.values())
 
     def error(self, point_id: str) -> dict:
@@ -102,9 +123,13 @@ class Store:
                 # a swept field the summary also reports (engine, router, ...) is one column
                 parts.append(pd.concat([head, rows.drop(columns=[c for c in head if c in rows])], axis=1))
         rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-        errors = pd.DataFrame([{**params.iloc[i].to_dict(), "seed": p.seed, "point": p.id,
-                                "error": self.error(p.id)["error"]}
-                               for i, p in enumerate(sweep.points) if p.id in failed])
+        errors = pd.DataFrame(
+            [
+                {**params.iloc[i].to_dict(), "seed": p.seed, "point": p.id, "error": self.error(p.id)["error"]}
+                for i, p in enumerate(sweep.points)
+                if p.id in failed
+            ]
+        )
         return rows, summarize(rows, sweep.params), errors
 
     def write_tables(self, sweep: Sweep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -157,8 +182,11 @@ def _param_columns(sweep: Sweep) -> pd.DataFrame:
         present = [v for v in values if v is not None]
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present)
         uniform = numbers or all(isinstance(v, str) for v in present) or all(isinstance(v, bool) for v in present)
-        columns[name] = values if uniform else [
-            None if v is None else v if isinstance(v, str) else json.dumps(v, sort_keys=True) for v in values]
+        columns[name] = (
+            values
+            if uniform
+            else [None if v is None else v if isinstance(v, str) else json.dumps(v, sort_keys=True) for v in values]
+        )
     return pd.DataFrame(columns, index=range(len(sweep.points)))
 
 

@@ -22,6 +22,7 @@ A preset says how long a request's prompt and output are. Two kinds ship in
 All randomness comes from the ``numpy.random.Generator`` passed in, so a given
 generator state gives the same lengths. Traces are read by kvsim.workload.traces.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,15 +38,16 @@ import numpy as np
 @dataclass(frozen=True)
 class Dataset:
     """One preset's metadata; ``params`` holds the raw json entry used for sampling."""
+
     name: str
-    kind: str                     # "quantiles" or "lognormal"
+    kind: str  # "quantiles" or "lognormal"
     source: str
     note: str
-    prompt_mean: float            # stored (real-trace or published) mean
+    prompt_mean: float  # stored (real-trace or published) mean
     output_mean: float
-    spearman: float               # 0 for the independent lognormal presets
-    count: int | None             # rows in the source trace, None when published-only
-    arrival: tuple[float, float] | None    # (rate_per_s, inter-arrival cv)
+    spearman: float  # 0 for the independent lognormal presets
+    count: int | None  # rows in the source trace, None when published-only
+    arrival: tuple[float, float] | None  # (rate_per_s, inter-arrival cv)
     params: Mapping = field(repr=False, compare=False)
 
 
@@ -56,13 +58,17 @@ def _load() -> dict[str, Dataset]:
         lognormal = e["kind"] == "lognormal"
         arrival = e.get("arrival")
         out[name] = Dataset(
-            name=name, kind=e["kind"], source=e["source"], note=e.get("note", ""),
+            name=name,
+            kind=e["kind"],
+            source=e["source"],
+            note=e.get("note", ""),
             prompt_mean=e["prompt"]["mean"] if lognormal else e["prompt_mean"],
             output_mean=e["output"]["mean"] if lognormal else e["output_mean"],
             spearman=0.0 if lognormal else e["spearman"],
             count=None if lognormal else e["count"],
             arrival=(arrival["rate_per_s"], arrival["interarrival_cv"]) if arrival else None,
-            params=MappingProxyType(e))
+            params=MappingProxyType(e),
+        )
     return out
 
 
@@ -109,8 +115,12 @@ def _sample_lognormal(p: Mapping, n: int, rng: np.random.Generator):
         # rounds suffice; the loop depends only on rng, so it stays deterministic.
         z = rng.standard_normal((2 * (n - have) + 64, 2))
         prompt, output = _lognormal(p["prompt"], z[:, 0]), _lognormal(p["output"], z[:, 1])
-        keep = ((prompt >= f["min_tokens"]) & (output >= f["min_tokens"])
-                & (prompt <= f["max_prompt"]) & (prompt + output <= f["max_total"]))
+        keep = (
+            (prompt >= f["min_tokens"])
+            & (output >= f["min_tokens"])
+            & (prompt <= f["max_prompt"])
+            & (prompt + output <= f["max_total"])
+        )
         prompts.append(prompt[keep])
         outputs.append(output[keep])
         have += int(keep.sum())

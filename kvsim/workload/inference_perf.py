@@ -29,13 +29,14 @@ is larger: one BOS token, plus about 4-5% more from re-encoding text decoded fro
 random token ids (Llama-2's tokenizer: 591.6 tokens on average for 100 + 466, 1082 for
 100 + 934). That is not a chat template: the completions API applies none.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from kvsim.config.errors import InputError
 
-DEFAULT_MAX_TOKENS = 30   # openAIModelServerClient.max_completion_tokens, used where max_tokens is 0
+DEFAULT_MAX_TOKENS = 30  # openAIModelServerClient.max_completion_tokens, used where max_tokens is 0
 
 
 def clipped_normal(dist, rng: np.random.Generator) -> np.ndarray:
@@ -44,15 +45,16 @@ def clipped_normal(dist, rng: np.random.Generator) -> np.ndarray:
     return np.clip(np.round(x).astype(np.int64), dist.min, dist.max)
 
 
-def inference_perf_requests(ip, stage: np.ndarray, largest_stage: int, first_id: int,
-                            rng: np.random.Generator, src: str = "scenario"):
+def inference_perf_requests(
+    ip, stage: np.ndarray, largest_stage: int, first_id: int, rng: np.random.Generator, src: str = "scenario"
+):
     """(prompt_tokens, output_tokens, segments) of requests whose stages are `stage` (in
     stream order, each stage's requests together); largest_stage: the most requests a
     stage of the whole plan sends. Content ids for shared runs start at first_id (the
     requests' own ids are below it)."""
     n = len(stage)
     starts = np.flatnonzero(np.r_[True, stage[1:] != stage[:-1]]) if n else np.zeros(0, dtype=np.int64)
-    within = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))   # n-th of its stage
+    within = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))  # n-th of its stage
     if ip.type == "shared_prefix":
         return _shared_prefix(ip.shared_prefix, within, first_id, rng)
     return _random(ip, within, largest_stage, rng, src)
@@ -81,12 +83,15 @@ def _random(ip, within: np.ndarray, need: int, rng: np.random.Generator, src: st
     dists = []
     for name in ("input_distribution", "output_distribution"):
         dist = getattr(ip, name)
-        if dist.total_count is None:        # main.py: the largest stage's count, plus one
+        if dist.total_count is None:  # main.py: the largest stage's count, plus one
             dist = dist.model_copy(update={"total_count": need + 1})
         elif dist.total_count < need:
-            raise InputError(src, f"workload.inference_perf.{name}.total_count",
-                             f"{dist.total_count} lengths for a stage of {need} requests "
-                             "(inference-perf fails with an IndexError); raise it or leave it out")
+            raise InputError(
+                src,
+                f"workload.inference_perf.{name}.total_count",
+                f"{dist.total_count} lengths for a stage of {need} requests "
+                "(inference-perf fails with an IndexError); raise it or leave it out",
+            )
         dists.append(dist)
     prompt = clipped_normal(dists[0], rng)[within]
     output = clipped_normal(dists[1], rng)[within]

@@ -17,6 +17,7 @@ the turns are sorted by arrival); shared content gets ids from n upwards.
   previous answer is finished, and then finds less of it cached). A conversation ends
   early when the next turn would exceed max_model_len.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -81,8 +82,9 @@ def draw_distinct(rng: np.random.Generator, p: np.ndarray, cdf: np.ndarray, k: i
     return drawn
 
 
-def conversations(conv: Conversation, starts: np.ndarray, new_tokens: np.ndarray,
-                  output_tokens: np.ndarray, max_model_len: int):
+def conversations(
+    conv: Conversation, starts: np.ndarray, new_tokens: np.ndarray, output_tokens: np.ndarray, max_model_len: int
+):
     """Turns as (arrival_s, prompt, output, segments, tail_id), sorted by arrival.
 
     Draws new_tokens[i], output_tokens[i] in order; a new conversation begins at the
@@ -100,8 +102,8 @@ def conversations(conv: Conversation, starts: np.ndarray, new_tokens: np.ndarray
             if k and prompt + output > max_model_len:
                 break
             turns.append((t0 + k * conv.think_time_s, prompt, output, segments, i))
-            segments += ((i, int(new_tokens[i]) + output),)   # this turn's tail, answered
+            segments += ((i, int(new_tokens[i]) + output),)  # this turn's tail, answered
             i += 1
         c += 1
-    turns.sort(key=lambda t: t[0])     # stable: same-time turns keep their draw order
+    turns.sort(key=lambda t: t[0])  # stable: same-time turns keep their draw order
     return turns

@@ -37,6 +37,7 @@ earlier stages' durations and pauses. Where stages drain, the engine moves each 
 arrivals by where its zero really falls (`StagePlan.next_zero`) and records the times
 it used.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,6 +50,7 @@ import numpy as np
 class StagePlan:
     """The stages of a run: their rates, durations and request counts, where each starts
     nominally, and how the next one follows (see the module docstring)."""
+
     rates: tuple[float, ...]
     durations: tuple[float, ...]
     counts: tuple[int, ...]
@@ -87,8 +89,7 @@ class StagePlan:
             counts.append(min(c, left))
             left -= c
         k = len(counts)
-        return StagePlan(self.rates[:k], self.durations[:k], tuple(counts), self.drain,
-                         self.pause_s, self.poll_s)
+        return StagePlan(self.rates[:k], self.durations[:k], tuple(counts), self.drain, self.pause_s, self.poll_s)
 
 
 def stage_count(rate: float, duration: float) -> int:
@@ -96,8 +97,9 @@ def stage_count(rate: float, duration: float) -> int:
     return int(rate * duration)
 
 
-def draw_stage(process: str, rate: float, duration: float, rng: np.random.Generator,
-               cv: float | None = None) -> np.ndarray:
+def draw_stage(
+    process: str, rate: float, duration: float, rng: np.random.Generator, cv: float | None = None
+) -> np.ndarray:
     """A stage's arrival times from its zero (see the module docstring)."""
     n = stage_count(rate, duration)
     if n == 0:
@@ -107,7 +109,7 @@ def draw_stage(process: str, rate: float, duration: float, rng: np.random.Genera
     if process == "poisson":
         return np.cumsum(rng.exponential(1.0 / rate, n))
     if process == "gamma":
-        shape = 1.0 / cv ** 2
+        shape = 1.0 / cv**2
         return np.cumsum(rng.gamma(shape, 1.0 / (rate * shape), n))
     if process == "inference-perf-constant":
         return _spread(rate, duration, n, rng, 0.0)

@@ -31,6 +31,7 @@ are the requests' own tails). A 16-token block of a paged cache is then identifi
 its 512-token block's id and its place in it, as the trace means; the prefix caches key
 the chain of runs themselves, so equal ids after different prefixes stay apart.
 """
+
 from __future__ import annotations
 
 import csv
@@ -45,24 +46,30 @@ import pandas as pd
 from kvsim.config.errors import InputError
 from kvsim.workload.table import RequestTable
 
-HASH_BLOCK_TOKENS = 512          # tokens per Mooncake hash id
+HASH_BLOCK_TOKENS = 512  # tokens per Mooncake hash id
 MAX_TOKENS = 2**31 - 1
-MAX_HASH_ID = 2**62              # ids plus the request count stay inside int64
+MAX_HASH_ID = 2**62  # ids plus the request count stay inside int64
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 
 # format -> output column -> accepted header names, in order of preference
 _CSV_FORMATS = {
-    "kvsim": {"arrival_s": ("arrived_at", "arrival_s", "arrival_time"),
-              "prompt_tokens": ("num_prefill_tokens", "prompt_tokens"),
-              "output_tokens": ("num_decode_tokens", "output_tokens")},
-    "azure": {"arrival_s": ("TIMESTAMP",), "prompt_tokens": ("ContextTokens",),
-              "output_tokens": ("GeneratedTokens",)},
-    "burstgpt": {"arrival_s": ("Timestamp",), "prompt_tokens": ("Request tokens",),
-                 "output_tokens": ("Response tokens",)},
+    "kvsim": {
+        "arrival_s": ("arrived_at", "arrival_s", "arrival_time"),
+        "prompt_tokens": ("num_prefill_tokens", "prompt_tokens"),
+        "output_tokens": ("num_decode_tokens", "output_tokens"),
+    },
+    "azure": {"arrival_s": ("TIMESTAMP",), "prompt_tokens": ("ContextTokens",), "output_tokens": ("GeneratedTokens",)},
+    "burstgpt": {
+        "arrival_s": ("Timestamp",),
+        "prompt_tokens": ("Request tokens",),
+        "output_tokens": ("Response tokens",),
+    },
 }
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
-OTHER_FORMATS = ("or an Azure LLM trace (TIMESTAMP, ContextTokens, GeneratedTokens), BurstGPT "
-                 "(Timestamp, Request tokens, Response tokens) or Mooncake JSON lines")
+OTHER_FORMATS = (
+    "or an Azure LLM trace (TIMESTAMP, ContextTokens, GeneratedTokens), BurstGPT "
+    "(Timestamp, Request tokens, Response tokens) or Mooncake JSON lines"
+)
 
 
 def read_trace(path) -> pd.DataFrame:
@@ -104,13 +111,14 @@ def hash_segments(hash_ids, prompt_tokens) -> list[tuple[tuple[int, int], ...]]:
     out = []
     for ids, tokens in zip(hash_ids, prompt_tokens.tolist()):
         runs = [(n + h, size) for h in ids]
-        if runs and len(ids) * size > tokens:          # the last block is partly filled
+        if runs and len(ids) * size > tokens:  # the last block is partly filled
             runs[-1] = (n + ids[-1], tokens - (len(ids) - 1) * size)
         out.append(tuple(runs))
     return out
 
 
 # ------------------------------------------------------------------ CSV formats
+
 
 def _read_csv(src: str, text: str) -> pd.DataFrame:
     reader = csv.reader(io.StringIO(text, newline=""))
@@ -125,16 +133,18 @@ def _read_csv(src: str, text: str) -> pd.DataFrame:
         raise InputError(src, f"line {reader.line_num}", f"malformed CSV ({exc})") from None
 
     # the format whose columns the header names most of (kvsim's own on a tie)
-    kind = max(_CSV_FORMATS, key=lambda k: sum(any(c in header for c in names)
-                                               for names in _CSV_FORMATS[k].values()))
+    kind = max(_CSV_FORMATS, key=lambda k: sum(any(c in header for c in names) for names in _CSV_FORMATS[k].values()))
     index = {}
     for out, names in _CSV_FORMATS[kind].items():
         present = [c for c in names if c in header]
         if len(present) != 1:
             found = ", ".join(header) if any(header) else "none"
             problem = "several columns for" if present else "missing column for"
-            raise InputError(src, "columns", f"{problem} {out}: accepted names are "
-                             f"{' / '.join(names)} (found: {found}); {OTHER_FORMATS}")
+            raise InputError(
+                src,
+                "columns",
+                f"{problem} {out}: accepted names are {' / '.join(names)} (found: {found}); {OTHER_FORMATS}",
+            )
         index[out] = header.index(present[0])
     if not rows:
         raise InputError(src, "rows", "no data rows; expected at least one request")
@@ -147,10 +157,10 @@ def _read_csv(src: str, text: str) -> pd.DataFrame:
         cells = [r[i] for r in rows]
         if out == "arrival_s" and kind == "azure":
             columns[out] = _parse_dates(src, cells, lines, header[i])
-        else:   # BurstGPT's failed requests have 0 response tokens
+        else:  # BurstGPT's failed requests have 0 response tokens
             least = 0 if kind == "burstgpt" and out == "output_tokens" else 1
             columns[out] = _parse_column(src, cells, lines, out, header[i], least)
-    if kind == "burstgpt":       # failed requests are not replayed: nothing was generated
+    if kind == "burstgpt":  # failed requests are not replayed: nothing was generated
         done = columns["output_tokens"] > 0
         if not done.any():
             raise InputError(src, "rows", "every request failed (0 response tokens); nothing to replay")
@@ -158,15 +168,14 @@ def _read_csv(src: str, text: str) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
-def _parse_column(src: str, cells: list[str], lines: list[int], out: str, header: str,
-                  least: int = 1):
-    values = pd.to_numeric(pd.Series([c.strip() for c in cells], dtype=object),
-                           errors="coerce").to_numpy(dtype=np.float64)
+def _parse_column(src: str, cells: list[str], lines: list[int], out: str, header: str, least: int = 1):
+    values = pd.to_numeric(pd.Series([c.strip() for c in cells], dtype=object), errors="coerce").to_numpy(
+        dtype=np.float64
+    )
     if out == "arrival_s":
         bad, allowed = ~(np.isfinite(values) & (values >= 0)), "a finite number of seconds >= 0"
     else:
-        bad = ~(np.isfinite(values) & (values >= least) & (values <= MAX_TOKENS)
-                & (np.floor(values) == values))
+        bad = ~(np.isfinite(values) & (values >= least) & (values <= MAX_TOKENS) & (np.floor(values) == values))
         allowed = f"a whole number of tokens from {least} to {MAX_TOKENS}"
     if bad.any():
         i = int(np.argmax(bad))
@@ -177,17 +186,18 @@ def _parse_column(src: str, cells: list[str], lines: list[int], out: str, header
 def _parse_dates(src: str, cells: list[str], lines: list[int], header: str) -> np.ndarray:
     """Dates and times (ISO 8601, as the Azure traces write them) as seconds after the
     earliest; times without a zone are taken as UTC."""
-    stamps = pd.to_datetime(pd.Series([c.strip() for c in cells]), format="ISO8601",
-                            utc=True, errors="coerce")
+    stamps = pd.to_datetime(pd.Series([c.strip() for c in cells]), format="ISO8601", utc=True, errors="coerce")
     bad = stamps.isna().to_numpy()
     if bad.any():
         i = int(np.argmax(bad))
-        raise InputError(src, f"line {lines[i]}", f"{header}={cells[i].strip()!r}: a date and time "
-                         "such as 2023-11-16 18:17:03.97996")
+        raise InputError(
+            src, f"line {lines[i]}", f"{header}={cells[i].strip()!r}: a date and time such as 2023-11-16 18:17:03.97996"
+        )
     return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
 
 
 # ------------------------------------------------------------------ Mooncake JSON lines
+
 
 def _read_jsonl(src: str, text: str) -> pd.DataFrame:
     arrival, prompt, output, hashes = [], [], [], []
@@ -205,8 +215,9 @@ def _read_jsonl(src: str, text: str) -> pd.DataFrame:
         missing = [k for k in _MOONCAKE_KEYS[:3] if k not in row]
         if unknown or missing:
             what = f"unknown field {unknown[0]!r}" if unknown else f"missing field {missing[0]!r}"
-            raise InputError(src, where, f"{what}; a Mooncake trace line has {', '.join(_MOONCAKE_KEYS)} "
-                             "(hash_ids optional)")
+            raise InputError(
+                src, where, f"{what}; a Mooncake trace line has {', '.join(_MOONCAKE_KEYS)} (hash_ids optional)"
+            )
         stamp = row["timestamp"]
         if not (_is_number(stamp) and math.isfinite(stamp) and stamp >= 0):
             raise InputError(src, where, f"timestamp={stamp!r}: a finite number of milliseconds >= 0")
@@ -218,10 +229,14 @@ def _read_jsonl(src: str, text: str) -> pd.DataFrame:
         hashes.append(ids)
     if not arrival:
         raise InputError(src, "rows", "no requests; expected one JSON object per line")
-    return pd.DataFrame({"arrival_s": np.asarray(arrival, dtype=np.float64),
-                         "prompt_tokens": np.asarray(prompt, dtype=np.int64),
-                         "output_tokens": np.asarray(output, dtype=np.int64),
-                         "hash_ids": hashes})
+    return pd.DataFrame(
+        {
+            "arrival_s": np.asarray(arrival, dtype=np.float64),
+            "prompt_tokens": np.asarray(prompt, dtype=np.int64),
+            "output_tokens": np.asarray(output, dtype=np.int64),
+            "hash_ids": hashes,
+        }
+    )
 
 
 def _is_number(x) -> bool:
@@ -236,11 +251,16 @@ def _tokens(src: str, where: str, row: dict, key: str) -> int:
 
 
 def _hash_ids(src: str, where: str, ids, prompt: int) -> tuple[int, ...]:
-    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool)
-                                            and 0 <= h < MAX_HASH_ID for h in ids):
+    if not isinstance(ids, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and 0 <= h < MAX_HASH_ID for h in ids
+    ):
         raise InputError(src, where, f"hash_ids: a list of whole numbers from 0 to {MAX_HASH_ID - 1}")
     blocks = -(-prompt // HASH_BLOCK_TOKENS)
     if len(ids) > blocks:
-        raise InputError(src, where, f"hash_ids has {len(ids)} ids, more than the {blocks} blocks of "
-                         f"{HASH_BLOCK_TOKENS} tokens in input_length={prompt}")
+        raise InputError(
+            src,
+            where,
+            f"hash_ids has {len(ids)} ids, more than the {blocks} blocks of "
+            f"{HASH_BLOCK_TOKENS} tokens in input_length={prompt}",
+        )
     return tuple(ids)
