@@ -1,10 +1,16 @@
 """Exact block ids, holes and breakdowns on small hand-worked cases, per allocator."""
+
 import random
 
 import pytest
 
 from kvsim.kvcache import (
-    ALLOCATORS, Breakdown, ContiguousAllocator, InvariantError, PagedAllocator, SeqShape,
+    ALLOCATORS,
+    Breakdown,
+    ContiguousAllocator,
+    InvariantError,
+    PagedAllocator,
+    SeqShape,
     make_allocator,
 )
 from kvsim.kvcache.contiguous import next_power_of_two
@@ -15,8 +21,9 @@ def shape(prompt: int, output: int) -> SeqShape:
     return SeqShape(prompt, output)
 
 
-def contiguous(capacity: int, reserve: str = "oracle", placement: str = "first-fit",
-               max_model_len: int = 64) -> ContiguousAllocator:
+def contiguous(
+    capacity: int, reserve: str = "oracle", placement: str = "first-fit", max_model_len: int = 64
+) -> ContiguousAllocator:
     return ContiguousAllocator(capacity, max_model_len, reserve, placement)
 
 
@@ -26,6 +33,7 @@ def admit(alloc, seq_id: int, prompt: int, output: int = 0) -> bool:
 
 
 # -- paged ------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def paged():
@@ -37,12 +45,12 @@ def paged():
     assert alloc.block_table(1) == [0, 1]
     assert alloc.block_table(2) == [2]
     assert alloc.free_blocks == [3, 4, 5, 6, 7]
-    assert alloc.grow(1, 8)                       # last block fills: no new block
-    assert alloc.grow(2, 5)                       # crosses a block boundary
+    assert alloc.grow(1, 8)  # last block fills: no new block
+    assert alloc.grow(2, 5)  # crosses a block boundary
     assert alloc.block_table(1) == [0, 1]
     assert alloc.block_table(2) == [2, 3]
     alloc.free(1)
-    assert alloc.free_blocks == [1, 0, 4, 5, 6, 7]   # deepest first, at the head (vLLM 0.33.0)
+    assert alloc.free_blocks == [1, 0, 4, 5, 6, 7]  # deepest first, at the head (vLLM 0.33.0)
     assert admit(alloc, 3, 9)
     assert alloc.block_table(3) == [1, 0, 4]
     alloc.check_invariants()
@@ -63,12 +71,12 @@ def test_paged_breakdown(paged):
 
 
 def test_paged_failures_change_nothing(paged):
-    assert not paged.grow(2, 21)                  # needs 4 more blocks, 3 free
+    assert not paged.grow(2, 21)  # needs 4 more blocks, 3 free
     assert not admit(paged, 4, 13)
     assert paged.block_table(2) == [2, 3]
     assert paged.free_blocks == [5, 6, 7]
     assert paged.breakdown(None) == Breakdown(14, 3, 3, 0, 0, 12)
-    assert paged.grow(2, 20)                      # exactly the 3 free blocks
+    assert paged.grow(2, 20)  # exactly the 3 free blocks
     assert paged.block_table(2) == [2, 3, 5, 6, 7]
     assert paged.free_blocks == []
 
@@ -87,12 +95,13 @@ def test_paged_unfit_reason():
 
 
 def test_paged_invariants_name_the_block(paged):
-    paged._seqs[2].table.append(7)                # also still in the free queue
+    paged._seqs[2].table.append(7)  # also still in the free queue
     with pytest.raises(InvariantError, match="block 7"):
         paged.check_invariants()
 
 
 # -- contiguous, first-fit ---------------------------------------------------------------
+
 
 def test_first_fit_carves_lowest_hole_and_coalesces():
     alloc = contiguous(16)
@@ -106,7 +115,7 @@ def test_first_fit_carves_lowest_hole_and_coalesces():
     assert alloc.holes() == [(7, 3), (14, 2)]
     alloc.free(1)
     assert alloc.holes() == [(0, 4), (7, 3), (14, 2)]
-    alloc.free(4)                                 # merges left and right
+    alloc.free(4)  # merges left and right
     assert alloc.holes() == [(0, 10), (14, 2)]
     alloc.free(3)
     assert alloc.holes() == [(0, 16)]
@@ -130,11 +139,15 @@ def test_first_fit_external_fragmentation_from_real_holes():
 
 # -- reserve rules -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("reserve, size, internal", [
-    ("max", 100, 65),        # max_model_len whatever the request
-    ("pow2", 42, 7),         # 10 + 32: the 25-token output rounds up to 32
-    ("oracle", 35, 0),       # exactly prompt + output
-])
+
+@pytest.mark.parametrize(
+    "reserve, size, internal",
+    [
+        ("max", 100, 65),  # max_model_len whatever the request
+        ("pow2", 42, 7),  # 10 + 32: the 25-token output rounds up to 32
+        ("oracle", 35, 0),  # exactly prompt + output
+    ],
+)
 def test_reserve_rules(reserve, size, internal):
     alloc = contiguous(256, reserve, max_model_len=100)
     assert admit(alloc, 1, 10, 25)
@@ -148,7 +161,7 @@ def test_next_power_of_two():
 
 def test_pow2_is_capped_at_max_model_len():
     alloc = contiguous(256, "pow2", max_model_len=100)
-    assert admit(alloc, 1, 80, 25)                # 80 + 32 = 112 > 100
+    assert admit(alloc, 1, 80, 25)  # 80 + 32 = 112 > 100
     assert alloc.region(1) == (0, 100)
 
 
@@ -163,18 +176,16 @@ def test_grow_stops_at_the_reservation():
     assert admit(alloc, 1, 10, 25)
     assert alloc.grow(1, 35)
     before = alloc.breakdown(None)
-    assert not alloc.grow(1, 36)                  # regions never move or grow
+    assert not alloc.grow(1, 36)  # regions never move or grow
     assert alloc.breakdown(None) == before == Breakdown(35, 0, 0, 0, 0, 29)
 
 
 def test_contiguous_unfit_reason():
-    assert contiguous(256, "max", max_model_len=300).unfit_reason(shape(1, 1)) \
-        == "reservation exceeds KV pool"
+    assert contiguous(256, "max", max_model_len=300).unfit_reason(shape(1, 1)) == "reservation exceeds KV pool"
     assert contiguous(256, "max", max_model_len=256).unfit_reason(shape(1, 1)) is None
     # 9 slots fit a 12-slot first-fit pool, but buddy rounds to 16 > its 8-slot arena.
     assert contiguous(12, "oracle", "first-fit").unfit_reason(shape(9, 0)) is None
-    assert contiguous(12, "oracle", "buddy").unfit_reason(shape(9, 0)) \
-        == "reservation exceeds KV pool"
+    assert contiguous(12, "oracle", "buddy").unfit_reason(shape(9, 0)) == "reservation exceeds KV pool"
     assert contiguous(12, "oracle", "buddy").unfit_reason(shape(8, 0)) is None
 
 
@@ -187,19 +198,20 @@ def test_unknown_reserve_or_placement_lists_valid_names():
 
 # -- contiguous, buddy -------------------------------------------------------------------
 
+
 def test_buddy_splits_pads_and_coalesces():
     alloc = contiguous(16, placement="buddy")
-    assert admit(alloc, 1, 3) and alloc.region(1) == (0, 4)      # 16 -> 8 -> 4
+    assert admit(alloc, 1, 3) and alloc.region(1) == (0, 4)  # 16 -> 8 -> 4
     assert alloc.holes() == [(4, 4), (8, 8)]
     assert admit(alloc, 2, 5) and alloc.region(2) == (8, 8)
-    assert admit(alloc, 3, 2) and alloc.region(3) == (4, 2)      # splits [4, 8)
+    assert admit(alloc, 3, 2) and alloc.region(3) == (4, 2)  # splits [4, 8)
     assert alloc.holes() == [(6, 2)]
     # Round-ups 1 + 3 + 0 are padding; the 2-slot block is too small for 3 tokens.
     assert alloc.breakdown(None) == Breakdown(10, 0, 0, 4, 0, 2)
     assert alloc.breakdown((shape(3, 0), 3, 0)) == Breakdown(10, 0, 0, 4, 2, 0, starved=True)
-    alloc.free(1)                                 # buddy [4, 8) is split: no merge
+    alloc.free(1)  # buddy [4, 8) is split: no merge
     assert alloc.holes() == [(0, 4), (6, 2)]
-    alloc.free(3)                                 # [4,6)+[6,8), then +[0,4)
+    alloc.free(3)  # [4,6)+[6,8), then +[0,4)
     assert alloc.holes() == [(0, 8)]
     alloc.free(2)
     assert alloc.holes() == [(0, 16)]
@@ -211,22 +223,22 @@ def test_buddy_fragmentation_between_non_buddies():
     for seq_id in range(4):
         assert admit(alloc, seq_id, 4)
     alloc.free(1)
-    alloc.free(2)                                 # [4, 8) and [8, 12) are not buddies
+    alloc.free(2)  # [4, 8) and [8, 12) are not buddies
     assert alloc.holes() == [(4, 4), (8, 4)]
     assert not admit(alloc, 9, 8)
     assert alloc.holes() == [(4, 4), (8, 4)]
     assert alloc.breakdown((shape(8, 0), 8, 0)) == Breakdown(8, 0, 0, 0, 8, 0, starved=True)
-    assert admit(alloc, 5, 3) and alloc.region(5) == (4, 4)      # lowest address
+    assert admit(alloc, 5, 3) and alloc.region(5) == (4, 4)  # lowest address
     assert alloc.holes() == [(8, 4)]
 
 
 def test_buddy_non_power_of_two_pool_uses_arenas():
     alloc = contiguous(12, placement="buddy")
     assert alloc.holes() == [(0, 8), (8, 4)]
-    assert admit(alloc, 1, 4) and alloc.region(1) == (8, 4)      # smallest order first
+    assert admit(alloc, 1, 4) and alloc.region(1) == (8, 4)  # smallest order first
     assert admit(alloc, 2, 4) and alloc.region(2) == (0, 4)
     assert alloc.holes() == [(4, 4)]
-    alloc.free(1)                                 # its buddy [12, 16) is off the pool
+    alloc.free(1)  # its buddy [12, 16) is off the pool
     assert alloc.holes() == [(4, 4), (8, 4)]
     alloc.free(2)
     assert alloc.holes() == [(0, 8), (8, 4)]
@@ -236,7 +248,7 @@ def test_buddy_non_power_of_two_pool_uses_arenas():
 def test_contiguous_invariants_catch_overlap():
     alloc = contiguous(16)
     assert admit(alloc, 1, 4) and admit(alloc, 2, 4)
-    alloc._regions[2].start = 2                   # corrupt: [2, 6) over [0, 4)
+    alloc._regions[2].start = 2  # corrupt: [2, 6) over [0, 4)
     with pytest.raises(InvariantError, match=r"seq 2 \[2, 6\) overlaps seq 1"):
         alloc.check_invariants()
 
@@ -256,19 +268,20 @@ def test_make_allocator_sizes_pools_from_bytes():
 
 
 def test_make_allocator_unknown_kind_lists_valid_names():
-    assert list(ALLOCATORS) == ["contiguous", "paged", "radix"]
-    with pytest.raises(ValueError, match="contiguous, paged, radix"):
+    assert list(ALLOCATORS) == ["contiguous", "paged", "radix", "trtllm"]
+    with pytest.raises(ValueError, match="contiguous, paged, radix, trtllm"):
         make_allocator("slab", 1e9, KV, 64)
 
 
 def test_free_queues_keep_their_order_in_bulk():
     from kvsim.kvcache.free_queue import FreeQueue, LinkedFreeQueue
-    tail = FreeQueue(3000)                       # released blocks join the tail
+
+    tail = FreeQueue(3000)  # released blocks join the tail
     assert tail.take(2000) == list(range(2000))  # the head has passed half: the list is cut
     tail.put([5, 7])
     assert list(tail) == [*range(2000, 3000), 5, 7] and len(tail) == 1002
     assert tail.take(1001) == [*range(2000, 3000), 5] and list(tail) == [7]
-    head = FreeQueue(4, to_head=True)            # each released block goes to the head
+    head = FreeQueue(4, to_head=True)  # each released block goes to the head
     assert list(head) == [0, 1, 2, 3] and head.take(2) == [0, 1]
     head.put([9, 8])
     assert list(head) == [8, 9, 2, 3] and head.take(3) == [8, 9, 2] and len(head) == 1
@@ -286,6 +299,7 @@ def test_the_linked_queue_keeps_a_linked_lists_order(seed):
     from collections import OrderedDict
 
     from kvsim.kvcache.free_queue import LinkedFreeQueue
+
     rng = random.Random(seed)
     n = 3000
     queue, linked, out = LinkedFreeQueue(n), OrderedDict.fromkeys(range(n)), []
@@ -324,7 +338,7 @@ def test_reference_counts_are_kept_from_the_first_shared_block():
     assert [alloc.ref_count(b) for b in range(8)] == [1, 1, 1, 0, 0, 0, 0, 0] and taken == [2]
     alloc.extend(1, 9, taken)
     assert alloc.fork(1, 3) and alloc._ref == [2, 2, 2, 0, 0, 0, 0, 0]
-    assert alloc.grow(3, 10) and alloc.block_table(3) == [0, 1, 3]    # copy on write
+    assert alloc.grow(3, 10) and alloc.block_table(3) == [0, 1, 3]  # copy on write
     assert [alloc.ref_count(b) for b in range(5)] == [2, 2, 1, 1, 0]
     alloc.check_invariants()
     alloc.free(1)
@@ -338,7 +352,7 @@ def test_a_table_that_holds_a_block_twice_is_an_invariant_violation():
     block twice must be caught, though every reference count agrees with the tables."""
     alloc = PagedAllocator(8, 4)
     assert alloc.allocate(1, shape(8, 0), 8) and alloc.block_table(1) == [0, 1]
-    alloc._seqs[1].table = [0, 0]       # block 0 twice, its count 2; block 1 back in the queue
+    alloc._seqs[1].table = [0, 0]  # block 0 twice, its count 2; block 1 back in the queue
     alloc._ref, alloc._shared = [2] + [0] * 7, 1
     alloc._free.put([1])
     with pytest.raises(InvariantError, match=r"seq 1's table \[0, 0\] holds a block twice"):

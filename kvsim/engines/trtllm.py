@@ -45,10 +45,12 @@ PREFILL_FIRST, the EQUAL_PROGRESS chunking policy, the waiting queue's policies 
 than FCFS, max_num_active_requests (the active list is bounded by max_batch_size only),
 pipeline parallelism's in-flight micro-batches, speculative decoding and beam search.
 """
+
 from __future__ import annotations
 
 from kvsim.engines.base import EngineRules, Request, SchedulerOps, Step, with_limit
 from kvsim.kvcache.paged import blocks_for
+from kvsim.kvcache.trtllm import TrtllmBlockManager
 
 GUARANTEED_NO_EVICT, MAX_UTILIZATION = "GUARANTEED_NO_EVICT", "MAX_UTILIZATION"
 POLICIES = (GUARANTEED_NO_EVICT, MAX_UTILIZATION)
@@ -60,7 +62,7 @@ class TensorRTLLM(EngineRules):
     sampled_slot_ahead = False
 
     def __init__(self):
-        self._contexts: list[Request] = []     # the requests the last step prefilled
+        self._contexts: list[Request] = []  # the requests the last step prefilled
 
     def cached_tokens(self, s: SchedulerOps, req: Request) -> int:
         """Tokens of `req`'s prompt the block manager reuses: at most all but the last."""
@@ -70,12 +72,13 @@ class TensorRTLLM(EngineRules):
         return "recompute"
 
     def requeue(self, s: SchedulerOps, req: Request) -> None:
-        s.waiting.appendleft(req)      # a paused request keeps its place, before later arrivals
+        s.waiting.appendleft(req)  # a paused request keeps its place, before later arrivals
 
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()
-        alloc, bs = s.allocator, s.allocator.block_size
-        for req in self._contexts:     # their context ran in the last step: store its blocks
+        alloc = _manager(s)
+        bs = alloc.block_size
+        for req in self._contexts:  # their context ran in the last step: store its blocks
             if not req.prefilling and alloc.tokens_of(req.ids[0]) is not None:
                 alloc.store_context_blocks(req.ids[0])
         guaranteed = s.schedule_policy != MAX_UTILIZATION
@@ -83,7 +86,7 @@ class TensorRTLLM(EngineRules):
         if guaranteed:
             reserve -= sum(blocks_for(q.shape.final_tokens, bs) - blocks_for(q.held, bs) for q in s.running)
         budget = self._decodes(s, step, now, s.budget)
-        contributed = set()
+        contributed: set[tuple] = set()
         if not step.preempted:
             budget = self._chunks(s, step, now, budget, contributed)
         if not step.preempted and not step.limit:
@@ -109,11 +112,12 @@ class TensorRTLLM(EngineRules):
 
     def _chunks(self, s: SchedulerOps, step: Step, now: float, budget: int, contributed: set) -> int:
         """Prompts being prefilled in chunks go on; each names the block it will store."""
+        alloc = _manager(s)
         for req in s.running.prefilling():
-            key = s.allocator.new_context_block(req.shape, req.target)
+            key = alloc.new_context_block(req.shape, req.target)
             if key is not None:
                 contributed.add(key)
-            n = fcfs_chunk(req.target - req.prefilled, budget, s.allocator.block_size)
+            n = fcfs_chunk(req.target - req.prefilled, budget, alloc.block_size)
             if n <= 0:
                 with_limit(step, "token_budget")
                 break
@@ -122,12 +126,14 @@ class TensorRTLLM(EngineRules):
             budget -= n
         return budget
 
-    def _admit(self, s: SchedulerOps, step: Step, now: float, budget: int, reserve: int | None,
-               contributed: set) -> None:
+    def _admit(
+        self, s: SchedulerOps, step: Step, now: float, budget: int, reserve: int | None, contributed: set
+    ) -> None:
         """Waiting requests in order: skipped where another admission stores their first
         missing block; admitted while blocks (reserve: GUARANTEED_NO_EVICT's, else the
         free blocks), max_batch_size and the token budget allow."""
-        alloc, bs = s.allocator, s.allocator.block_size
+        alloc = _manager(s)
+        bs = alloc.block_size
         free = s.free_slots() // bs
         i = 0
         while i < len(s.waiting):
@@ -180,3 +186,9 @@ def chunk_after_reuse(cached: int, chunk: int, target: int, block_size: int) -> 
         return target - cached
     end = (cached + chunk) // block_size * block_size
     return end - cached if end > cached else min(chunk, target - cached)
+
+
+def _manager(s: SchedulerOps) -> TrtllmBlockManager:
+    """The scheduler's allocator, which under these rules is TensorRT-LLM's block manager."""
+    assert isinstance(s.allocator, TrtllmBlockManager), "engine: trtllm runs on its own block manager"
+    return s.allocator

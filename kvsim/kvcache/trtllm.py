@@ -50,14 +50,21 @@ freeChildren claims them out of the queue); content -1 (kvsim's "never shared") 
 never stored. With chunked context TensorRT-LLM allocates a prompt's blocks at its first
 chunk; kvsim allocates them chunk by chunk.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvsim.kvcache.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
 from kvsim.kvcache.paged import blocks_for
-from kvsim.kvcache.trtllm_eviction import (DEFAULT_OFFLOAD_MIN_PRIORITY, DEFAULT_PRIORITY, PRIMARY, SECONDARY,
-                                           PriorityLRU)
+from kvsim.kvcache.trtllm_eviction import (
+    DEFAULT_OFFLOAD_MIN_PRIORITY,
+    DEFAULT_PRIORITY,
+    PRIMARY,
+    SECONDARY,
+    PriorityLRU,
+)
 from kvsim.kvcache.trtllm_tree import ROOT, BlockTree, Match, Runs, block_keys, never_shared
 
 
@@ -70,37 +77,48 @@ class _Seq:
 
 class TrtllmBlockManager:
     """TensorRT-LLM's paged KV cache with block reuse and a host pool."""
-    counted = False              # its runs go step by step (kvsim.sim.lazy)
-    takes_blocks_in_bulk = False
-    store = None                 # no KV tiers; a host pool is reported as one (kvsim.kvcache.trtllm_host)
 
-    def __init__(self, num_blocks: int, block_size: int, *, secondary_blocks: int = 0,
-                 block_bytes: float = 0.0, link_bytes_s: float = float("inf"), reuse: bool = True,
-                 partial_reuse: bool = True, copy_on_partial_reuse: bool = True,
-                 offload_min_priority: int = DEFAULT_OFFLOAD_MIN_PRIORITY,
-                 retention_priority: int = DEFAULT_PRIORITY):
+    counted = False  # its runs go step by step (kvsim.sim.lazy)
+    takes_blocks_in_bulk = False
+    store: Any = None  # no KV tiers; a host pool is reported as one (kvsim.kvcache.trtllm_host)
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        secondary_blocks: int = 0,
+        block_bytes: float = 0.0,
+        link_bytes_s: float = float("inf"),
+        reuse: bool = True,
+        partial_reuse: bool = True,
+        copy_on_partial_reuse: bool = True,
+        offload_min_priority: int = DEFAULT_OFFLOAD_MIN_PRIORITY,
+        retention_priority: int = DEFAULT_PRIORITY,
+    ):
         if num_blocks < 0 or secondary_blocks < 0 or block_size < 1:
-            raise ValueError(f"need block counts >= 0 and block_size >= 1, got {num_blocks}, "
-                             f"{secondary_blocks} and {block_size}")
+            raise ValueError(
+                f"need block counts >= 0 and block_size >= 1, got {num_blocks}, {secondary_blocks} and {block_size}"
+            )
         self.num_blocks, self.secondary_blocks, self.block_size = num_blocks, secondary_blocks, block_size
         self.capacity = num_blocks * block_size
         self.block_bytes, self.link_bytes_s = block_bytes, link_bytes_s
         self.reuse, self.partial_reuse, self.copy_on_partial_reuse = reuse, partial_reuse, copy_on_partial_reuse
         self.offload_min_priority = offload_min_priority
-        self.retention_priority = retention_priority   # given to the blocks a sequence takes from now on
+        self.retention_priority = retention_priority  # given to the blocks a sequence takes from now on
         total = num_blocks + secondary_blocks
         self.level = [PRIMARY] * num_blocks + [SECONDARY] * secondary_blocks
         self.ref = [0] * total
         self.priority = [DEFAULT_PRIORITY] * total
-        self.content: list[Runs | None] = [None] * total   # a block's tokens (its BlockKey), if any
+        self.content: list[Runs | None] = [None] * total  # a block's tokens (its BlockKey), if any
         self.free_queues = PriorityLRU(num_blocks, secondary_blocks)
         self.tree = BlockTree()
         self._seqs: dict[int, _Seq] = {}
         # bytes moved since the last take_transfer_s, and in all
         self._pending_off = self._pending_on = 0.0
         self.offloaded_bytes = self.onboarded_bytes = 0.0
-        self.host_hit_tokens = 0         # tokens reused from blocks onboarded from the host
-        self.host_held = 0               # host blocks holding content (reachable or not)
+        self.host_hit_tokens = 0  # tokens reused from blocks onboarded from the host
+        self.host_held = 0  # host blocks holding content (reachable or not)
         self.transfer_s = 0.0
 
     # -- views for tests and reports ------------------------------------------------
@@ -154,14 +172,17 @@ class TrtllmBlockManager:
         offloaded to the host pool where it may be, else dropped."""
         block, queued_at = self.free_queues.front(PRIMARY)
         self._claim(block)
-        if (self.content[block] is not None and queued_at >= self.offload_min_priority
-                and self.free_queues.free_count(SECONDARY) > 0):
+        if (
+            self.content[block] is not None
+            and queued_at >= self.offload_min_priority
+            and self.free_queues.free_count(SECONDARY) > 0
+        ):
             host, _ = self.free_queues.front(SECONDARY)
             self._claim(host)
-            self.host_held += self.content[host] is None     # the host's least recently used content goes
+            self.host_held += self.content[host] is None  # the host's least recently used content goes
             self._drop(host)
             self.level[block], self.level[host] = SECONDARY, PRIMARY
-            self._release(block)           # its content waits in the host pool, still stored
+            self._release(block)  # its content waits in the host pool, still stored
             self._moved(off=self.block_bytes)
             block = host
         else:
@@ -173,7 +194,7 @@ class TrtllmBlockManager:
         """Bring a claimed host block's content back into a GPU block's memory."""
         gpu = self._free_block(DEFAULT_PRIORITY)
         self.level[block], self.level[gpu] = PRIMARY, SECONDARY
-        self._release(gpu)                 # its memory, empty, joins the host's free queue
+        self._release(gpu)  # its memory, empty, joins the host's free queue
         self.host_held -= 1
         self._moved(on=self.block_bytes)
 
@@ -219,21 +240,21 @@ class TrtllmBlockManager:
         if need + blocks_for(keep_free, self.block_size) > self.free_queues.free_count(PRIMARY):
             return False
         free_before = [self.ref[m.block] == 0 for m in matches]
-        for m, was_free in zip(matches, free_before):   # claimed first: see the module docstring
+        for m, was_free in zip(matches, free_before):  # claimed first: see the module docstring
             if was_free:
                 self._claim(m.block)
         table = []
         for m, was_free in zip(matches, free_before):
             block = m.block
             if m.partial and (not was_free or not self.tree.is_leaf(block)):
-                block = self._free_block(self.retention_priority)     # copy its matched tokens
+                block = self._free_block(self.retention_priority)  # copy its matched tokens
                 if self.level[m.block] == SECONDARY:
                     self._moved(on=self.block_bytes * m.tokens / self.block_size)
                     self.host_hit_tokens += m.tokens
                 if was_free:
                     self._release(m.block)
             else:
-                if m.partial:              # a free leaf: it becomes this sequence's own
+                if m.partial:  # a free leaf: it becomes this sequence's own
                     self.tree.detach(block)
                 if self.level[block] == SECONDARY:
                     self._onboard(block)
@@ -325,6 +346,21 @@ class TrtllmBlockManager:
             if self.ref[block] == 0:
                 self._release(block)
 
+    # -- what SGLang's rules ask of an allocator (KVAllocator): nothing TensorRT-LLM needs --
+
+    @property
+    def page_size(self) -> int:
+        return self.block_size
+
+    def drop(self, seq_id: int) -> None:
+        self.free(seq_id)  # released as a finished request is (the reusable blocks stay stored)
+
+    def lockable(self, shape: SeqShape, num_tokens: int) -> int:
+        return 0  # a reused block is taken back from the free queues: nothing to lock
+
+    def evict_to_free(self, slots: int) -> None:
+        pass  # an allocation evicts the free queues' least recently used block as it takes it
+
     def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
         free_slots = self.free_queues.free_count(PRIMARY) * self.block_size
         if next_seq is None:
@@ -350,8 +386,16 @@ class TrtllmBlockManager:
                 reservation, internal = reservation + r, internal + i
         used = (self.num_blocks - self.free_queues.free_count(PRIMARY)) * bs
         unusable, free_slots, starved = self.pool_free(next_seq)
-        return Breakdown(used - reservation - internal, reservation, internal, padding=0,
-                         unusable=unusable, free=free_slots, shared=logical - used, starved=starved)
+        return Breakdown(
+            used - reservation - internal,
+            reservation,
+            internal,
+            padding=0,
+            unusable=unusable,
+            free=free_slots,
+            shared=logical - used,
+            starved=starved,
+        )
 
     def check_invariants(self) -> None:
         """Every block is queued (nobody holds it) or held by as many tables as its count
@@ -365,8 +409,9 @@ class TrtllmBlockManager:
                 holders[b] += 1
         for b, (n, ref) in enumerate(zip(holders, self.ref)):
             if n != ref or (ref == 0) != (b in self.free_queues):
-                raise InvariantError(f"block {b} has {ref} references, {n} tables and is "
-                                     f"{'' if b in self.free_queues else 'not '}queued")
+                raise InvariantError(
+                    f"block {b} has {ref} references, {n} tables and is {'' if b in self.free_queues else 'not '}queued"
+                )
             if ref and self.level[b] != PRIMARY:
                 raise InvariantError(f"host block {b} is held by a sequence")
         if self.level.count(SECONDARY) != self.secondary_blocks:
@@ -379,7 +424,8 @@ class TrtllmBlockManager:
         for b, runs in self.tree.key.items():
             if self.content[b] != runs:
                 raise InvariantError(f"stored block {b} holds {self.content[b]}, stored as {runs}")
-        b = self.breakdown(None)
-        if min(b.token, b.reservation, b.internal, b.free, b.shared) < 0 or b.capacity != self.capacity:
-            raise InvariantError(f"breakdown {b} does not split the pool of {self.capacity}")
-
+        split = self.breakdown(None)
+        if min(split.token, split.reservation, split.internal, split.free, split.shared) < 0 or (
+            split.capacity != self.capacity
+        ):
+            raise InvariantError(f"breakdown {split} does not split the pool of {self.capacity}")
