@@ -674,19 +674,33 @@ def test_check_mode_on_the_fast_path_catches_a_lost_token_where_it_was_lost(monk
     from kvsim.sim import lazy
 
     where = {"step": -1, "phase": ""}
-    start, complete = lazy.LazyRunningSet.start_step, lazy.LazyRunningSet.complete
+    LRS = lazy.LazyRunningSet
+    start, quiet, complete, complete_quiet = LRS.start_step, LRS.quiet_tick, LRS.complete, LRS.complete_quiet
 
-    def planning(self):  # asked first in every step's planning
+    def planned():  # asked first in every step's planning (a quiet step's: quiet_tick)
         where["step"] += 1
         where["phase"] = "planned"
+
+    def planning(self):
+        planned()
         return start(self)
+
+    def planning_quiet(self):
+        planned()
+        return quiet(self)
 
     def completing(self, step, now):
         where["phase"] = "completed"
         return complete(self, step, now)
 
-    monkeypatch.setattr(lazy.LazyRunningSet, "start_step", planning)
-    monkeypatch.setattr(lazy.LazyRunningSet, "complete", completing)
+    def completing_quiet(self):
+        where["phase"] = "completed"
+        return complete_quiet(self)
+
+    monkeypatch.setattr(LRS, "start_step", planning)
+    monkeypatch.setattr(LRS, "quiet_tick", planning_quiet)
+    monkeypatch.setattr(LRS, "complete", completing)
+    monkeypatch.setattr(LRS, "complete_quiet", completing_quiet)
     damaged_in = []
 
     def damage(alloc, seq_id, *args):

@@ -282,7 +282,13 @@ class TrtllmBlockManager:
         return True
 
     def _copies_last(self, seq: _Seq, num_tokens: int) -> bool:
-        return num_tokens > seq.tokens and seq.tokens % self.block_size > 0 and self.ref[seq.table[-1]] > 1
+        """Whether the tokens go into a copy of the partly filled last block: it is shared,
+        or stored for reuse (a parallel sample that finished first stored it), whose stored
+        content must stay what its key says."""
+        if num_tokens <= seq.tokens or seq.tokens % self.block_size == 0:
+            return False
+        last = seq.table[-1]
+        return self.ref[last] > 1 or last in self.tree
 
     def slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
         seq = self._seqs[seq_id]
@@ -302,6 +308,8 @@ class TrtllmBlockManager:
             seq.table[-1] = self._free_block(self.retention_priority)
             self.ref[seq.table[-1]] = 1
             self.ref[old] -= 1
+            if self.ref[old] == 0:
+                self._release(old)
         for _ in range(extra):
             block = self._free_block(self.retention_priority)
             self.ref[block] = 1
