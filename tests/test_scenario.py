@@ -24,6 +24,7 @@ SHARED_TRACE = REPO.parent / "shared" / "data" / "traces" / "splitwise_conv.csv"
 NEEDS_SHARED_DATA = {
     "azure_conv_replay.yaml": SHARED_TRACE,
     "mooncake_synthetic.yaml": SHARED_TRACE.with_name("mooncake_synthetic_trace.jsonl"),
+    "mooncake_shared_tiers.yaml": SHARED_TRACE.with_name("mooncake_synthetic_trace.jsonl"),
 }
 
 BASE = {
