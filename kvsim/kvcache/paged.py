@@ -46,6 +46,7 @@ its tokens and holds no block beyond the last one it needs.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from itertools import compress
 from operator import not_
@@ -76,6 +77,37 @@ class _Seq:
     def copy(self) -> "_Seq":
         """A forked sequence's record: the same blocks, its own table."""
         return replace(self, table=list(self.table))
+
+
+def tables_breakdown(
+    tables: Iterable[tuple[list[int], int, int]], block_size: int, used_blocks: int, pool_free: tuple[int, int, bool]
+) -> Breakdown:
+    """A pool of blocks held by tables (block ids, tokens held, tokens the sequence will
+    reach), in O(tables): a table's unfilled slots all sit in its last block, which only
+    its forks may share, so reservation and internal come from split_used once per
+    distinct last block, and every other used slot holds a token. shared = logical -
+    physical slots in use; `pool_free` is the allocator's (unusable, free, starved)."""
+    reservation = internal = logical = 0
+    last_blocks: set[int] = set()
+    for table, tokens, final_tokens in tables:
+        allocated = len(table) * block_size
+        logical += allocated
+        if table and table[-1] not in last_blocks:
+            last_blocks.add(table[-1])
+            _, r, i = split_used(tokens, allocated, final_tokens)
+            reservation, internal = reservation + r, internal + i
+    used = used_blocks * block_size
+    unusable, free_slots, starved = pool_free
+    return Breakdown(
+        used - reservation - internal,
+        reservation,
+        internal,
+        padding=0,
+        unusable=unusable,
+        free=free_slots,
+        shared=logical - used,
+        starved=starved,
+    )
 
 
 class PagedAllocator:
@@ -343,36 +375,16 @@ class PagedAllocator:
         return blocks_for(num_tokens, self.block_size) - len(self._free)
 
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
-        """Physical blocks counted once, in O(sequences): a table's unfilled slots all
-        sit in its last block, which only its forks may share, so reservation and
-        internal come from split_used once per distinct last block, and every other
-        used slot holds a token. shared = logical - physical slots in use. Queued
+        """Physical blocks counted once, in O(sequences) (tables_breakdown). Queued
         blocks (cached or not) are free, or unusable when the next sequence needs more
         blocks than the queue keeps beyond the watermark (after its cache hits, with a
         prefix cache)."""
         bs = self.block_size
-        reservation = internal = logical = 0
-        last_blocks: set[int] = set()
-        for seq in self._seqs.values():
-            allocated = len(seq.table) * bs
-            logical += allocated
-            if seq.table and seq.table[-1] not in last_blocks:
-                last_blocks.add(seq.table[-1])
-                gone = seq.dropped * bs  # tokens in blocks that left the window
-                _, r, i = split_used(seq.tokens - gone, allocated, seq.shape.final_tokens - gone)
-                reservation, internal = reservation + r, internal + i
-        used = (self.num_blocks - len(self._free)) * bs
-        unusable, free_slots, starved = self.pool_free(next_seq)
-        return Breakdown(
-            used - reservation - internal,
-            reservation,
-            internal,
-            padding=0,
-            unusable=unusable,
-            free=free_slots,
-            shared=logical - used,
-            starved=starved,
+        tables = (  # a window's tokens in blocks that left it count neither as held nor as needed
+            (seq.table, seq.tokens - seq.dropped * bs, seq.shape.final_tokens - seq.dropped * bs)
+            for seq in self._seqs.values()
         )
+        return tables_breakdown(tables, bs, self.num_blocks - len(self._free), self.pool_free(next_seq))
 
     def check_invariants(self) -> None:
         """Checks per table and over the pool at C speed (check mode runs this after

@@ -56,8 +56,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvsim.kvcache.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth, split_used
-from kvsim.kvcache.paged import blocks_for
+from kvsim.kvcache.base import Breakdown, InvariantError, NextSeq, SeqShape, check_growth
+from kvsim.kvcache.paged import blocks_for, tables_breakdown
 from kvsim.kvcache.trtllm_eviction import (
     DEFAULT_OFFLOAD_MIN_PRIORITY,
     DEFAULT_PRIORITY,
@@ -380,30 +380,11 @@ class TrtllmBlockManager:
         return 0, free_slots, False
 
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
-        """As the paged allocator's: unfilled slots sit in a sequence's last block, which
-        only its forks may share; blocks held by several sequences count once."""
-        bs = self.block_size
-        reservation = internal = logical = 0
-        last_blocks: set[int] = set()
-        for seq in self._seqs.values():
-            allocated = len(seq.table) * bs
-            logical += allocated
-            if seq.table and seq.table[-1] not in last_blocks:
-                last_blocks.add(seq.table[-1])
-                _, r, i = split_used(seq.tokens, allocated, seq.shape.final_tokens)
-                reservation, internal = reservation + r, internal + i
-        used = (self.num_blocks - self.free_queues.free_count(PRIMARY)) * bs
-        unusable, free_slots, starved = self.pool_free(next_seq)
-        return Breakdown(
-            used - reservation - internal,
-            reservation,
-            internal,
-            padding=0,
-            unusable=unusable,
-            free=free_slots,
-            shared=logical - used,
-            starved=starved,
-        )
+        """As the paged allocator's (tables_breakdown): blocks held by several sequences
+        count once; the free queues' GPU blocks are free."""
+        tables = ((seq.table, seq.tokens, seq.shape.final_tokens) for seq in self._seqs.values())
+        used = self.num_blocks - self.free_queues.free_count(PRIMARY)
+        return tables_breakdown(tables, self.block_size, used, self.pool_free(next_seq))
 
     def check_invariants(self) -> None:
         """Every block is queued (nobody holds it) or held by as many tables as its count
