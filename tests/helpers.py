@@ -9,6 +9,8 @@ import sys
 
 from kvsim.cli.app import main
 from kvsim.cost.model import StepBatch
+from kvsim.kvcache import PagedAllocator
+from kvsim.sim.loop import simulate
 
 
 @contextlib.contextmanager
@@ -47,6 +49,14 @@ class OneSecondSteps:
 
     def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
         return {"fixed": self.price(batch)[0]}, ()
+
+
+def one_second_run(requests, allocator=None, **options):
+    """`requests` through vLLM V1's rules with one-second steps: 100 blocks of 4 tokens
+    unless an allocator is given, max_model_len 64, 8 sequences and 64 tokens a step,
+    chunked prefill; `options` override any of these or add simulate's others."""
+    settings = dict(max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64, chunked_prefill=True) | options
+    return simulate("p", requests, allocator or PagedAllocator(100, 4), OneSecondSteps(), **settings)
 
 
 def kvsim(*args) -> tuple[int, str, str]:

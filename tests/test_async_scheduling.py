@@ -5,27 +5,15 @@ engine plans at once. Exact timelines with one-second steps, on both simulation 
 
 import pytest
 
-from kvsim.kvcache import PagedAllocator
-from kvsim.sim.loop import simulate
 from kvsim.workload.requests import RequestSpec
 
-from helpers import OneSecondSteps
+from helpers import one_second_run
 
 
 def timeline(async_scheduling, rows, exact_steps=False):
     requests = [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(rows)]
-    run = simulate(
-        "p",
-        requests,
-        PagedAllocator(100, 4),
-        OneSecondSteps(),
-        max_model_len=64,
-        max_num_seqs=256,
-        max_num_batched_tokens=64,
-        chunked_prefill=True,
-        check_invariants=True,
-        exact_steps=exact_steps,
-        async_scheduling=async_scheduling,
+    run = one_second_run(
+        requests, max_num_seqs=256, check_invariants=True, exact_steps=exact_steps, async_scheduling=async_scheduling
     )
     return [(s.spec.id, s.admitted_s, s.first_token_s, s.finish_s) for s in run.seqs]
 
@@ -79,19 +67,7 @@ def test_arrivals_a_drained_stage_moved_wait_as_any_other(exact_steps):
     table = RequestTable([0.5, 3.0, 3.5], [4, 4, 4], [2, 6, 2], stage=[0, 1, 1], plan=plan)
 
     def ends(async_scheduling):
-        run = simulate(
-            "p",
-            table,
-            PagedAllocator(100, 4),
-            OneSecondSteps(),
-            max_model_len=64,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
-            chunked_prefill=True,
-            check_invariants=True,
-            exact_steps=exact_steps,
-            async_scheduling=async_scheduling,
-        )
+        run = one_second_run(table, check_invariants=True, exact_steps=exact_steps, async_scheduling=async_scheduling)
         return [(s.admitted_s, s.first_token_s, s.finish_s) for s in run.seqs]
 
     assert ends(False) == [(0.5, 1.5, 2.5), (5.0, 6.0, 11.0), (6.0, 7.0, 8.0)]

@@ -11,14 +11,13 @@ import pandas as pd
 import pytest
 
 from kvsim.kvcache import PagedAllocator
-from kvsim.sim.loop import simulate
 from kvsim.analysis.metrics import request_table
 from kvsim.analysis.stages import stage_rows, weighted_percentile
 from kvsim.config.scenario import Scenario
 from kvsim.workload.requests import RequestTable, generate_requests
 from kvsim.workload.stages import StagePlan, draw_stage
 
-from helpers import OneSecondSteps, kvsim
+from helpers import kvsim, one_second_run
 
 
 class Fixed:
@@ -122,18 +121,7 @@ def drained_run(exact: bool):
     plan = StagePlan((1.0, 1.0), (1.0, 2.0), (1, 2), drain=True, pause_s=2.0, poll_s=1.0)
     # nominal times: stage 0 at 0.5; stage 1 (nominal zero 1 + 2 = 3) at 3.5 and 4.5
     table = RequestTable([0.5, 3.5, 4.5], [4, 4, 4], [2, 2, 2], stage=[0, 1, 1], plan=plan)
-    return simulate(
-        "p",
-        table,
-        PagedAllocator(100, 4),
-        OneSecondSteps(),
-        max_model_len=64,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        chunked_prefill=True,
-        check_invariants=True,
-        exact_steps=exact,
-    )
+    return one_second_run(table, check_invariants=True, exact_steps=exact)
 
 
 @pytest.mark.parametrize("exact", [True, False])
@@ -150,16 +138,7 @@ def test_a_drained_stage_waits_for_the_previous_one(exact):
 def test_stage_rows_define_latencies_as_inference_perf_does():
     # one request: prompt 4, 3 tokens at 1, 2, 3 s (one-second steps from its arrival at 0)
     table = RequestTable([0.0], [4], [3])
-    run = simulate(
-        "p",
-        table,
-        PagedAllocator(100, 4),
-        OneSecondSteps(),
-        max_model_len=64,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        chunked_prefill=True,
-    )
+    run = one_second_run(table)
     row = stage_rows(run, request_table(run), [(1.0, 1.0)])[0]
     # the client's lines: each token's event and its blank line, then [DONE] and its blank
     lines = [1, 1, 2, 2, 3, 3, 3, 3]
@@ -179,16 +158,7 @@ def test_pooled_gaps_match_inference_perf_on_a_busy_run():
     one's tokens come at the ends of the steps it runs in; kvsim's pooled gaps are the
     client's line gaps, as inference-perf computes them over those times."""
     specs = RequestTable([0.0, 0.3, 1.2, 2.5, 2.6], [4, 9, 4, 30, 4], [5, 3, 6, 2, 1])
-    run = simulate(
-        "p",
-        specs,
-        PagedAllocator(100, 4),
-        OneSecondSteps(),
-        max_model_len=64,
-        max_num_seqs=8,
-        max_num_batched_tokens=16,
-        chunked_prefill=True,
-    )
+    run = one_second_run(specs, max_num_batched_tokens=16)
     table = request_table(run)
     ends = np.array([t + d for t, d, *_ in run.steps])
     all_gaps, tpots = [], []
@@ -210,16 +180,7 @@ def test_a_preemption_is_one_long_gap():
     # 10 one-token blocks: r1 (3 + 3) is preempted when r0 (4 + 4) grows, then recomputed
     # once r0 is done (the scheduler's own test has this timeline: tests/test_engine.py)
     specs = RequestTable([0.0, 0.0], [4, 3], [4, 3])
-    run = simulate(
-        "p",
-        specs,
-        PagedAllocator(10, 1),
-        OneSecondSteps(),
-        max_model_len=64,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        chunked_prefill=False,
-    )
+    run = one_second_run(specs, PagedAllocator(10, 1), chunked_prefill=False)
     table = request_table(run)
     assert table.preemptions.tolist() == [0, 1]
     stalls = run.records.stalls[1]

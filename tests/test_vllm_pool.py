@@ -4,6 +4,7 @@ published startup logs."""
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import pytest
 
@@ -180,133 +181,71 @@ FAQ = (
     "vLLM's 'GPU KV cache size' with default settings on H100"
 )
 
+VLLM_10517 = "vLLM issue #10517 (github.com/vllm-project/vllm/issues/10517), RTX 3090"
+
+
+class Case(NamedTuple):
+    """One published pool: the release, the model, the GPU's CUDA total, the settings, and the
+    log's figure (tokens, or the memory available for KV where only that was logged)."""
+
+    id: str
+    release: str
+    model: dict
+    gpu_gib: float
+    tp: int
+    util: float
+    max_model_len: int
+    batched: int
+    seqs: int
+    graphs: bool
+    tokens: int | None
+    source: str
+    available_gib: float | None = None
+
+
+# fmt: off
 CASES = [
-    dict(
-        id="qwen3-8b-h100",
-        source=FAQ,
-        release="0.11 (Oct 2025)",
-        model=QWEN3_8B,
-        gpu_gib=79.19,
-        tp=1,
-        util=0.9,
-        max_model_len=40960,
-        batched=8192,
-        seqs=1024,
-        graphs=False,
-        tokens=366_400,
-    ),
-    dict(
-        id="qwen3-32b-h100-tp2",
-        source=FAQ,
-        release="0.11 (Oct 2025)",
-        model=QWEN3_32B,
-        gpu_gib=79.19,
-        tp=2,
-        util=0.9,
-        max_model_len=40960,
-        batched=8192,
-        seqs=1024,
-        graphs=False,
-        tokens=275_760,
-    ),
-    dict(
-        id="llama-3.1-70b-h100-tp4",
-        source=FAQ,
-        release="0.11 (Oct 2025)",
-        model=LLAMA31_70B,
-        gpu_gib=79.19,
-        tp=4,
-        util=0.9,
-        max_model_len=131072,
-        batched=8192,
-        seqs=1024,
-        graphs=False,
-        tokens=420_208,
-    ),
+    Case("qwen3-8b-h100", "0.11 (Oct 2025)", QWEN3_8B, 79.19, 1, 0.9, 40960, 8192, 1024, False, 366_400, FAQ),
+    Case("qwen3-32b-h100-tp2", "0.11 (Oct 2025)", QWEN3_32B, 79.19, 2, 0.9, 40960, 8192, 1024, False, 275_760, FAQ),
+    Case("llama-3.1-70b-h100-tp4", "0.11 (Oct 2025)", LLAMA31_70B, 79.19, 4, 0.9, 131072, 8192, 1024, False, 420_208,
+         FAQ),
     # LLM class (offline) on a 24 GB card: 8192 tokens and 256 sequences; the log shows the
     # utilization the example set and "PIECEWISE=51 (largest=512), FULL=35 (largest=256)".
     # The RTX A5000's CUDA total is not in the log: taken as the RTX 3090's 23.58 GiB less the
     # 12 MiB by which its 24,564 MiB fall short of the 3090's 24,576.
-    dict(
-        id="qwen3-8b-a5000",
-        release="0.21.0",
-        model=QWEN3_8B,
-        gpu_gib=23.57,
-        tp=1,
-        util=0.9764,
-        max_model_len=16384,
-        batched=8192,
-        seqs=256,
-        graphs=True,
-        tokens=46_368,
-        source="LMCache issue #3430 (github.com/LMCache/LMCache/issues/3430): 'Available KV cache "
-        "memory: 6.37 GiB', 'GPU KV cache size: 46,368 tokens', Estimated CUDA graph memory 0.52 GiB",
-    ),
+    Case("qwen3-8b-a5000", "0.21.0", QWEN3_8B, 23.57, 1, 0.9764, 16384, 8192, 256, True, 46_368,
+         "LMCache issue #3430 (github.com/LMCache/LMCache/issues/3430): 'Available KV cache memory: 6.37 GiB', "
+         "'GPU KV cache size: 46,368 tokens', Estimated CUDA graph memory 0.52 GiB"),
     # V0: chunked prefill off below 32K, so the profile step holds max_model_len tokens
-    dict(
-        id="llama-3.1-8b-3090-20k",
-        release="V0 (late 2024)",
-        model=LLAMA31_8B,
-        gpu_gib=23.58,
-        tp=1,
-        util=0.9,
-        max_model_len=20000,
-        batched=20000,
-        seqs=256,
-        graphs=False,
-        tokens=1952 * 16,
-        source="vLLM issue #10517 (github.com/vllm-project/vllm/issues/10517), RTX 3090: 'GPU blocks: 1952', "
-        "total_gpu_memory=23.58GiB, non_torch_memory=0.35GiB, peak_torch_memory=17.06GiB",
-    ),
-    dict(
-        id="llama-3.1-8b-3090-29k",
-        release="V0 (late 2024)",
-        model=LLAMA31_8B,
-        gpu_gib=23.58,
-        tp=1,
-        util=0.9,
-        max_model_len=29000,
-        batched=29000,
-        seqs=256,
-        graphs=False,
-        tokens=1478 * 16,
-        source="vLLM issue #10517: 'GPU blocks: 1478' at max_model_len 29000, peak_torch_memory=17.98GiB",
-    ),
+    Case("llama-3.1-8b-3090-20k", "V0 (late 2024)", LLAMA31_8B, 23.58, 1, 0.9, 20000, 20000, 256, False, 1952 * 16,
+         f"{VLLM_10517}: 'GPU blocks: 1952', total_gpu_memory=23.58GiB, non_torch_memory=0.35GiB, "
+         "peak_torch_memory=17.06GiB"),
+    Case("llama-3.1-8b-3090-29k", "V0 (late 2024)", LLAMA31_8B, 23.58, 1, 0.9, 29000, 29000, 256, False, 1478 * 16,
+         f"{VLLM_10517}: 'GPU blocks: 1478' at max_model_len 29000, peak_torch_memory=17.98GiB"),
     # available memory only: 53.29 GiB of 0.9 x 79.22 GiB
-    dict(
-        id="llama-3-8b-h100",
-        release="V0 0.6.5 development (Dec 2024)",
-        model=LLAMA3_8B,
-        gpu_gib=79.22,
-        tp=1,
-        util=0.9,
-        max_model_len=8192,
-        batched=8192,
-        seqs=256,
-        graphs=False,
-        available_gib=53.29,
-        source="vLLM pull request #10511 (github.com/vllm-project/vllm/pull/10511): 'model weights take "
-        "14.96GiB', 'available_kv_cache_memory 53.29GiB'",
-    ),
+    Case("llama-3-8b-h100", "V0 0.6.5 development (Dec 2024)", LLAMA3_8B, 79.22, 1, 0.9, 8192, 8192, 256, False, None,
+         "vLLM pull request #10511 (github.com/vllm-project/vllm/pull/10511): 'model weights take 14.96GiB', "
+         "'available_kv_cache_memory 53.29GiB'", available_gib=53.29),
 ]
+# fmt: on
 
 
 def kvsim_case(tmp_path, case):
-    model = hf(tmp_path, **case["model"])
-    gpu = GPUSpec("published", memory_gib=case["gpu_gib"], hbm_tb_s=1, bf16_tflops=1)
+    model = hf(tmp_path, **case.model)
+    gpu = GPUSpec("published", memory_gib=case.gpu_gib, hbm_tb_s=1, bf16_tflops=1)
     pool = vllm_pool.size_pool(
         model,
         gpu,
-        tp=case["tp"],
-        gpu_memory_utilization=case["util"],
-        max_num_batched_tokens=case["batched"],
-        max_num_seqs=case["seqs"],
-        cuda_graphs=case["graphs"],
+        tp=case.tp,
+        gpu_memory_utilization=case.util,
+        max_num_batched_tokens=case.batched,
+        max_num_seqs=case.seqs,
+        cuda_graphs=case.graphs,
     )
-    return model, pool, KVCapacity.of(pool, KVSpec(model, "bf16"), 16, case["max_model_len"])
+    return model, pool, KVCapacity.of(pool, KVSpec(model, "bf16"), 16, case.max_model_len)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_published_vllm_pools(tmp_path, case):
     """kvsim's pool against the published one. The newest release among the cases (0.21.0)
     agrees within 2%. The older releases held 0.4-3.5 GiB more outside the KV cache than
@@ -314,17 +253,15 @@ def test_published_vllm_pools(tmp_path, case):
     larger activation peak than kvsim estimates; what the 0.11 servers held beyond that is
     not modelled), so kvsim's pool is 4-17% larger than theirs; the bound is 20%."""
     model, pool, cap = kvsim_case(tmp_path, case)
-    got, want = (
-        (pool.per_gpu_bytes / GIB, case["available_gib"]) if "available_gib" in case else (cap.tokens, case["tokens"])
-    )
+    got, want = (pool.per_gpu_bytes / GIB, case.available_gib) if case.tokens is None else (cap.tokens, case.tokens)
     error = got / want - 1
-    print(f"{case['id']}: kvsim {got:,.2f} vs published {want:,.2f} ({error:+.1%}); vLLM {case['release']}")
-    assert abs(error) < (0.02 if case["release"] == "0.21.0" else 0.20)
+    print(f"{case.id}: kvsim {got:,.2f} vs published {want:,.2f} ({error:+.1%}); vLLM {case.release}")
+    assert abs(error) < (0.02 if case.release == "0.21.0" else 0.20)
 
 
 def test_published_components(tmp_path):
     """The parts a log states: weights, and the V0 profile's activation peak."""
-    by_id = {c["id"]: c for c in CASES}
+    by_id = {c.id: c for c in CASES}
     _, pool, _ = kvsim_case(tmp_path, by_id["llama-3-8b-h100"])
     assert pool.weight_bytes / GIB == pytest.approx(14.96, abs=0.01)
     for key, peak in (("llama-3.1-8b-3090-20k", 17.06), ("llama-3.1-8b-3090-29k", 17.98)):
