@@ -17,18 +17,21 @@ first WINDOW_S seconds of arrivals (kvsim.calibrate.replay; a stage past its cap
 runs whole), to make its simulations cheaper; every figure of the doc and of the shipped
 file is `kvsim validate` on the whole runs, so the windows can only make the fit worse,
 never the figures kinder (the doc gives the fit's objective on the windows and on the
-whole runs). The all-runs fit and each leave-one-out fit run until they converge
-(kvsim.calibrate.engine_fit.fit: here, once a step lowers the objective by less than
-TOLERANCE) or MAX_ITERATIONS (whether each converged is recorded). Work is reused: each
-leave-one-out fit starts from the all-runs fit's coefficients with the other runs'
-residuals and Jacobian rows at that point, so its first step costs no simulation but
-its trials; the leave-one-out fits run side by side, --jobs at a time. Progress is kept
-in build/ so an interrupted run resumes. Deterministic: fixed seeds, sorted keys,
-rounded floats.
+whole runs). The all-runs fit and each leave-one-out fit start from the same point,
+START: kvsim.calibrate.engine_fit.START (a round prior for each term, fitted on no run)
+with the terms HELD names held at zero, and run until they converge (kvsim.calibrate.engine_fit.fit: here, once a step lowers the
+objective by less than TOLERANCE) or MAX_ITERATIONS (whether each converged is
+recorded). No leave-one-out fit reuses anything computed with the run it leaves out
+(neither the all-runs fit's coefficients nor its residuals or Jacobian), so its held-out
+figures are predictions of a run no step of its fit saw. The leave-one-out fits run side
+by side, --jobs at a time. Progress is kept in build/ (with the start, cap and tolerance
+it was made with: a state made otherwise is not resumed) so an interrupted run resumes.
+Deterministic: fixed seeds, sorted keys, rounded floats.
 
 Usage: python scripts/derive_vllm_overhead.py [RUNS_DIR] [--jobs N] [--only RUN,...]
 (--only: just the leave-one-out fits without those runs, kept in build/ for a later run
-that writes the files, so that several processes can share the fits)
+that writes the files, so that several processes can share the fits; they need nothing
+of the all-runs fit)
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-import numpy as np
 
 from kvsim.calibrate import engine_fit, run_check
 from kvsim.calibrate.replay import Replay
@@ -53,25 +56,27 @@ OUT = REPO / "kvsim" / "data" / "overheads" / "vllm-v1-h100-v1.json"
 DOC = REPO / "docs" / "accuracy-vllm-h100.md"
 STATE = REPO / "build" / "derive_vllm_overhead.state.json"
 NAME, VERSION = "vllm-v1-h100-v1", 1
-MAX_ITERATIONS = LOO_ITERATIONS = 12
+MAX_ITERATIONS = 20  # the all-runs fit's cap
+# Each leave-one-out fit's cap: what ten fits from START take on this machine, two at a
+# time, sets it (whether each converged before it is recorded and shown).
+LOO_ITERATIONS = 8
 TOLERANCE = 0.01  # a fit has converged when a step lowers its objective by under 1%
 WINDOW_S = 60.0
-# Where the all-runs fit starts, to save iterations: an earlier run of this fit (ten
-# iterations, from the coefficients of a fit with a squared-error objective and the linear
-# ops as measured, per_seq_us lowered from 24.95 to 8; its last steps gained 0.7%, 0.25%).
-START_FROM = {
-    "step_us": 0.0,
-    "per_seq_us": 12.4538,
-    "piecewise_per_layer_us": 0.0,
-    "launch_per_layer_us": 50.0,
-    "allreduce_us": 7.5089,
-    "attention_decode": 0.8543,
-    "api_ms": 5.2186,
-}
+# Held at zero, their lower bound, in every fit: every fit of these runs with them free,
+# from any start, ended there (the runs' decode steps, full CUDA graphs, and their mixed
+# steps show no host time per step or per layer beyond per_seq_us); holding them cuts
+# each Jacobian by differences from five simulations to three.
+HELD = {"step_us": 0.0, "piecewise_per_layer_us": 0.0}
+FREE = tuple(k for k in engine_fit.FREE if k not in HELD)
+START = {**engine_fit.START, **HELD}
 SOURCE = (
     "inference-sim/training, default_args/ (February 2026): vLLM V1 on NVIDIA H100 SXM 80GB, "
     "inference-perf shared-prefix workloads at constant-rate stages, streaming completions"
 )
+
+
+def clock() -> str:
+    return time.strftime("%H:%M:%S")
 
 
 def log(*parts) -> None:
@@ -114,18 +119,19 @@ def main(argv: list[str]) -> None:
     replays = {n: Replay(read_run(d), window_s=WINDOW_S) for n, d in dirs.items()}
     names = list(replays)
     state = json.loads(STATE.read_text()) if STATE.is_file() else {}
-    if state.get("runs") != names:
-        state = {"runs": names}
-    free = list(engine_fit.FREE)
+    made_with = {"start": START, "free": list(FREE), "max_iterations": MAX_ITERATIONS, "tolerance": TOLERANCE}
+    if state.get("runs") != names or state.get("made_with") != made_with:
+        state = {"runs": names, "made_with": made_with}
+    free = list(FREE)
 
     def progress(i, theta, cost):
         log(f"  iteration {i}: objective {cost:.4g} at " + json.dumps({k: round(v, 4) for k, v in theta.items()}))
 
-    if "full" not in state:
-        log(f"fitting on all {len(names)} runs from {START_FROM}")
+    if "full" not in state and only is None:
+        log(f"fitting on all {len(names)} runs from {START}, free: {free}")
         objective = engine_fit.Objective(list(replays.values()), workers=jobs)
         full = engine_fit.fit(
-            objective, start=START_FROM, max_iterations=MAX_ITERATIONS, on_iteration=progress, tolerance=TOLERANCE
+            objective, start=START, free=free, max_iterations=MAX_ITERATIONS, on_iteration=progress, tolerance=TOLERANCE
         )
         state["full"] = {
             "theta": full["theta"],
@@ -133,44 +139,31 @@ def main(argv: list[str]) -> None:
             "iterations": full["iterations"],
             "evaluations": full["evaluations"],
             "converged": full["converged"],
-            "residuals": full["residuals"].tolist(),
-            "jacobian": full["jacobian"].tolist(),
         }
         save_state(state)
-    full = state["full"]
-    theta = full["theta"]
-    if "objective_whole_runs" not in full:  # the fit's objective with no stage shortened
-        whole = engine_fit.Objective([Replay(read_run(d)) for d in dirs.values()], workers=jobs)(theta)
-        full["objective_whole_runs"] = float(whole @ whole)
-        save_state(state)
-    log("fitted:", json.dumps(theta))
-    if "in_sample" not in state:
-        state["in_sample"] = validate(list(dirs.values()), theta, NAME, jobs)
-        save_state(state)
-    log("in sample:", state["in_sample"]["summary"])
+    if "full" in state:
+        log("fitted:", json.dumps(state["full"]["theta"]))
 
-    # each run's rows of the full fit's residuals and Jacobian
-    sizes = [len(engine_fit.residuals(r.run.stages, r.run.stages)) for r in replays.values()]
-    edges = np.cumsum([0, *sizes])
-    r_all, j_all = np.array(full["residuals"]), np.array(full["jacobian"])
     held = state.setdefault("held_out", {})
+    loo_made_with = {**made_with, "max_iterations": LOO_ITERATIONS}
 
     def leave_out(k: int) -> tuple[str, dict]:
         """The fit without run k (its simulations one after another: the fits run side by
-        side) and `kvsim validate` on run k with it."""
+        side) and `kvsim validate` on run k with it. It starts from START, as the all-runs fit
+        does: nothing of it depends on run k."""
         name = names[k]
-        keep = np.concatenate([np.arange(edges[i], edges[i + 1]) for i in range(len(names)) if i != k])
         objective = engine_fit.Objective([replays[n] for n in names if n != name], workers=1)
         loo = engine_fit.fit(
             objective,
-            start=theta,
+            start=START,
+            free=free,
             max_iterations=LOO_ITERATIONS,
-            known=(r_all[keep], j_all[keep]),
             tolerance=TOLERANCE,
-            on_iteration=lambda i, t, c: log(f"  without {name}, iteration {i}: objective {c:.4g}"),
+            on_iteration=lambda i, t, c: log(f"  {clock()} without {name}, iteration {i}: objective {c:.4g}"),
         )
         v = validate([dirs[name]], loo["theta"], f"{NAME}-without-{name}", 1)
         return name, {
+            "made_with": loo_made_with,
             "theta": loo["theta"],
             "iterations": loo["iterations"],
             "evaluations": loo["evaluations"],
@@ -183,19 +176,31 @@ def main(argv: list[str]) -> None:
     def done(_, result) -> None:
         name, held[name] = result
         log(
-            f"without {name}: {held[name]['iterations']} iterations, converged {held[name]['converged']}; "
+            f"{clock()} without {name}: {held[name]['iterations']} iterations, converged {held[name]['converged']}; "
             f"held out: {held[name]['summary']}"
         )
         (STATE.parent / f"{STATE.stem}.without-{name}.json").write_text(json.dumps(clean(held[name])))
 
-    for name in names:  # fits finished by this or another run of the script
+    for name in names:  # fits finished by this or another run of the script, made the same way
         kept = STATE.parent / f"{STATE.stem}.without-{name}.json"
         if name not in held and kept.is_file():
-            held[name] = json.loads(kept.read_text())
+            result = json.loads(kept.read_text())
+            if result.get("made_with") == loo_made_with:
+                held[name] = result
+    held = state["held_out"] = {n: h for n, h in held.items() if h.get("made_with") == loo_made_with}
     todo = [k for k, name in enumerate(names) if name not in held and (only is None or name in only)]
     ordered_map(lambda i: leave_out(todo[i]), len(todo), jobs, on_result=done)
     if only is not None:
         return
+    theta = state["full"]["theta"]
+    if "objective_whole_runs" not in state["full"]:  # the fit's objective with no stage shortened
+        whole = engine_fit.Objective([Replay(read_run(d)) for d in dirs.values()], workers=jobs)(theta)
+        state["full"]["objective_whole_runs"] = float(whole @ whole)
+        save_state(state)
+    if "in_sample" not in state:
+        state["in_sample"] = validate(list(dirs.values()), theta, NAME, jobs)
+        save_state(state)
+    log("in sample:", state["in_sample"]["summary"])
     doc = shipped(state, free)
     OUT.write_text(json.dumps(clean(doc), indent=1, sort_keys=True) + "\n")
     DOC.parent.mkdir(exist_ok=True)
@@ -225,7 +230,8 @@ def shipped(state: dict, free: list[str]) -> dict:
             "window_s": WINDOW_S,
             "objective_whole_runs": full["objective_whole_runs"],
             "free": free,
-            "start": START_FROM,
+            "start": START,
+            "held": HELD,
             "theta": {k: round(v, 6) for k, v in full["theta"].items()},
             **{k: full[k] for k in ("objective", "iterations", "evaluations", "converged")},
             "max_iterations": MAX_ITERATIONS,
@@ -326,21 +332,25 @@ def markdown(doc: dict) -> str:
         f"run), objective {doc['fit']['objective']:.4g} ({doc['fit']['objective_whole_runs']:.4g} on the whole runs)"
         + ("" if doc["fit"]["converged"] else f" (stopped at the cap of {doc['fit']['max_iterations']})")
         + ".",
-        "Each leave-one-out fit starts from the all-runs fit (whose start knew the held-out run) and runs until "
+        "Every fit, the all-runs one and each leave-one-out one, starts from the same point, a round prior for "
+        "each term fitted on no run (kvsim.calibrate.engine_fit.START: "
+        + ", ".join(f"{k} {v:g}" for k, v in doc["fit"]["start"].items() if k not in doc["fit"]["held"])
+        + "; "
+        + " and ".join(doc["fit"]["held"])
+        + " held at zero: every fit with them free ended there), so no leave-one-out fit uses anything computed with the run it predicts; each runs until "
         f"a step lowers its objective by less than {doc['fit']['tolerance']:.0%} (converged), at "
-        f"most {_iterations(doc['fit']['leave_one_out_max_iterations'])}"
-        + (
-            f"; {', '.join(stopped)} stopped at that cap instead, so its start's knowledge of the held-out run is "
-            "not wholly gone"
-            if stopped
-            else "; every one converged before the cap"
-        )
+        f"most {_iterations(doc['fit']['max_iterations'])} (the all-runs fit) and "
+        f"{_iterations(doc['fit']['leave_one_out_max_iterations'])} (each leave-one-out fit)"
+        + (f"; {', '.join(stopped)} stopped at that cap instead" if stopped else "; every one converged before the cap")
         + ".",
         "",
         "| coefficient | all runs | " + " | ".join(f"without {name}" for name in held) + " |",
         "| --- | --- | " + " | ".join("---" for _ in held) + " |",
         f"| iterations | {doc['fit']['iterations']} | "
         + " | ".join(str(h["iterations"]) for h in held.values())
+        + " |",
+        f"| converged | {'yes' if doc['fit']['converged'] else 'no'} | "
+        + " | ".join("yes" if h["converged"] else "no" for h in held.values())
         + " |",
     ]
     for key in doc["fit"]["free"]:

@@ -44,8 +44,8 @@ update and taken again when a step fails, started from `START`, at most
 `MAX_ITERATIONS` iterations; a trial step is kept only if it lowers the objective.
 Simulations are deterministic (fixed seeds), so the fit is too. `api_ms` changes no
 step, so its derivative costs no simulation; the runs' simulations are kept per run,
-so a fit over some of the same runs reuses them, and a fit may start from residuals
-and a Jacobian already known (a leave-one-out fit, from the all-runs fit's end).
+so a fit over some of the same runs reuses them. A leave-one-out fit starts where the
+all-runs fit does, never from anything fitted with the run it leaves out.
 """
 
 from __future__ import annotations
@@ -203,7 +203,6 @@ def fit(
     free: Sequence[str] | None = None,
     max_iterations: int = MAX_ITERATIONS,
     on_iteration: Callable | None = None,
-    known: tuple[np.ndarray, np.ndarray] | None = None,
     tolerance: float = 1e-3,
 ) -> dict:
     """Projected Levenberg-Marquardt over the `free` parameters (default FREE), the rest
@@ -216,10 +215,7 @@ def fit(
     iteration costs one simulation of every run where a Jacobian by differences would cost
     one per parameter. The fit has converged when a kept step moves no parameter by more
     than 0.1% of its range or lowers the objective by less than `tolerance` (a fraction),
-    or when no step lowers it from a Jacobian just taken by differences.
-    known: (residuals, Jacobian) at `start` over the free parameters, already computed
-    (a leave-one-out fit from the full fit's end takes the other runs' rows of the full
-    fit's): the fit then starts from them as from a carried Jacobian."""
+    or when no step lowers it from a Jacobian just taken by differences."""
     theta = {**START, **(start or {})}
     free = FREE if free is None else free
     params = [p for p in PARAMS if p.name in free]
@@ -241,8 +237,7 @@ def fit(
         return jac
 
     x = np.clip(np.array([theta[p.name] for p in params]), low, high)
-    r, jac = known if known is not None else (objective(at(x)), None)
-    r = np.asarray(r, dtype=float)
+    r, jac = objective(at(x)), None
     cost, lam, it, converged = float(r @ r), 1e-2, 0, False
     fresh, last = False, jac
     while it < max_iterations:
