@@ -39,6 +39,49 @@ def test_v0_turns_chunked_prefill_on_over_32k_contexts(max_model_len, chunked, b
     assert not given.enable_chunked_prefill
 
 
+@pytest.mark.parametrize(
+    "model, chunked",
+    [
+        ({"sliding_window": 4096}, False),  # a window on every layer: the default stays off
+        ({"hybrid_window": 4096, "hybrid_window_layers": 16}, True),  # interleaved: window off, default on
+        ({}, True),
+        ({"sliding_window": 4096, "given": True}, True),  # a scenario's own setting stands
+    ],
+)
+def test_v0s_long_context_default_leaves_chunking_off_under_a_sliding_window(model, chunked):
+    from kvsim.config.scenario import validate_scenario
+
+    given = model.pop("given", None)
+    raw = {
+        "name": "long",
+        "engine": "vllm-v0",
+        "model": {
+            "num_layers": 32,
+            "num_heads": 32,
+            "num_kv_heads": 8,
+            "head_dim": 128,
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "params": 7e9,
+            "max_position_embeddings": 65536,
+            **model,
+        },
+        "gpu": "h100-80gb",
+        "cost_model": "roofline",
+        "scheduler": {"enable_chunked_prefill": True} if given else {},
+        "workload": {
+            "num_requests": 2,
+            "arrival": {"process": "burst"},
+            "prompt_tokens": {"dist": "fixed", "value": 100},
+            "output_tokens": {"dist": "fixed", "value": 10},
+        },
+        "policies": [{"name": "paged", "allocator": "paged", "block_size": 16}],
+    }
+    s = validate_scenario(raw, "s.yaml").engine_settings()
+    assert s.enable_chunked_prefill == chunked
+    assert s.max_num_batched_tokens == (512 if chunked else 65536)
+
+
 def test_v0_chunked_prefills_while_a_group_is_swapped_out():
     # 5 blocks of 4. A (12 tokens, 3 blocks) decodes into a 4th block; B, swapped out
     # with 8 tokens, needs 3 blocks to come back and 1 is free, so it stays out; C's 3

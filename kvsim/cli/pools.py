@@ -75,6 +75,9 @@ def pool_reports(
                 engine=engine,
             )
             kind, options = "paged", {"block_size": block_size or 16}
+            if engine == "vllm-v1":  # KV cache groups; a window's admission cap counts the batches in flight
+                options["hybrid_groups"] = True
+                options["vllm_in_flight_tokens"] = (2 if s.async_scheduling else 1) * s.max_num_batched_tokens
         parts = {
             "weights": pool.weight_bytes,
             "non_torch": pool.non_torch_bytes,

@@ -7,7 +7,7 @@ unset takes the chosen engine's default, read from that engine's source:
 | --- | --- | --- | --- | --- |
 | max_num_seqs | 256 | 1024 on a GPU of 70 GiB or more other than A100, else 256 | min(pool tokens / 2, clamp(pool tokens / max_model_len x 512, 2048, 4096)) | max_batch_size 2048 |
 | max_num_batched_tokens | max(max_model_len, 2048); 512 with chunking | 16384 on a GPU of 160 GiB or more, 8192 on such a GPU, else 2048 | chunked_prefill_size: 2048 under 20 GiB, 4096 under 60 GiB, 8192 under 160 GiB, else 16384 | max_num_tokens 8192 |
-| enable_chunked_prefill | false; true where max_model_len exceeds 32,768 | true | true | false |
+| enable_chunked_prefill | false; true where max_model_len exceeds 32,768, unless the model has a sliding window on every layer | true | true | false |
 | preemption_mode | recompute for one sequence, swap for a group | recompute | recompute (retraction) | recompute (MAX_UTILIZATION's pause) |
 | watermark | 0.01 | none | none (it reserves for running requests' outputs instead) | none (GUARANTEED_NO_EVICT reserves every request's full length) |
 | enable_prefix_caching | false | true (hash) | true (radix) | true (enable_block_reuse, partial reuse) |
@@ -17,7 +17,9 @@ unset takes the chosen engine's default, read from that engine's source:
 Sources: vllm/config.py SchedulerConfig (V0 max_num_batched_tokens), vllm/engine/arg_utils.py
 (0.6.3.post1 `EngineArgs.create_engine_config`: chunked prefill on by default for a
 max_model_len over 32K, on a GPU, for a model without a sliding window, multimodal input,
-speculative decoding or LoRA; kvsim does not check the model's exceptions), vllm/core/block_manager.py
+speculative decoding, LoRA or prompt adapters; of these kvsim can express the sliding
+window, applied by kvsim.config.scenario; it simulates no multimodal input, drafts,
+adapters or devices other than GPUs), vllm/core/block_manager.py
 (watermark), vllm/core/scheduler.py `_preempt` (V0); vllm/engine/arg_utils.py
 (0.33.0 `EngineArgs.get_batch_defaults`: V1's per-GPU defaults for the OpenAI server); sglang/srt/arg_groups/memory_hook.py
 (0.5.23 `_handle_gpu_memory_settings`: chunked_prefill_size by GPU memory), sglang/srt/server_args.py

@@ -457,6 +457,8 @@ class InlineModel(Strict):
     kv_lora_rank: int = Field(0, ge=0)
     qk_rope_head_dim: int = Field(0, ge=0)
     sliding_window: int | None = Field(None, ge=1)
+    hybrid_window: int | None = Field(None, ge=1)  # the window of hybrid_window_layers layers, the rest full
+    hybrid_window_layers: int = Field(0, ge=0)
     max_position_embeddings: int | None = Field(None, ge=1)
     alibi: bool = False
     num_experts: int = Field(0, ge=0)  # MoE (kvsim.model.specs.ModelSpec); 0: dense
@@ -474,6 +476,15 @@ class InlineModel(Strict):
             raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})")
         if self.dense_layers >= self.num_layers and self.num_experts:
             raise ValueError(f"dense_layers ({self.dense_layers}) leaves no MoE layer of {self.num_layers}")
+        if (self.hybrid_window is None) != (not self.hybrid_window_layers):
+            raise ValueError("hybrid_window and hybrid_window_layers go together")
+        if self.hybrid_window_layers >= self.num_layers:
+            raise ValueError(
+                f"hybrid_window_layers ({self.hybrid_window_layers}) leaves no full-attention layer of "
+                f"{self.num_layers} (a window on every layer is sliding_window)"
+            )
+        if self.hybrid_window is not None and self.sliding_window is not None:
+            raise ValueError("sliding_window (every layer) and hybrid_window (some layers) exclude each other")
         return self
 
 
@@ -863,11 +874,17 @@ def _divisors(n: int) -> list[int]:
 
 def _with_defaults(scn: Scenario, base: Path, src: str) -> Scenario:
     """Read the model once (a bad hf_config is an input error) and fill max_model_len from
-    its context length, as vLLM does, when the scenario leaves it out."""
+    its context length, as vLLM does, when the scenario leaves it out. vLLM V0 leaves
+    chunked prefill off for a model with a sliding window on every layer, whatever its
+    context (0.6.3.post1 engine/arg_utils.py, EngineArgs.create_engine_config: the 32K
+    default needs model_config.get_sliding_window() None; a hybrid model's window is
+    switched off there, config.py ModelConfig, so it is not an exception)."""
     try:
         model = scn.model_spec(base)
     except ValueError as e:
         raise InputError(src, "model.hf_config", str(e)) from None
+    if scn.engine_name == "vllm-v0" and model.sliding_window and scn.scheduler.enable_chunked_prefill is None:
+        scn = scn.model_copy(update={"scheduler": scn.scheduler.model_copy(update={"enable_chunked_prefill": False})})
     if scn.max_model_len is not None:
         return scn
     if model.max_position_embeddings is None:

@@ -20,7 +20,9 @@ def engine_log(pool: PoolSizing, kv, kind: str, options: dict, max_model_len: in
     if pool.engine == "sglang":
         return [f"KV Cache is allocated. #tokens: {tokens_of(pool, kv, options.get('page_size', 1))}"]
     block = options.get("block_size", options.get("page_size", 1))  # a radix cache's pages
-    return list(KVCapacity.of(pool, kv, block, max_model_len).lines())
+    in_flight = options.get("vllm_in_flight_tokens")  # vLLM V1's, where a window caps admission
+    hybrid = bool(options.get("hybrid_groups"))  # vLLM V1's groups for a hybrid model's layers
+    return list(KVCapacity.of(pool, kv, block, max_model_len, in_flight, hybrid).lines())
 
 
 def trtllm_lines(pool: PoolSizing, kv, tokens_per_block: int) -> list[str]:

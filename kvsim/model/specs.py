@@ -52,7 +52,11 @@ class ModelSpec:
     dtype: str = "bf16"  # weight and default KV dtype
     kv_lora_rank: int = 0  # MLA only: latent KV width
     qk_rope_head_dim: int = 0  # MLA only: decoupled RoPE key width
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # a window on every layer
+    # Hybrid attention: this many layers attend to the last hybrid_window tokens, the
+    # others to every token (gpt-oss alternates them, Gemma 3 has five local to one global)
+    hybrid_window: int | None = None
+    hybrid_window_layers: int = 0
     max_position_embeddings: int | None = None  # context length: max_model_len's default
     alibi: bool = False  # ALiBi attention biases instead of rotary embeddings (BLOOM)
     num_experts: int = 0  # MoE: routed experts per MoE layer (0: a dense MLP)
@@ -73,6 +77,11 @@ class ModelSpec:
         if self.num_kv_heads == self.num_heads:
             return "MHA"
         return "MQA" if self.num_kv_heads == 1 else "GQA"
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Sliding-window layers beside full-attention ones (vLLM's hybrid KV cache groups)."""
+        return self.hybrid_window is not None and 0 < self.hybrid_window_layers < self.num_layers
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -360,6 +369,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         kv_lora_rank=size("kv_lora_rank", cfg.get("kv_lora_rank") or 0, minimum=0),
         qk_rope_head_dim=size("qk_rope_head_dim", cfg.get("qk_rope_head_dim") or 0, minimum=0),
         sliding_window=_window(cfg) and size("sliding_window"),
+        **_hybrid(cfg, layers, size),
         max_position_embeddings=cfg.get("max_position_embeddings") and size("max_position_embeddings"),
         num_experts=moe["num_experts"],
         experts_per_token=moe["experts_per_token"],
@@ -412,14 +422,38 @@ def _hf_experts(cfg: dict, layers: int, size) -> dict:
 
 def _window(cfg: dict) -> int | None:
     """The sliding window every layer uses, else None: Qwen2's configs name a window they
-    switch off (use_sliding_window: false), and where some layers attend in full
-    (layer_types, as gpt-oss alternates them) those layers keep every token, so kvsim
-    counts all layers as full (an upper bound on the cache)."""
-    if cfg.get("use_sliding_window") is False:
-        return None
-    if "full_attention" in (cfg.get("layer_types") or ()):
+    switch off (use_sliding_window: false); where some layers attend in full, the window
+    is the hybrid pattern's (_hybrid)."""
+    if cfg.get("use_sliding_window") is False or _layer_types(cfg):
         return None
     return cfg.get("sliding_window")
+
+
+def _layer_types(cfg: dict) -> list[str]:
+    """Each layer's attention where the config mixes kinds: gpt-oss's `layer_types`, or
+    Gemma 2/3's `sliding_window_pattern` (every n-th layer global, the others local:
+    Hugging Face transformers' Gemma3TextConfig builds layer_types so); [] otherwise."""
+    if not cfg.get("sliding_window") or cfg.get("use_sliding_window") is False:
+        return []
+    types = cfg.get("layer_types")
+    pattern = cfg.get("sliding_window_pattern")
+    if not types and isinstance(pattern, int) and pattern > 1:
+        types = [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(cfg["num_hidden_layers"])
+        ]
+    types = list(types or ())
+    return types if "full_attention" in types and "sliding_attention" in types else []
+
+
+def _hybrid(cfg: dict, layers: int, size) -> dict:
+    """hybrid_window and hybrid_window_layers of a config whose layers mix a sliding
+    window and full attention, else nothing."""
+    types = _layer_types(cfg)
+    if not types:
+        return {}
+    if len(types) != layers:
+        raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers {layers}")
+    return {"hybrid_window": size("sliding_window"), "hybrid_window_layers": types.count("sliding_attention")}
 
 
 def _read_config(path: Path) -> dict:

@@ -19,12 +19,15 @@ CUDA-graph estimate comes from capturing the two largest graphs of each mode
 estimates them (see each function), which is where its figures can differ from a log.
 
 The pool then holds available // (block bytes) blocks, a block being block_size tokens
-of every layer's K and V on this GPU (v1/core/kv_cache_planning.py,
-get_kv_cache_config_from_groups), and vLLM logs (v1/core/kv_cache_utils.py,
-update_kv_cache_capacity):
+of every layer's K and V on this GPU, or of one KV cache group's layers for a hybrid
+model (v1/core/kv_cache_planning.py, get_kv_cache_config_from_groups; kvsim.model.kv_groups),
+and vLLM logs (v1/core/kv_cache_utils.py, update_kv_cache_capacity):
 
-    GPU KV cache size: {blocks / ceil(L / block_size) x L} tokens, Maximum concurrency
-    for {L} tokens per request: {blocks / ceil(L / block_size)}x     (L = max_model_len)
+    GPU KV cache size: {blocks / R x L} tokens, Maximum concurrency
+    for {L} tokens per request: {blocks / R}x     (L = max_model_len)
+
+R being the blocks a request of L tokens takes: ceil(L / block_size) per full-attention
+group, a sliding window's admission cap per windowed group.
 
 Each GPU of a tensor-parallel group holds every token's KV for its share of the KV heads
 (max(1, kv_heads / tp) of them, replicated when tp exceeds the heads: config/model.py,
@@ -36,6 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvsim.model.kv_groups import kv_cache_groups
 from kvsim.model.memory import PoolSizing
 from kvsim.model.specs import DTYPE_BITS, GIB, GPUSpec, KVSpec, ModelSpec
 
@@ -64,18 +68,44 @@ class KVCapacity:
     tokens: int
     concurrency: float
     max_model_len: int
+    groups: str = ""  # a hybrid model's KV cache groups, in words (kvsim.model.kv_groups)
 
     @classmethod
-    def of(cls, pool: PoolSizing, kv: KVSpec, block_size: int, max_model_len: int) -> "KVCapacity":
-        """The capacity vLLM logs for a pool in KV layout `kv` and blocks of block_size."""
-        block = block_size * kv.bytes_per_token / pool.kv_shards
+    def of(
+        cls,
+        pool: PoolSizing,
+        kv: KVSpec,
+        block_size: int,
+        max_model_len: int,
+        in_flight_tokens: int | None = None,
+        hybrid: bool = False,
+    ) -> "KVCapacity":
+        """The capacity vLLM logs for a pool in KV layout `kv` and blocks of block_size.
+        A block spans one KV cache group's layers (kvsim.model.kv_groups; `hybrid` False:
+        every layer, a hybrid model's windowed layers counted as full, as vLLM V0 and
+        kvsim's own runs of prefix-cached hybrid models do), and a request at
+        max_model_len takes blocks from each group, a sliding window's group at most its
+        admission cap, whose in-flight tokens are max_num_batched_tokens per batch in
+        flight (`in_flight_tokens`; None: windows counted as full)."""
+        groups = kv_cache_groups(kv.model, hybrid=hybrid)
+        block = groups.block_bytes(kv, block_size) / pool.kv_shards
         blocks = int(max(pool.per_gpu_bytes, 0) // block)
-        concurrency = blocks / -(-max_model_len // block_size)
-        return cls(blocks, int(concurrency * max_model_len), concurrency, max_model_len)
+        if in_flight_tokens is None:
+            per_request = len(groups.groups) * -(-max_model_len // block_size)
+        else:
+            per_request = groups.blocks_per_request(block_size, max_model_len, in_flight_tokens)
+        concurrency = blocks / per_request
+        return cls(
+            blocks,
+            int(concurrency * max_model_len),
+            concurrency,
+            max_model_len,
+            groups.describe() if groups.hybrid else "",
+        )
 
-    def lines(self) -> tuple[str, str]:
-        """The two figures as vLLM 0.33.0 prints them."""
-        return (
+    def lines(self) -> tuple[str, ...]:
+        """The two figures as vLLM 0.33.0 prints them, after a hybrid model's groups."""
+        return (*((self.groups,) if self.groups else ()),) + (
             f"GPU KV cache size: {self.tokens:,} tokens",
             f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.concurrency:.2f}x",
         )
