@@ -45,12 +45,9 @@ from kvsim.kvcache.base import InvariantError, SeqShape
 from kvsim.kvcache.naming import ROOT
 from kvsim.kvcache.paged import PagedAllocator, _Seq, blocks_for
 from kvsim.kvcache.prefix import PrefixCachingPagedAllocator, _CachedSeq
+from kvsim.model.kv_groups import admission_cap
 
-
-def admission_cap(window: int, block_size: int, in_flight_tokens: int, max_model_len: int) -> int:
-    """Blocks a request must find free to be admitted, at most (vLLM's
-    SlidingWindowSpec.max_admission_blocks_per_request: a window may start inside a block)."""
-    return blocks_for(min(window - 1 + in_flight_tokens, max_model_len), block_size) + 1
+__all__ = ["SlidingWindowPagedAllocator", "SlidingWindowPrefixCache", "admission_cap", "skipped_blocks"]
 
 
 def skipped_blocks(computed: int, window: int, block_size: int) -> int:

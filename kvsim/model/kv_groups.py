@@ -21,8 +21,7 @@ takes the same bytes and all groups draw block ids from one shared pool:
   available // (group size x layer page) blocks: about twice a full-attention count for
   gpt-oss, 6.2 times for Gemma 3 27B;
 - a request at max_model_len takes, from each full-attention group, ceil(L / block_size)
-  blocks, and from each sliding-window group the window's admission cap
-  (kvsim.kvcache.sliding.admission_cap); vLLM's "Maximum concurrency" is the pool's
+  blocks, and from each sliding-window group the window's admission cap (admission_cap); vLLM's "Maximum concurrency" is the pool's
   blocks over their sum.
 
 Only the same page size in every layer is modelled (gpt-oss's and Gemma 3's layers all
@@ -63,8 +62,6 @@ class KVGroups:
     def blocks_per_request(self, block_size: int, max_model_len: int, in_flight_tokens: int) -> int:
         """Blocks a request at max_model_len takes from the pool, over all groups
         (get_max_concurrency_for_kv_cache_config)."""
-        from kvsim.kvcache.sliding import admission_cap
-
         full = -(-max_model_len // block_size)
         return sum(
             full if g.window is None else admission_cap(g.window, block_size, in_flight_tokens, max_model_len)
@@ -81,6 +78,12 @@ class KVGroups:
             for w, n in kinds.items()
         ]
         return f"KV cache groups: {' + '.join(parts)} of {self.group_size} layers"
+
+
+def admission_cap(window: int, block_size: int, in_flight_tokens: int, max_model_len: int) -> int:
+    """Blocks a request must find free to be admitted, at most, in a windowed group (vLLM's
+    SlidingWindowSpec.max_admission_blocks_per_request: a window may start inside a block)."""
+    return -(-min(window - 1 + in_flight_tokens, max_model_len) // block_size) + 1
 
 
 def kv_cache_groups(model: ModelSpec, hybrid: bool = True) -> KVGroups:
