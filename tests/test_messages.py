@@ -172,14 +172,25 @@ def test_a_run_whose_requests_are_all_rejected_says_the_reason(tmp_path):
         ({}, None),
         ({"sliding_window": 4096}, 4096),
         ({"sliding_window": 131072, "use_sliding_window": False}, None),
-        ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]}, None),
+        # gpt-oss's pattern: the window is a hybrid one, on half the layers
+        ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 16}, None),
     ],
 )
 def test_a_config_s_sliding_window_counts_only_where_every_layer_uses_it(tmp_path, extra, window):
     from kvsim.model.specs import model_from_hf_config
 
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **extra}))
-    assert model_from_hf_config(tmp_path / "config.json").sliding_window == window
+    m = model_from_hf_config(tmp_path / "config.json")
+    assert m.sliding_window == window
+    assert (m.hybrid_window, m.hybrid_window_layers) == ((128, 16) if "layer_types" in extra else (None, 0))
+
+
+def test_a_config_whose_layer_types_miscount_its_layers_is_an_input_error(tmp_path):
+    cfg = {**LLAMA, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    path = scenario(tmp_path, model={"hf_config": str(tmp_path / "config.json")})
+    code, out, err = kvsim("run", path, "--out", tmp_path / "o")
+    assert code == 2 and "model.hf_config" in err and "layer_types names 2 layers, num_hidden_layers 32" in err
 
 
 @pytest.mark.parametrize(
