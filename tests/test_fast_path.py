@@ -242,6 +242,32 @@ def test_quiet_steps_go_without_the_rules_and_the_event_queue(engine, monkeypatc
     assert_same(run(doc, exact=True), fast)
 
 
+def test_quiet_steps_with_requests_the_step_cannot_see_yet(monkeypatch):
+    """vLLM V1 schedules asynchronously: a request that arrives while a step runs waits
+    one more step unseen, so that step still only decodes and is planned as a quiet step
+    (its limit "arrivals", its row recording the unseen head's need); the tables stay the
+    plain path's, checked at every step. Without asynchronous scheduling no quiet step has
+    a request waiting."""
+    monkeypatch.delenv("KVSIM_CHECK_INVARIANTS", raising=False)
+    waiting = []
+    quiet_step = Scheduler.quiet_step
+
+    def noted(self, now):
+        waiting.append(bool(self.waiting))
+        return quiet_step(self, now)
+
+    monkeypatch.setattr(Scheduler, "quiet_step", noted)
+    doc = scenario(engine="vllm-v1", cost_model="roofline", policies=[POLICIES[3], POLICIES[4]])
+    fast = run(doc, exact=False, check=True)
+    assert sum(waiting) >= 10
+    assert_same(run(doc, exact=True), fast)
+    waiting.clear()
+    doc["scheduler"] = {"async_scheduling": False}
+    fast = run(doc, exact=False)
+    assert waiting and not any(waiting)
+    assert_same(run(doc, exact=True), fast)
+
+
 def test_check_mode_catches_a_stale_lazy_sum(monkeypatch):
     """A breakdown kept in sums is checked against the allocator's own at every step."""
     original = lazy.LazyRunningSet._lazy_tick

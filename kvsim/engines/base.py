@@ -159,6 +159,7 @@ class SchedulerOps(Protocol):
 
     def running_seqs(self) -> int: ...
     def visible(self, req: Request) -> bool: ...
+    def visible_next(self, req: Request) -> bool: ...
     def prefill_need(self, req: Request, budget: float) -> tuple[int, int, int]: ...
     def need_after(self, req: Request, cached: int, budget: float) -> tuple[int, int, int]: ...
     def fits(self, req: Request, tokens: int, keep_free: int) -> bool: ...
@@ -200,11 +201,12 @@ class EngineRules(Protocol):
         ...
 
     def decodes_only(self, s: SchedulerOps) -> bool:
-        """Whether, with nothing waiting or swapped out and every running request
-        decoding, the step these rules plan is one token for each of them and nothing
-        else, changing no state of the rules: such a step may then be planned without
-        them (kvsim.sim.loop's quiet steps). Rules that keep state across steps (SGLang's
-        new-token ratio) say False, as this default does."""
+        """Whether, with nothing swapped out and every running request decoding, the step
+        these rules plan is one token for each of them and nothing else, its limit
+        "arrivals" (nothing waits, or nothing the step may admit yet: vLLM V1's
+        asynchronous scheduling), changing no state of the rules: such a step may then be
+        planned without them (kvsim.sim.loop's quiet steps). Rules that keep state across
+        steps (SGLang's new-token ratio) say False, as this default does."""
         return False
 
     def preemption_mode(self, s: SchedulerOps, req: Request) -> str:

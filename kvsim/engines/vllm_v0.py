@@ -50,8 +50,9 @@ class VllmV0(EngineRules):
 
     def decodes_only(self, s: SchedulerOps) -> bool:
         """A step that prefills nothing decodes every running group (no token budget);
-        with chunked prefill, while the budget holds every decode."""
-        return not s.chunked or s.running_seqs() <= s.budget
+        with chunked prefill, while the budget holds every decode. Only with nothing
+        waiting: V0 sees every waiting request."""
+        return not s.waiting and (not s.chunked or s.running_seqs() <= s.budget)
 
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()

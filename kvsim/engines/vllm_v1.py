@@ -51,8 +51,14 @@ class VllmV1(EngineRules):
         s.waiting.appendleft(req)
 
     def decodes_only(self, s: SchedulerOps) -> bool:
-        """The running pass gives every decode its token while the budget holds them all."""
-        return len(s.running) <= s.budget
+        """The running pass gives every decode its token while the budget holds them all;
+        then a waiting head that the step cannot see yet (asynchronous scheduling) stops
+        the queue with the limit "arrivals", where budget is left and fewer than
+        max_num_seqs run (else those limits come first)."""
+        running = len(s.running)
+        if not s.waiting:
+            return running <= s.budget
+        return running < s.budget and running < s.max_num_seqs and not s.visible_next(s.waiting[0])
 
     def schedule(self, s: SchedulerOps, now: float) -> Step:
         step = Step()

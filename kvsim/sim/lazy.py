@@ -39,11 +39,12 @@ test: `decoding`, or iteration) each lazy one is brought up to date in place, an
 a pass could preempt, every lazy request is made explicit first and the plain pass runs. Sums of integers are exact, so every step's
 batch, breakdown and time are the plain path's to the last bit (tests/test_fast_path.py).
 
-A step in which every running request is lazy and nothing waits is *quiet*: the
-engine's rules would only give each its token (EngineRules.decodes_only), so the loop
-plans it as the tick alone (`quiet_tick`: what `_lazy_pass` does with no explicit
-request) and, while it completes nothing, completes it by ending the tick
-(kvsim.sim.loop).
+A step in which every running request is lazy and nothing waits that the step could
+admit (nothing at all, or, with vLLM V1's asynchronous scheduling, only requests that
+arrived after the step in flight was planned) is *quiet*: the engine's rules would only
+give each its token (EngineRules.decodes_only), so the loop plans it as the tick alone
+(`quiet_tick`: what `_lazy_pass` does with no explicit request) and, while it completes
+nothing, completes it by ending the tick (kvsim.sim.loop).
 
 Not lazy (their runs go step by step, as in the plain path): the radix cache (every
 token takes a free slot), sliding windows (blocks leave the window), and sequence

@@ -319,8 +319,8 @@ class StepLoop:
     stage that waits for the previous one to drain makes its first arrival's event when
     the last of those requests ends, and goes on from that instant.
 
-    Quiet steps (nothing waiting, every running request decoding lazily: most steps of a
-    light load) are planned without the engine's rules (`_quiet_step`), and one that
+    Quiet steps (every running request decoding lazily, nothing waiting that the step
+    could admit: most steps of a light load) are planned without the engine's rules (`_quiet_step`), and one that
     ends before any other event and completes no request is completed at once, the next
     step planned at its end: between the events that change the batch (an arrival, a
     request due or finishing) the steps follow one another without the event queue, each
@@ -480,7 +480,7 @@ class StepLoop:
         sched, run = rep.sched, rep.run
         batch = sched.quiet_step(now)
         dt = self._price(run, batch)
-        _record(run, sched, now, dt, 0, batch.decodes, None, ARRIVALS)
+        _record(run, sched, now, dt, 0, batch.decodes, sched.head_need(), ARRIVALS)
         if self.checking:
             _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
         end = now + dt

@@ -314,10 +314,17 @@ class Scheduler:
         as soon as a request comes."""
         return req.index <= self.cutoff
 
+    def visible_next(self, req: Request) -> bool:
+        """Whether the step planned next will see `req` (`visible` once it is planned)."""
+        return req.index <= self._next_cutoff()
+
+    def _next_cutoff(self) -> int:
+        lag = self.async_scheduling and bool(self.running)
+        return self.planned_latest if lag else self.latest
+
     def planning(self, now: float) -> None:
         """Note that a step is planned now (see `visible`)."""
-        lag = self.async_scheduling and bool(self.running)
-        self.cutoff = self.planned_latest if lag else self.latest
+        self.cutoff = self._next_cutoff()
         self.planned_latest = self.latest
 
     def schedule(self, now: float) -> Step:
@@ -335,22 +342,31 @@ class Scheduler:
             raise RuntimeError(
                 f"{self.rules.name} left requests waiting without saying why at t={now:.6f}s; this is a kvsim bug"
             )
-        if step.head_need is None and self.waiting:
-            head = self.waiting[0]
-            _, _, held = self.prefill_need(head, self.budget)
-            step.head_need = (head.shape, held, self.keep_free)
+        if step.head_need is None:
+            step.head_need = self.head_need()
         self.running.close_step(step)
         return step
 
+    def head_need(self) -> NextSeq | None:
+        """What the waiting queue's head would hold if admitted now, as a step records it
+        where the rules did not say (its prompt chunked to the whole budget), or None
+        with nothing waiting."""
+        if not self.waiting:
+            return None
+        head = self.waiting[0]
+        _, _, held = self.prefill_need(head, self.budget)
+        return (head.shape, held, self.keep_free)
+
     def quiet_next(self) -> bool:
-        """Whether the next step is quiet: nothing waits or is swapped out, every running
-        request decodes lazily (kvsim.sim.lazy) and the engine's rules would plan nothing
-        but their tokens (EngineRules.decodes_only)."""
-        return not self.waiting and not self.swapped and self.running.quiet() and self.rules.decodes_only(self)
+        """Whether the next step is quiet: nothing is swapped out, every running request
+        decodes lazily (kvsim.sim.lazy) and the engine's rules would plan nothing but their
+        tokens (EngineRules.decodes_only: nothing waits, or nothing the step can see)."""
+        return not self.swapped and self.rules.decodes_only(self) and self.running.quiet()
 
     def quiet_step(self, now: float) -> StepBatch:
         """Plan a quiet step (`quiet_next`) as `schedule` would, without asking the rules
-        (its limit is "arrivals": nothing waits); returns its batch."""
+        (its limit is "arrivals": nothing waits that the step could admit; its head's
+        need is `head_need`); returns its batch."""
         self.now_planned = now
         self.planning(now)
         return self.running.quiet_tick()
