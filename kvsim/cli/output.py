@@ -25,9 +25,14 @@ def simulate_with_progress(
     from kvsim.analysis.results import run_scenario
 
     bar = Progress([p.name for p in scn.policies], enabled=not quiet and sys.stderr.isatty(), label=label)
-    try:
+    try:  # no bar, no reports: the loop would otherwise call one at every step
         results = run_scenario(
-            scn, base_dir, src, on_progress=bar.update, check_invariants=check_invariants, **run_options
+            scn,
+            base_dir,
+            src,
+            on_progress=bar.update if bar.enabled else None,
+            check_invariants=check_invariants,
+            **run_options,
         )
     except BaseException:
         bar.close(finished=False)

@@ -20,7 +20,7 @@ scenario's `cost_model` into one of the two.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -35,21 +35,20 @@ from kvsim.model.specs import GPUSpec, KVSpec, ModelSpec
 DEFAULT_LIMITS = (1024, 8192)  # vLLM V1's max_num_seqs, max_num_batched_tokens on a large GPU
 
 
-@dataclass(frozen=True)
-class Decodes:
+class Decodes(NamedTuple):
     """Decoding sequences given only in sum (kvsim.sim.lazy's): how many, the tokens their
     contexts hold together, and how many blocks of `block_size` those contexts fill
-    (each context rounded up; 0 when block_size is None)."""
+    (each context rounded up; 0 when block_size is None). A named tuple, as StepBatch:
+    the fast path makes one per step."""
 
-    count: int
+    sequences: int  # (not `count`: a tuple's method)
     total: int
     blocks: int = 0
     block_size: int | None = None
 
 
-@dataclass(frozen=True)
-class StepBatch:
-    """One step's work.
+class StepBatch(NamedTuple):
+    """One step's work (immutable, as every step makes one).
 
     prefills: (chunk tokens, tokens already cached before the chunk) per prefilling
     sequence; decode_contexts: the tokens each decoding sequence attends to (its KV,
@@ -69,7 +68,7 @@ class StepBatch:
     @property
     def decodes(self) -> int:
         """Decoding sequences."""
-        return len(self.decode_contexts) + (self.extra.count if self.extra else 0)
+        return len(self.decode_contexts) + (self.extra.sequences if self.extra else 0)
 
     @property
     def decode_total(self) -> int:
@@ -79,7 +78,7 @@ class StepBatch:
     def decode_blocks(self, block_size: int) -> int:
         """Blocks of `block_size` the decoding sequences' contexts fill."""
         blocks = sum(-(-c // block_size) for c in self.decode_contexts)
-        if self.extra and self.extra.count:
+        if self.extra and self.extra.sequences:
             if self.extra.block_size != block_size:
                 raise ValueError(
                     f"decodes counted in blocks of {self.extra.block_size}, asked for blocks of {block_size}"

@@ -69,8 +69,8 @@ class LinkedFreeQueue(FreeQueue):
         self._removed = 0  # their total
         self._front: list[int] = []  # put_front's blocks, the head last
 
-    def __len__(self) -> int:
-        return super().__len__() - self._removed + len(self._front)
+    def __len__(self) -> int:  # FreeQueue's count, less the removed, plus the front's (each step asks)
+        return len(self._ids) - self._head - self._removed + len(self._front)
 
     def __iter__(self) -> Iterator[int]:
         yield from reversed(self._front)
