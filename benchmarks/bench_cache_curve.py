@@ -12,15 +12,19 @@ Workloads:
   conversation  generated: conversations whose every turn adds one hash block to the
                 last, so no two neighbouring blocks share their users and merging saves
                 nothing (the worst case for the item count)
-The machine is shared and noisy: read the medians of --repeats runs.
+The machine is shared and noisy: read the medians of --repeats runs (the spread, fastest
+to slowest run, is printed beside them). --write also writes them to
+benchmarks/CACHE_CURVE_RESULTS.md (never edited by hand).
 
-    python benchmarks/bench_cache_curve.py [--repeats 5] [--block-size 16] [--trace FILE]
+    python benchmarks/bench_cache_curve.py [--repeats 5] [--block-size 16] [--trace FILE] [--write]
 """
 
 import argparse
 import itertools
+import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +37,7 @@ from kvsim.workload.traces import trace_requests
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 TARGET = 1e6  # block references per second
+RESULTS = ROOT / "benchmarks" / "CACHE_CURVE_RESULTS.md"
 
 
 def chains(n: int = 4000, depth: int = 30, seed: int = 0) -> list[RequestSpec]:
@@ -60,7 +65,8 @@ def conversation(turns: int = 40, talks: int = 150) -> list[RequestSpec]:
     return specs
 
 
-def measure(name: str, requests, block: int, repeats: int) -> None:
+def measure(name: str, requests, block: int, repeats: int) -> list[str]:
+    """Times the workload; prints and returns its lines of the report."""
     prep, per_policy = [], {p: [] for p in POLICIES}
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -72,16 +78,22 @@ def measure(name: str, requests, block: int, repeats: int) -> None:
             cache_curve(refs, caps, [policy])
             per_policy[policy].append(time.perf_counter() - t0)
     blocks, refs_prep = refs.blocks, statistics.median(prep)
-    print(
+    lines = [
         f"{name}: {refs.num_requests:,} requests, {blocks:,} block references of {block} tokens, "
-        f"{len(refs.item):,} items, {len(caps)} capacities"
-    )
-    print(f"  block references and items: {refs_prep:.3f} s ({blocks / refs_prep / 1e6:.1f}M/s)")
+        f"{len(refs.item):,} items, {len(caps)} capacities",
+        f"  block references and items: {refs_prep:.3f} s ({blocks / refs_prep / 1e6:.1f}M/s; "
+        f"runs {min(prep):.3f}-{max(prep):.3f} s)",
+    ]
     for policy, times in per_policy.items():
         t = statistics.median(times)
         rate = blocks / (refs_prep + t)
         flag = "" if rate >= TARGET else f"  BELOW {TARGET / 1e6:g}M/s"
-        print(f"  {policy:7s} {t:.3f} s; with the references {rate / 1e6:.1f}M block references per second{flag}")
+        lines.append(
+            f"  {policy:7s} {t:.3f} s (runs {min(times):.3f}-{max(times):.3f} s); with the references "
+            f"{rate / 1e6:.1f}M block references per second{flag}"
+        )
+    print("\n".join(lines), flush=True)
+    return lines
 
 
 def main() -> None:
@@ -89,16 +101,33 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--trace", type=Path, default=MOONCAKE)
+    parser.add_argument("--write", action="store_true", help=f"also write {RESULTS.relative_to(ROOT)}")
     args = parser.parse_args()
+    load_before, started = os.getloadavg(), time.strftime("%Y-%m-%d %H:%M")
+    lines = []
     if args.trace.is_file():
         t0 = time.perf_counter()
         requests = list(trace_requests(args.trace))
         print(f"reading {args.trace.name}: {time.perf_counter() - t0:.2f} s (not counted below)")
-        measure(args.trace.stem, requests, args.block_size, args.repeats)
+        lines += measure(args.trace.stem, requests, args.block_size, args.repeats)
     else:
         print(f"no {args.trace}: the generated workloads only")
-    measure("chains", chains(), args.block_size, args.repeats)
-    measure("conversation", conversation(), args.block_size, args.repeats)
+    lines += measure("chains", chains(), args.block_size, args.repeats)
+    lines += measure("conversation", conversation(), args.block_size, args.repeats)
+    if args.write:
+        load_after = os.getloadavg()
+        command = " ".join(["python", "benchmarks/bench_cache_curve.py", *sys.argv[1:]])
+        head = [
+            "# kvsim cache-curve: block references per second",
+            "",
+            f"Written by `{command}` on {started} (load average {load_before[0]:.1f} before, "
+            f"{load_after[0]:.1f} after; {os.cpu_count()} CPUs). Medians of {args.repeats} runs; the "
+            f"target is {TARGET / 1e6:g}M block references per second, the references and items "
+            "included, every capacity of the default grid in one pass per policy.",
+            "",
+            "```",
+        ]
+        RESULTS.write_text("\n".join(head + lines + ["```", ""]))
 
 
 if __name__ == "__main__":
