@@ -499,4 +499,4 @@ def test_the_engine_logs_its_pool_as_tensorrt_llm_does():
     code, out, _ = __import__("helpers").kvsim(
         "memory", "--model", "llama-3-8b", "--context", "1000", "--gpu", "h100-80gb", "--engine", "trtllm"
     )
-    assert code == 0 and "trtllm (TensorRT-LLM 1.x" in out and "for max tokens in paged KV cache" in out
+    assert code == 0 and "trtllm (TensorRT-LLM 1.2.0rc2" in out and "for max tokens in paged KV cache" in out

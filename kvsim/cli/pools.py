@@ -8,7 +8,12 @@ from kvsim.model.engine_log import engine_log
 from kvsim.config.scenario import SchedulerSettings
 from kvsim.model.specs import GIB, KVSpec, resolve_kv_dtype
 
-RELEASES = {"vllm-v1": "vLLM 0.33.0", "vllm-v0": "vLLM V0", "sglang": "SGLang 0.5.23", "trtllm": "TensorRT-LLM 1.x"}
+RELEASES = {
+    "vllm-v1": "vLLM 0.33.0",
+    "vllm-v0": "vLLM V0",
+    "sglang": "SGLang 0.5.23",
+    "trtllm": "TensorRT-LLM 1.2.0rc2",
+}
 
 
 def pool_reports(

@@ -3,7 +3,7 @@
 A scenario's `scheduler:` block and its policies use vLLM's names; whatever they leave
 unset takes the chosen engine's default, read from that engine's source:
 
-| setting | vllm-v0 (0.6.3.post1) | vllm-v1 (0.33.0) | sglang (0.5.23) | trtllm (1.x) |
+| setting | vllm-v0 (0.6.3.post1) | vllm-v1 (0.33.0) | sglang (0.5.23) | trtllm (1.2.0rc2) |
 | --- | --- | --- | --- | --- |
 | max_num_seqs | 256 | 1024 on a GPU of 70 GiB or more other than A100, else 256 | min(pool tokens / 2, clamp(pool tokens / max_model_len x 512, 2048, 4096)) | max_batch_size 2048 |
 | max_num_batched_tokens | max(max_model_len, 2048); 512 with chunking | 16384 on a GPU of 160 GiB or more, 8192 on such a GPU, else 2048 | chunked_prefill_size: 2048 under 20 GiB, 4096 under 60 GiB, 8192 under 160 GiB, else 16384 | max_num_tokens 8192 |
@@ -26,8 +26,10 @@ adapters or devices other than GPUs), vllm/core/block_manager.py
 (max_prefill_tokens 16384, schedule_policy fcfs), sglang/srt/model_executor/pool_configurator.py
 (`_resolve_max_running_requests_per_worker`, as ModelRunner resolves max_running_requests);
 TensorRT-LLM's tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, SchedulerConfig),
-as its 1.x API reference documents them, and tensorrt_llm/builder.py BuildConfig
-(max_batch_size 2048, max_num_tokens 8192, the defaults the LLM API falls back to).
+as its API reference documents them, and tensorrt_llm/builder.py BuildConfig at commit
+008b2b8d23af (max_batch_size 2048, max_num_tokens 8192, the defaults the LLM API falls
+back to); the block manager they configure is TensorRT-LLM 1.2.0rc2's (docs/engines.md
+lists the files and commits).
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ class SchedulerSettings(Strict):
 
 class KvCacheConfig(Strict):
     """TensorRT-LLM's KvCacheConfig, the fields kvsim models (engine: trtllm), with the
-    defaults of its 1.x line (kvsim.config.trtllm says how they map to policies)."""
+    defaults (kvsim.config.trtllm says how they map to policies)."""
 
     # the share of the memory free after loading that the KV pool takes
     free_gpu_memory_fraction: float = Field(TRTLLM["free_gpu_memory_fraction"], gt=0, lt=1)

@@ -1,7 +1,7 @@
 """`engine: trtllm`: what a scenario's settings mean for TensorRT-LLM, and what it refuses.
 
-TensorRT-LLM's own names (tensorrt_llm/llmapi/llm_args.py on the 1.x line, as its API
-reference documents them) appear where kvsim has no name of its own:
+TensorRT-LLM's own names (tensorrt_llm/llmapi/llm_args.py, as its API reference documents
+them; the block manager they configure is TensorRT-LLM 1.2.0rc2's) appear where kvsim has no name of its own:
 `kv_cache_config:` holds KvCacheConfig's fields engine-wide, and
 `scheduler.capacity_scheduler_policy` is SchedulerConfig's. The settings both engines
 have keep vLLM's names: scheduler.max_num_seqs is max_batch_size (2048 by default),
@@ -17,7 +17,7 @@ the allocator's options.
 from __future__ import annotations
 
 GIB = 2**30
-# KvCacheConfig's defaults on the 1.x line (kvsim.config.scenario.KvCacheConfig takes them)
+# KvCacheConfig's defaults (kvsim.config.scenario.KvCacheConfig takes them)
 DEFAULTS = {
     "free_gpu_memory_fraction": 0.9,
     "enable_block_reuse": True,

@@ -1,12 +1,12 @@
-"""TensorRT-LLM, as its 1.x line schedules with the PyTorch backend: the capacity
-scheduler, then the micro-batch scheduler, over TensorRT-LLM's block manager
-(kvsim.kvcache.trtllm).
+"""TensorRT-LLM, as it schedules with the PyTorch backend: the capacity scheduler, then
+the micro-batch scheduler, over TensorRT-LLM's block manager (kvsim.kvcache.trtllm).
 
-Sources (NVIDIA/TensorRT-LLM, read at the commits docs/engines.md lists):
-cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp (02a10fed0dbf),
-scheduledBlocksManager.cpp (ca64fd93be51), microBatchScheduler.cpp (0a949d3128bf),
-kvCacheManager.cpp (002ba6a7cc5e)
-(`getRemainingBlocksToCompletion`, `getNeededBlocksOneStep`); the PyTorch executor
+Sources (NVIDIA/TensorRT-LLM): TensorRT-LLM 1.2.0rc2's
+cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp (commit b35ac1b64368, whose
+tensorrt_llm/version.py reads 1.2.0rc2: `getRemainingBlocksToCompletion`,
+`getNeededBlocksOneStep`); capacityScheduler.cpp (commit 02a10fed0dbf),
+scheduledBlocksManager.cpp (ca64fd93be51) and microBatchScheduler.cpp (0a949d3128bf), at
+commits no release tag can be tied to (docs/engines.md says why); the PyTorch executor
 (tensorrt_llm/_torch/pyexecutor/py_executor.py `_pause_requests`: a paused request is
 recomputed, its KV freed and stored for reuse).
 

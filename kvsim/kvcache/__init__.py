@@ -98,7 +98,7 @@ def _trtllm(
     host_cache_bytes: float = 0.0,
     **options,
 ) -> TrtllmBlockManager:
-    # TensorRT-LLM's calculateMaxNumBlocks (kvCacheManager.cpp): primary blocks round the
+    # TensorRT-LLM's calculateMaxNumBlocks (1.2.0rc2's kvCacheManager.cpp): primary blocks round the
     # pool's tokens up (ceilDiv(maxTokens, tokensPerBlock)), the host pool's down.
     tokens = int(pool_bytes // kv.bytes_per_token)
     secondary = int(host_cache_bytes // kv.bytes_per_token) // block_size

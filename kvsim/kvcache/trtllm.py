@@ -1,12 +1,14 @@
 """TensorRT-LLM's KV cache block manager: block reuse across requests, and a host pool
 that keeps evicted blocks for later reuse.
 
-Follows TensorRT-LLM's C++ batch manager as published in NVIDIA/TensorRT-LLM on its 1.x
-line (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp: `WindowBlockManager`
-`loadOrAllocateBlocks`, `getFreeBlock`, `onboardBlock`, `storeBlocks`,
-`storeBlocksForReuse`, `releaseBlocks`; evictionPolicy.cpp; kvCacheTransferManager.cpp),
-for one attention window, beam width 1 and no LoRA (files read at commits 002ba6a7cc5e,
-05a919198033 and 03d4aac90be1 respectively). The pools: `num_blocks` primary
+Follows TensorRT-LLM 1.2.0rc2's C++ batch manager (NVIDIA/TensorRT-LLM,
+cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp at commit b35ac1b64368, whose
+tensorrt_llm/version.py reads 1.2.0rc2: `WindowBlockManager` `loadOrAllocateBlocks`,
+`getFreeBlock`, `onboardBlock`, `storeBlocks`, `storeBlocksForReuse`, `releaseBlocks`),
+with evictionPolicy.cpp (commit 05a919198033) and kvCacheTransferManager.cpp (commit
+03d4aac90be1), which no release tag can be tied to (docs/engines.md says why), for one
+attention window, beam width 1 and no LoRA. TensorRT-LLM's own unit tests of this
+manager are replayed on it in tests/test_trtllm_upstream.py. The pools: `num_blocks` primary
 blocks of `block_size` tokens in GPU memory (KvCacheConfig.tokens_per_block, 32 by
 default) and `secondary_blocks` in host memory (KvCacheConfig.host_cache_size bytes).
 Block ids are TensorRT-LLM's: 0..P-1 start in the GPU, P..P+S-1 in the host, and a block
@@ -31,7 +33,8 @@ keeps its id and its content when it moves between them (the two swap their memo
   the back of their queue (kvsim.kvcache.trtllm_eviction): least recently used first.
 - Eviction and offload (`getFreeBlock`): a new GPU block is the front of the free
   queue. If it holds content, its priority allows it (secondary_offload_min_priority,
-  30; blocks take the retention priority, 35 by default) and the host pool has a free
+  30; blocks take the retention priority, 35 by default: executor.h's
+  kDefaultRetentionPriority) and the host pool has a free
   block, its content moves to the host pool (the host's least recently used block is
   dropped for it) and the freed host block's memory is returned instead; otherwise its
   content is dropped. Either way whatever was stored below the dropped block leaves the

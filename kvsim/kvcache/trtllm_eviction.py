@@ -1,10 +1,13 @@
 """TensorRT-LLM's eviction policy: free blocks in LRU queues by cache level and priority.
 
 As in TensorRT-LLM's C++ batch manager (cpp/tensorrt_llm/batch_manager/evictionPolicy.cpp,
-`LRUEvictionPolicy`, NVIDIA/TensorRT-LLM; the release kvsim follows is named in
-kvsim.kvcache.trtllm): every block nobody holds waits in one queue per cache level
+`LRUEvictionPolicy`, NVIDIA/TensorRT-LLM at commits 05a919198033 and fc07e755f805, which
+agree on every rule here; TensorRT-LLM 1.2.0rc2's kvCacheManager.cpp drives it, as
+kvsim.kvcache.trtllm says): every block nobody holds waits in one queue per cache level
 (0: the GPU's primary pool, 1: the host's secondary pool) and retention priority
-(KvCacheRetentionConfig: 0 to 100, default 35). A free block is taken from the front of
+(KvCacheRetentionConfig in cpp/include/tensorrt_llm/executor/executor.h, commit
+0165bd7ac275: kMinRetentionPriority 0, kMaxRetentionPriority 100,
+kDefaultRetentionPriority 35). A free block is taken from the front of
 the lowest non-empty priority's queue of its level (`getFreeBlock`); a released block
 joins the back of its level and priority's queue (`releaseBlock`); a hit takes a block
 out of the middle of its queue (`claimBlock`). Within one priority that is least

@@ -1,7 +1,8 @@
 """The search structure of TensorRT-LLM's block reuse: stored blocks in a tree by content.
 
-As in TensorRT-LLM's KVCacheBlock (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp:
-`addNextBlock`, `findMatchingBlock`, `freeLeafBlock`; BlockKey::partialMatch): each
+As in TensorRT-LLM 1.2.0rc2's KVCacheBlock (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp
+at commit b35ac1b64368: `addNextBlock`, `findMatchingBlock`, `freeLeafBlock`;
+BlockKey::partialMatch): each
 stored block hangs under the block before it in its sequence (the root for a first
 block), keyed by its own tokens (its BlockKey), so a path from the root spells a prefix.
 A lookup goes down one block at a time: a child whose key equals the block's tokens is

@@ -26,8 +26,8 @@ def engine_log(pool: PoolSizing, kv, kind: str, options: dict, max_model_len: in
 
 
 def trtllm_lines(pool: PoolSizing, kv, tokens_per_block: int) -> list[str]:
-    """TensorRT-LLM's log of its primary pool (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp,
-    `KVCacheManager::allocatePools`): tokens per block, and one GPU's bytes for the pool's
+    """TensorRT-LLM's log of its primary pool (TensorRT-LLM 1.2.0rc2's
+    cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp, `KVCacheManager::allocatePools`): tokens per block, and one GPU's bytes for the pool's
     blocks, which round its tokens up (`calculateMaxNumBlocks`)."""
     blocks = -(-int(pool.pool_bytes // kv.bytes_per_token) // tokens_per_block)
     per_gpu = blocks * tokens_per_block * kv.bytes_per_token / pool.kv_shards

@@ -1,9 +1,10 @@
 """TensorRT-LLM's KV pool: a fraction of the GPU memory left free once the model runs.
 
-TensorRT-LLM (1.x line, PyTorch backend) loads the weights, runs a profiling forward
-with a small KV cache, then gives the KV cache `free_gpu_memory_fraction` (0.9 by
-default) of the memory then free (BaseKVCacheManager::calculateFreeMemBytes in
-cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp: free memory x the fraction; the
+TensorRT-LLM (PyTorch backend) loads the weights, runs a profiling forward with a small
+KV cache, then gives the KV cache `free_gpu_memory_fraction` (0.9 by default:
+executor.h's KvCacheConfig::kDefaultGpuMemFraction) of the memory then free
+(BaseKVCacheManager::calculateFreeMemBytes in TensorRT-LLM 1.2.0rc2's
+cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp, commit b35ac1b64368: free memory x the fraction; the
 estimate is tensorrt_llm/_torch/pyexecutor/_util.py's KvCacheCreator). The rest stays for
 the CUDA graphs captured afterwards and for fragmentation. kvsim estimates the free
 memory as vLLM's accounting of the same parts does (kvsim.model.vllm_pool): the GPU's
