@@ -34,7 +34,7 @@ import types
 import typing
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pydantic import ValidationError
@@ -473,6 +473,7 @@ def random_walk(m: Model, rng: random.Random, steps: int) -> None:
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @settings(max_examples=WALK_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(seed=st.integers(0, 2**32 - 1))
+@example(seed=2379690)  # trtllm: a copied partial match that is the only free GPU block
 def test_random_walk(variant, seed):
     random_walk(Model(*variant), random.Random(seed), WALK_STEPS)
 

@@ -47,7 +47,8 @@ keeps its id and its content when it moves between them (the two swap their memo
 Where kvsim differs: a prompt's matched blocks are all claimed before any is onboarded
 or any new block taken (TensorRT-LLM claims them one by one, so an onboarding could
 evict a block the same prompt matches further on); a partially matched block that is
-copied is claimed while it is copied, and so counts as just used; whatever is stored
+copied is claimed while it is copied, and so counts as just used (unless it is the only
+free GPU block, which the copy then takes, as getFreeBlock would); whatever is stored
 below an evicted block leaves the tree but its free blocks stay queued (TensorRT-LLM's
 freeChildren claims them out of the queue); content -1 (kvsim's "never shared") is
 never stored. With chunked context TensorRT-LLM allocates a prompt's blocks at its first
@@ -250,6 +251,11 @@ class TrtllmBlockManager:
         for m, was_free in zip(matches, free_before):
             block = m.block
             if m.partial and (not was_free or not self.tree.is_leaf(block)):
+                if was_free and self.level[block] == PRIMARY and not self.free_queues.free_count(PRIMARY):
+                    # the only free GPU block: getFreeBlock takes it, the copy is onto its own
+                    # memory (or from the host pool, where its content goes)
+                    self._release(block)
+                    was_free = False
                 block = self._free_block(self.retention_priority)  # copy its matched tokens
                 if self.level[m.block] == SECONDARY:
                     self._moved(on=self.block_bytes * m.tokens / self.block_size)
