@@ -19,14 +19,16 @@ file is `kvsim validate` on the whole runs, so the windows can only make the fit
 never the figures kinder (the doc gives the fit's objective on the windows and on the
 whole runs). The all-runs fit and each leave-one-out fit start from the same point,
 START: kvsim.calibrate.engine_fit.START (a round prior for each term, fitted on no run)
-with the terms HELD names held at zero, and run until they converge (kvsim.calibrate.engine_fit.fit: here, once a step lowers the
-objective by less than TOLERANCE) or MAX_ITERATIONS (whether each converged is
-recorded). No leave-one-out fit reuses anything computed with the run it leaves out
-(neither the all-runs fit's coefficients nor its residuals or Jacobian), so its held-out
-figures are predictions of a run no step of its fit saw. The leave-one-out fits run side
-by side, --jobs at a time. Progress is kept in build/ (with the start, cap and tolerance
-it was made with: a state made otherwise is not resumed) so an interrupted run resumes.
-Deterministic: fixed seeds, sorted keys, rounded floats.
+with the terms HELD names held at zero, and run until they converge
+(kvsim.calibrate.engine_fit.fit: here, once a step lowers the objective by less than
+TOLERANCE) or MAX_ITERATIONS (whether each converged is recorded). No leave-one-out fit
+reuses anything computed with the run it leaves out (neither the all-runs fit's
+coefficients nor its residuals or Jacobian), so its held-out figures are predictions of
+a run no step of its fit saw. The leave-one-out fits run side by side, --jobs at a time,
+and share each run's residuals at the points more than one of them reaches (their start
+and first differences: `Shared`), which changes no fit. Progress is kept in build/ (with
+the start, cap and tolerance it was made with: a state made otherwise is not resumed) so
+an interrupted run resumes. Deterministic: fixed seeds, sorted keys, rounded floats.
 
 Usage: python scripts/derive_vllm_overhead.py [RUNS_DIR] [--jobs N] [--only RUN,...]
 (--only: just the leave-one-out fits without those runs, kept in build/ for a later run
@@ -43,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 
 from kvsim.calibrate import engine_fit, run_check
 from kvsim.calibrate.replay import Replay
@@ -55,6 +59,7 @@ DEFAULT_IN = REPO.parent / "shared" / "data" / "vllm-h100"
 OUT = REPO / "kvsim" / "data" / "overheads" / "vllm-v1-h100-v1.json"
 DOC = REPO / "docs" / "accuracy-vllm-h100.md"
 STATE = REPO / "build" / "derive_vllm_overhead.state.json"
+STORE = REPO / "build" / "derive_vllm_overhead.residuals.jsonl"
 NAME, VERSION = "vllm-v1-h100-v1", 1
 MAX_ITERATIONS = 20  # the all-runs fit's cap
 # Each leave-one-out fit's cap, set by what ten fits from START cost on a shared two-core
@@ -154,7 +159,7 @@ def main(argv: list[str]) -> None:
         side) and `kvsim validate` on run k with it. It starts from START, as the all-runs fit
         does: nothing of it depends on run k."""
         name = names[k]
-        objective = engine_fit.Objective([replays[n] for n in names if n != name], workers=1)
+        objective = Shared({n: replays[n] for n in names if n != name}, workers=1)
         loo = engine_fit.fit(
             objective,
             start=START,
@@ -213,6 +218,49 @@ def main(argv: list[str]) -> None:
 def save_state(state: dict) -> None:
     STATE.parent.mkdir(exist_ok=True)
     STATE.write_text(json.dumps(clean(state)))
+
+
+class Shared(engine_fit.Objective):
+    """The objective over some of the runs, each run's residuals at a point kept in STORE
+    (one JSON line each, appended by every process of the script): a leave-one-out fit
+    takes a run's residuals at a point from there where another fit reached that point
+    (every one starts at START and takes its first differences at the same points)
+    instead of simulating the run again. A run's residuals at a point depend on that run
+    and that point alone, so sharing them changes no fit's steps, and a fit never reads
+    the residuals of the run it leaves out."""
+
+    def __init__(self, replays: dict, workers: int = 1):
+        super().__init__(list(replays.values()), workers)
+        self.names = list(replays)
+
+    @staticmethod
+    def point(theta: dict) -> str:
+        return json.dumps([round(theta[p.name], 9) for p in engine_fit.PARAMS])
+
+    def per_run(self, theta: dict) -> list:
+        known = _stored(self.point(theta))
+        missing = [i for i, n in enumerate(self.names) if n not in known]
+        if missing:
+            part = engine_fit.Objective([self.replays[i] for i in missing], self.workers)
+            for i, r in zip(missing, part.per_run(theta)):
+                known[self.names[i]] = r.tolist()
+                with STORE.open("a") as f:  # one short line: appends of processes do not interleave
+                    f.write(json.dumps({"point": self.point(theta), "run": self.names[i], "r": r.tolist()}) + "\n")
+            self.evaluations += 1
+        return [np.array(known[n], dtype=float) for n in self.names]
+
+
+def _stored(point: str) -> dict:
+    """The residuals STORE holds at a point, by run."""
+    if not STORE.is_file():
+        return {}
+    out = {}
+    for line in STORE.read_text().splitlines():
+        if line.endswith("}"):  # a line another process is still writing is left for later
+            row = json.loads(line)
+            if row["point"] == point:
+                out[row["run"]] = row["r"]
+    return out
 
 
 def shipped(state: dict, free: list[str]) -> dict:
