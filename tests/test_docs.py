@@ -229,3 +229,26 @@ def test_the_site_builds_strictly(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "tutorial" / "index.html").is_file()
+
+
+def test_the_vllm_accuracy_page_and_its_quotes_are_the_shipped_overhead_s():
+    """docs/accuracy-vllm-h100.md is what scripts/derive_vllm_overhead.py writes from the
+    shipped vllm-v1-h100-v1.json (refitting needs the runs), and the README, Step costs
+    and Sources quote its held-out figures. If this fails, the overhead was refitted:
+    rerun the script, then put its figures into those pages."""
+    import json
+
+    shipped = json.loads((ROOT / "kvsim" / "data" / "overheads" / "vllm-v1-h100-v1.json").read_text())
+    spec = importlib.util.spec_from_file_location("derive_vllm", ROOT / "scripts" / "derive_vllm_overhead.py")
+    derive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(derive)
+    assert derive.markdown(shipped) == (DOCS / "accuracy-vllm-h100.md").read_text()
+    held = shipped["error"]["leave_one_out"]
+    mae, ttft = f"{held['e2e_mean_mae']:.1%}", f"{held['ttft_p50_median_error']:.1%}"
+    quotes = {
+        README: f"E2E mean within {mae} on average, TTFT p50 within {ttft} at the median",
+        DOCS / "step-costs.md": f"E2E mean within {mae} on average",
+        DOCS / "sources.md": f"E2E means are within {mae} on average, {held['e2e_mean_worst']:.0%} at worst",
+    }
+    for page, quote in quotes.items():
+        assert quote in " ".join(page.read_text().split()), page.name
