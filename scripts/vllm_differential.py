@@ -1,7 +1,7 @@
 """Count what the differential test compares: kvsim's `vllm-v1` rules against vLLM
 0.33.0's own scheduler on the same streams as tests/test_vllm_differential.py (300
-random streams with full attention, 100 with a sliding window on every layer, and every
-shipped scenario's), and write the totals to docs/generated/vllm_differential.md, which
+random streams with full attention, 100 with a sliding window on every layer, 100 with
+a hybrid model's KV cache groups, and every shipped scenario's), and write the totals to docs/generated/vllm_differential.md, which
 docs/engines.md includes.
 
     python scripts/vllm_differential.py      # needs the kvsim[vllm] extra and vLLM; about 2 minutes
@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from test_vllm_differential import (  # noqa: E402
+    HYBRID_SEEDS,
     RANDOM_SEEDS,
     SCENARIOS,
     WINDOWED_SEEDS,
+    hybrid_setup,
     random_setup,
     windowed_setup,
 )
@@ -36,6 +38,7 @@ def cases():
     for kind, seeds, make in (
         ("random", RANDOM_SEEDS, random_setup),
         ("sliding window", WINDOWED_SEEDS, windowed_setup),
+        ("hybrid groups", HYBRID_SEEDS, hybrid_setup),
     ):
         for seed in seeds:
             rng = np.random.default_rng(seed)

@@ -23,7 +23,8 @@ except VllmMissing as e:
 
 pytestmark = pytest.mark.slow
 SCENARIOS = sorted(p for p in (Path(__file__).parent.parent / "scenarios").rglob("*.yaml") if "sweeps" not in p.parts)
-RANDOM_SEEDS, WINDOWED_SEEDS = range(300), range(1000, 1100)  # scripts/vllm_differential.py counts them
+# scripts/vllm_differential.py counts them
+RANDOM_SEEDS, WINDOWED_SEEDS, HYBRID_SEEDS = range(300), range(1000, 1100), range(2000, 2100)
 
 
 def random_setup(rng: np.random.Generator) -> Setup:
@@ -49,6 +50,20 @@ def windowed_setup(rng: np.random.Generator) -> Setup:
     return dataclasses.replace(setup, sliding_window=int(rng.choice([bs, 2 * bs + 3, 40, 100])))
 
 
+def hybrid_setup(rng: np.random.Generator) -> Setup:
+    """As windowed_setup, for a hybrid model: a windowed group beside a full-attention one
+    (gpt-oss's pattern), or three beside one (Gemma 3's, shortened); the pool as many
+    times larger as there are groups."""
+    setup = windowed_setup(rng)
+    windowed = int(rng.choice([1, 3]))
+    return dataclasses.replace(
+        setup,
+        sliding_window=None,
+        groups=(setup.sliding_window,) * windowed + (None,),
+        num_blocks=setup.num_blocks * (windowed + 1),
+    )
+
+
 def agree(seeds, make_setup) -> None:
     for seed in seeds:
         rng = np.random.default_rng(seed)
@@ -67,6 +82,11 @@ def test_random_streams_agree_step_by_step(batch):
 @pytest.mark.parametrize("batch", range(4))
 def test_sliding_window_streams_agree_step_by_step(batch):
     agree(WINDOWED_SEEDS[batch::4], windowed_setup)
+
+
+@pytest.mark.parametrize("batch", range(4))
+def test_hybrid_streams_agree_step_by_step(batch):
+    agree(HYBRID_SEEDS[batch::4], hybrid_setup)
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)

@@ -47,9 +47,11 @@ def run(engine, reqs, alloc, setup):
     )
 
 
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", range(12))
 def test_vllm_reference_runs_as_the_native_rules_request_by_request(seed):
-    """Seeds 8 and 9: a sliding window on every layer (vLLM's SlidingWindowManager)."""
+    """Seeds 8 and 9: a sliding window on every layer (vLLM's SlidingWindowManager);
+    10 and 11: a hybrid model's groups, a window's and full attention's, with prefix
+    caching and without (kvsim.kvcache.hybrid_prefix, hybrid)."""
     vllm_or_skip()
     rng = np.random.default_rng(seed)
     chunked = bool(seed % 4)  # without chunking every prompt fits the budget
@@ -63,7 +65,8 @@ def test_vllm_reference_runs_as_the_native_rules_request_by_request(seed):
         enable_chunked_prefill=chunked,
         enable_prefix_caching=seed % 3 != 2,
         max_model_len=4096 if chunked else budget,
-        sliding_window=2 * bs + 3 if seed >= 8 else None,
+        sliding_window=2 * bs + 3 if seed in (8, 9) else None,
+        groups=(2 * bs + 3, None) if seed >= 10 else (),
     )
     stream = random_stream(rng, setup, 24)
     reqs = [

@@ -3,7 +3,8 @@
 Where kvsim's `vllm-v1` rules are kvsim's reading of vLLM's source, this is vLLM's code
 itself: `vllm.v1.core.sched.scheduler.Scheduler` with its `KVCacheManager` and
 `BlockPool` over one KV cache group of `num_blocks` blocks, full attention or a
-sliding window on every layer. It needs no
+sliding window on every layer, or a hybrid model's groups (a window's and full
+attention's, each one layer: vLLM schedules blocks, whatever a block holds). It needs no
 GPU: the scheduler is plain Python over block ids, and the model is never run. kvsim
 plays the rest of the engine, as vLLM's own tests do (tests/v1/core/test_scheduler.py):
 it adds the requests, calls `schedule()`, and answers each step with a
@@ -137,7 +138,11 @@ class VllmReference:
         enable_prefix_caching: bool = True,
         watermark: float = 0.0,
         sliding_window: int | None = None,
+        groups: tuple[int | None, ...] = (),
     ):
+        """sliding_window: one on every layer; groups: a hybrid model's KV cache groups,
+        each group's window (None: full attention) in vLLM's group order
+        (kvsim.model.kv_groups), one layer each (vLLM schedules blocks, not layers)."""
         v = self.v = load_vllm()
         model = str(resources.files("kvsim") / "data" / "vllm_reference")
         scheduler = v.SchedulerConfig(
@@ -159,12 +164,13 @@ class VllmReference:
             ),
         )
         shape = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=_float32())
-        group = v.KVCacheGroupSpec(
-            ["layer"],
-            v.FullAttentionSpec(**shape)
-            if sliding_window is None
-            else v.SlidingWindowSpec(**shape, sliding_window=sliding_window),
-        )
+        kv_groups = [
+            v.KVCacheGroupSpec(
+                [f"layer.{i}"],
+                v.FullAttentionSpec(**shape) if w is None else v.SlidingWindowSpec(**shape, sliding_window=w),
+            )
+            for i, w in enumerate(groups or (sliding_window,))
+        ]
         cache.num_gpu_blocks = num_blocks
         self.scheduler = v.Scheduler(
             vllm_config=config,
@@ -172,7 +178,7 @@ class VllmReference:
             kv_cache_config=v.KVCacheConfig(  # the retention interval as vLLM's planner sets it
                 num_blocks=num_blocks,
                 kv_cache_tensors=[],
-                kv_cache_groups=[group],
+                kv_cache_groups=kv_groups,
                 prefix_cache_retention_interval=cache.prefix_cache_retention_interval,
             ),
             block_size=block_size,
@@ -248,16 +254,19 @@ class VllmReference:
                 if shape.tail_id != -1
                 else sum(n for _, n in shape.segments)
             )
-            for i, block in enumerate(self.table(key)):
-                self._shareable[block] = (i + 1) * bs <= shared
+            for table in self.tables(key):  # each KV cache group's
+                for i, block in enumerate(table):
+                    self._shareable[block] = (i + 1) * bs <= shared
 
     def table(self, key: int) -> list[int]:
         """Block ids of a request's table (empty if it holds none)."""
-        return (
-            list(self.scheduler.kv_cache_manager.get_block_ids(str(key))[0])
-            if str(key) in self.scheduler.requests
-            else []
-        )
+        return self.tables(key)[0] if str(key) in self.scheduler.requests else []
+
+    def tables(self, key: int) -> list[list[int]]:
+        """Block ids of each KV cache group's table of the request."""
+        if str(key) not in self.scheduler.requests:
+            return []
+        return [list(t) for t in self.scheduler.kv_cache_manager.get_block_ids(str(key))]
 
     def free_queue(self) -> list[int]:
         """Free block ids, the next one handed out first."""

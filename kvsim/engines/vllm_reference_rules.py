@@ -48,6 +48,8 @@ class VllmReferenceRules(EngineRules):
     def _start(self, s: SchedulerOps) -> VllmReference:
         from kvsim.engines.vllm_reference import VllmReference
         from kvsim.kvcache import (
+            HybridPagedAllocator,
+            HybridPrefixCache,
             PagedAllocator,
             PrefixCachingPagedAllocator,
             SlidingWindowPagedAllocator,
@@ -55,6 +57,18 @@ class VllmReferenceRules(EngineRules):
         )
 
         alloc, window = s.allocator, getattr(s, "window", None)
+        if isinstance(alloc, HybridPagedAllocator):  # a hybrid model's KV cache groups
+            self.ref = VllmReference(
+                num_blocks=alloc.num_blocks + 1,
+                block_size=alloc.block_size,
+                max_num_seqs=s.max_num_seqs,
+                max_num_batched_tokens=s.budget,
+                enable_chunked_prefill=s.chunked,
+                max_model_len=s.max_model_len,
+                enable_prefix_caching=isinstance(alloc, HybridPrefixCache),
+                groups=alloc.windows,
+            )
+            return self.ref
         if not isinstance(alloc, PagedAllocator) or (
             window is not None and not isinstance(alloc, (SlidingWindowPagedAllocator, SlidingWindowPrefixCache))
         ):

@@ -35,6 +35,8 @@ from kvsim.kvcache.base import (
 )
 from kvsim.kvcache.contiguous import ContiguousAllocator
 from kvsim.kvcache.hiradix import HiCacheSpec, HiRadixCacheAllocator
+from kvsim.kvcache.hybrid import HybridPagedAllocator
+from kvsim.kvcache.hybrid_prefix import HybridPrefixCache
 from kvsim.kvcache.paged import PagedAllocator
 from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
 from kvsim.kvcache.radix import RadixCacheAllocator
@@ -43,6 +45,7 @@ from kvsim.kvcache.tiered import TieredPrefixCachingAllocator
 from kvsim.kvcache.tiers import TierStore
 from kvsim.kvcache.trtllm import TrtllmBlockManager
 from kvsim.kvcache.trtllm_host import TrtllmHostPoolManager
+from kvsim.model.kv_groups import kv_cache_groups
 from kvsim.model.specs import KVSpec
 
 
@@ -54,7 +57,20 @@ def _paged(
     prefix_caching: bool = False,
     tiers: TierStore | None = None,
     vllm_in_flight_tokens: int | None = None,
-) -> PagedAllocator | PrefixCachingPagedAllocator:
+    hybrid_groups: bool = False,
+) -> PagedAllocator | PrefixCachingPagedAllocator | HybridPagedAllocator:
+    if hybrid_groups:  # vLLM V1's KV cache groups of a hybrid model
+        groups = kv_cache_groups(kv.model)
+        in_flight = vllm_in_flight_tokens or 0
+        return (HybridPrefixCache if prefix_caching else HybridPagedAllocator)(
+            int(pool_bytes // groups.block_bytes(kv, block_size)),
+            block_size,
+            tuple(g.window for g in groups.groups),
+            tuple(
+                0 if g.window is None else admission_cap(g.window, block_size, in_flight, max_model_len)
+                for g in groups.groups
+            ),
+        )
     # Whole blocks only: the remainder of the pool is never handed out.
     num_blocks = int(pool_bytes // (block_size * kv.bytes_per_token))
     window = kv.model.sliding_window
@@ -137,6 +153,8 @@ __all__ = [
     "ContiguousAllocator",
     "CountedAllocator",
     "HiRadixCacheAllocator",
+    "HybridPagedAllocator",
+    "HybridPrefixCache",
     "InvariantError",
     "KVAllocator",
     "NextSeq",

@@ -43,9 +43,9 @@ hash of token ids: the workload's content runs stand in for the tokens. No null 
 request whose tokens are its own (kvsim's workloads give every request and sample
 content ids of its own) is keyed like any other, so a request recomputed after a
 preemption finds its own blocks, as in vLLM. Not modelled: vLLM's fine-grained hits
-inside a block (a hash block size smaller than the block, off by default) and hybrid
-KV cache groups (sliding-window layers beside full attention); a model whose every layer
-has a sliding window is kvsim.kvcache.sliding's. vLLM V0's prefix cache (0.6.3.post1,
+inside a block (a hash block size smaller than the block, off by default). A model whose
+every layer has a sliding window is kvsim.kvcache.sliding's; hybrid KV cache groups
+(sliding-window layers beside full attention) are kvsim.kvcache.hybrid_prefix's. vLLM V0's prefix cache (0.6.3.post1,
 vllm/core/block/prefix_caching_block.py) is not modelled: it keeps freed cached blocks
 in a separate LRU evictor ordered by the scheduler's access times, hands out uncached
 free blocks first and de-duplicates a block when it fills.

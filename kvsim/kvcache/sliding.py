@@ -31,12 +31,11 @@ The rules, each from vLLM 0.33.0:
   hash, to the tail (the LRU's newest) if it does (BlockPool.free_blocks), the deepest
   first either way.
 
-Not modelled in a run: models whose layers mix sliding windows and full attention
-(vLLM's hybrid KV cache groups, e.g. gpt-oss, Gemma 3: kvsim.model.kv_groups sizes their
-pool, but a run counts all their layers as full),
-a retention interval other than 0, EAGLE's dropped block, KV tiers behind a windowed
-cache. kvsim.sim.differential checks these rules against vLLM's own SlidingWindowManager
-block id by block id.
+Models whose layers mix sliding windows and full attention (vLLM's hybrid KV cache
+groups, e.g. gpt-oss, Gemma 3) are kvsim.kvcache.hybrid's and hybrid_prefix's.
+Not modelled: a retention interval other than 0, EAGLE's dropped block, KV tiers behind
+a windowed cache. kvsim.sim.differential checks these rules against vLLM's own
+SlidingWindowManager block id by block id.
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ takes the same bytes and all groups draw block ids from one shared pool:
   blocks, and from each sliding-window group the window's admission cap (admission_cap); vLLM's "Maximum concurrency" is the pool's
   blocks over their sum.
 
-Only the same page size in every layer is modelled (gpt-oss's and Gemma 3's layers all
+kvsim.kvcache.hybrid (and hybrid_prefix, with prefix caching) holds a request's table per
+group in a run. Only the same page
+size in every layer is modelled (gpt-oss's and Gemma 3's layers all
 have one KV shape); vLLM's packing of mixed page sizes, Mamba states and
 `--disable-hybrid-kv-cache-manager` (which counts every layer as full) are not.
 """

@@ -6,9 +6,10 @@ prefix-caching (or plain) paged allocator, and through vLLM's V1 scheduler itsel
 see each arrival before the same step. After every step the two are compared: tokens
 scheduled per request, admissions with the tokens each found cached, preemptions,
 finished requests, free blocks, the blocks holding a prefix-cache key, and every
-running request's block table. kvsim's block b is vLLM's block b + 1 (vLLM keeps block
-0 as its null block, which also stands for the blocks a sliding window released), and
-kvsim's pool has the one block fewer.
+running request's block table (a hybrid model's: each KV cache group's, `Setup.groups`).
+kvsim's block b is vLLM's block b + 1 (vLLM keeps block 0 as its null block, which also
+stands for the blocks a sliding window released), and kvsim's pool has the one block
+fewer.
 
 `random_stream` draws streams that exercise the rules: shared prefixes (a few
 documents, block-aligned or not), parallel samples of one prompt, lengths that press
@@ -33,6 +34,8 @@ from kvsim.kvcache import (
     SlidingWindowPagedAllocator,
     SlidingWindowPrefixCache,
 )
+from kvsim.kvcache.hybrid import HybridPagedAllocator
+from kvsim.kvcache.hybrid_prefix import HybridPrefixCache
 from kvsim.kvcache.sliding import admission_cap
 from kvsim.sim.scheduler import Scheduler, sample_shape
 from kvsim.workload.requests import RequestSpec
@@ -50,6 +53,7 @@ class Setup:
     enable_prefix_caching: bool = True
     max_model_len: int = 4096
     sliding_window: int | None = None  # on every layer (vLLM's SlidingWindowSpec)
+    groups: tuple[int | None, ...] = ()  # a hybrid model's KV cache groups: each one's window or None
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Record:
     finished: list[int] = field(default_factory=list)
     free_blocks: int = 0
     cached_blocks: frozenset[int] = frozenset()
-    tables: dict[int, list[int]] = field(default_factory=dict)
+    tables: dict[int, list[int] | tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
 
 def random_stream(rng: np.random.Generator, setup: Setup, n: int = 30) -> list[Arrival]:
@@ -78,14 +82,15 @@ def random_stream(rng: np.random.Generator, setup: Setup, n: int = 30) -> list[A
     docs = [
         (100 + d, int(rng.integers(1, 6)) * bs + int(rng.integers(0, 2)) * int(rng.integers(1, bs))) for d in range(3)
     ]
-    longest = max(16, (setup.num_blocks - 1) * bs // 3)  # a few fit at once: preemption
+    per_group = setup.num_blocks // max(len(setup.groups), 1) - 1  # a hybrid pool's share of each group
+    longest = max(16, per_group * bs // 3)  # a few fit at once: preemption
     while key < n:
         step += int(rng.integers(0, 4))
         segments = tuple(docs[int(rng.integers(0, 3))] for _ in range(int(rng.integers(0, 3))))
         shared = sum(length for _, length in segments)
         prompt = shared + int(rng.integers(1, max(2, longest - shared)))
         output = int(rng.integers(1, max(2, min(longest, setup.max_model_len - prompt) // 2)))
-        if prompt + output > setup.max_model_len or prompt + output > (setup.num_blocks - 1) * bs:
+        if prompt + output > setup.max_model_len or prompt + output > per_group * bs:
             continue
         samples = int(rng.choice([1, 1, 1, 2, 3]))
         repeat = int(rng.integers(1000, 1010)) if rng.random() < 0.3 else None  # tails met again
@@ -134,6 +139,7 @@ def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
         max_model_len=setup.max_model_len,
         enable_prefix_caching=setup.enable_prefix_caching,
         sliding_window=setup.sliding_window,
+        groups=setup.groups,
     )
     records, pending, step = [], list(stream), 0
     while (pending or ref.unfinished) and step < max_steps:
@@ -149,7 +155,7 @@ def run_reference(stream: list[Arrival], setup: Setup, max_steps: int = 100_000,
                 sorted(t.finished),
                 t.free_blocks,
                 t.cached_blocks,
-                {k: ref.table(k) for k in sorted(t.scheduled) if ref.table(k)} if trace else {},
+                {k: _flat(ref.tables(k)) for k in sorted(t.scheduled) if ref.table(k)} if trace else {},
             )
         )
         step += 1
@@ -192,7 +198,7 @@ def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000, tr
             rec.free_blocks = len(alloc.free_blocks)
             rec.cached_blocks = cached()
             rec.tables = {
-                q.spec.id: [0] * alloc.released_blocks(q.ids[0]) + [b + 1 for b in alloc.block_table(q.ids[0])]
+                q.spec.id: _flat(native_tables(alloc, q.ids[0]))
                 for q in sorted(s.running, key=lambda q: q.spec.id)
                 if q.spec.id in rec.scheduled
             }
@@ -201,10 +207,32 @@ def run_native(stream: list[Arrival], setup: Setup, max_steps: int = 100_000, tr
     return records
 
 
-def native_allocator(setup: Setup) -> PagedAllocator:
+def native_tables(alloc, seq_id: int) -> list[list[int]]:
+    """Each group's table as vLLM numbers it: block b as b + 1, a released block as 0."""
+    if isinstance(alloc, HybridPagedAllocator):
+        pairs = list(zip(alloc.released(seq_id), alloc.block_tables(seq_id)))
+    else:
+        pairs = [(alloc.released_blocks(seq_id), alloc.block_table(seq_id))]
+    return [[0] * d + [b + 1 for b in table] for d, table in pairs]
+
+
+def _flat(tables: list[list[int]]) -> list[int] | tuple[tuple[int, ...], ...]:
+    """One group's table as a list, several as a tuple of tuples."""
+    return list(tables[0]) if len(tables) == 1 else tuple(map(tuple, tables))
+
+
+def native_allocator(setup: Setup) -> PagedAllocator | HybridPagedAllocator:
     """kvsim's pool for the setup: vLLM's less its null block, stepped synchronously (one
     batch of max_num_batched_tokens in flight)."""
     blocks, bs = setup.num_blocks - 1, setup.block_size
+    if setup.groups:
+        caps = tuple(
+            0 if w is None else admission_cap(w, bs, setup.max_num_batched_tokens, setup.max_model_len)
+            for w in setup.groups
+        )
+        return (HybridPrefixCache if setup.enable_prefix_caching else HybridPagedAllocator)(
+            blocks, bs, setup.groups, caps
+        )
     if setup.sliding_window is not None:
         cap = admission_cap(setup.sliding_window, bs, setup.max_num_batched_tokens, setup.max_model_len)
         make = SlidingWindowPrefixCache if setup.enable_prefix_caching else SlidingWindowPagedAllocator

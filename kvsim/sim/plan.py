@@ -304,10 +304,15 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
                 "or a smaller pool)",
             )
         settings = scn.engine_settings(int(pool.pool_bytes // kv.bytes_per_token))
-        if kind == "paged" and model.sliding_window and settings.engine in ("vllm-v1", "vllm-reference"):
+        v1 = kind == "paged" and settings.engine in ("vllm-v1", "vllm-reference")
+        if v1 and (model.sliding_window or model.is_hybrid):
             # vLLM V1's sliding-window rules, whose admission cap counts the tokens in flight
             batches = 2 if settings.async_scheduling else 1  # VllmConfig.max_concurrent_batches
             options = {**options, "vllm_in_flight_tokens": batches * settings.max_num_batched_tokens}
+        if v1 and model.is_hybrid and policy.tiers is None:
+            # vLLM V1's KV cache groups (kvsim.kvcache.hybrid, hybrid_prefix); behind KV
+            # tiers kvsim counts every layer as full
+            options = {**options, "hybrid_groups": True}
         capacity = make_allocator(kind, pool.pool_bytes, kv, scn.max_model_len, **options).capacity
         if capacity <= 0:
             raise InputError(

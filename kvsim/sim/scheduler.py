@@ -415,7 +415,9 @@ class Scheduler:
         parts = (b.token, b.reservation, b.internal, b.padding, b.unusable, b.free)
         if min(parts) < 0 or b.capacity != self.allocator.capacity:
             raise InvariantError(f"breakdown {parts} does not split the pool of {self.allocator.capacity}")
-        held = sum(s.held for s in self.running) * self.width  # sharing and windows make b.token less
+        # sharing and windows make b.token less; a hybrid model's KV cache groups hold a
+        # token once in each of their tables (kvsim.kvcache.hybrid)
+        held = sum(s.held for s in self.running) * self.width * getattr(self.allocator, "tables_per_sequence", 1)
         if b.token > held:
             raise InvariantError(f"the pool counts {b.token} token slots; running requests hold only {held}")
 
