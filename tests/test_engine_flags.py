@@ -10,7 +10,7 @@ import yaml
 from helpers import kvsim, one_error_line
 from kvsim.config.engine_flags import SGLANG, VLLM, known, parse, size, table
 from kvsim.config.errors import InputError
-from kvsim.config.scenario import Scenario, load_scenario
+from kvsim.config.scenario import KVOffload, Scenario, load_scenario
 
 WORKLOAD = {
     "num_requests": 10,
@@ -145,7 +145,8 @@ def test_sglang_flags():
         "policy.enable_prefix_caching": False,
     }
     assert got.ignored == ("--host 0.0.0.0", "--port 30000")
-    # -1 turns chunked prefill off; --model is --model-path's alias; a unique prefix is the flag
+    # -1 turns chunked prefill off; --model is --model-path's alias; a unique prefix is the flag;
+    # the defaults of flags kvsim does not model are accepted
     assert parse("--model x --chunked-prefill-size -1 --mem-frac 0.7", "sglang", "s", "a").sets == {
         "model": "x",
         "scheduler.enable_chunked_prefill": False,
@@ -153,16 +154,64 @@ def test_sglang_flags():
     }
 
 
+def test_sglang_0_5_23_names():
+    """SGLang 0.5.23's names: --tp-size with --tensor-parallel-size its alias, sizes with SI
+    and IEC suffixes (human_readable_int), --no-NAME for a BooleanOptionalAction, and the
+    defaults of flags kvsim does not model accepted (--pp-size 1, --max-prefill-tokens 16Ki)."""
+    got = parse(
+        "sglang serve --model meta-llama/Meta-Llama-3-8B --tensor-parallel-size 4 --context-length 32k "
+        "--max-prefill-tokens 16Ki --no-enable-tp-lm-head-all-to-all",
+        "sglang",
+        "s.yaml",
+        "sglang_args",
+    )
+    assert got.sets == {"model": "meta-llama/Meta-Llama-3-8B", "tensor_parallel_size": 4, "max_model_len": 32000}
+    assert got.ignored == ("--max-prefill-tokens 16Ki", "--no-enable-tp-lm-head-all-to-all")
+    assert parse("--context-length 8Ki --pp-size 1 --ep 1", "sglang", "s", "a").sets == {"max_model_len": 8192}
+    assert "--tp-size appears twice" in error(parse, "--tp 2 --tensor-parallel-size 2", "sglang", "s", "a")
+
+
+def test_sglang_hicache_flags():
+    """--enable-hierarchical-cache makes kv_offload's host pool: --hicache-ratio times the
+    GPU pool (2.0 unless given) and --hicache-write-policy; without the switch SGLang
+    builds no host pool, so the two change nothing."""
+    on = parse("--enable-hicache --hicache-write-policy write_back", "sglang", "s", "a")
+    assert on.sets == {"policy.kv_offload.write_policy": "write_back", "policy.kv_offload.hicache_ratio": 2.0}
+    assert parse("--enable-hierarchical-cache --hicache-ratio 3", "sglang", "s", "a").sets == {
+        "policy.kv_offload.hicache_ratio": 3.0
+    }
+    off = parse("--hicache-ratio 3 --hicache-write-policy write_back", "sglang", "s", "a")
+    assert off.sets == {}
+    assert off.ignored == (
+        "--hicache-ratio 3.0 (no --enable-hierarchical-cache)",
+        "--hicache-write-policy write_back (no --enable-hierarchical-cache)",
+    )
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
         ("--schedule-policy dfs-weight", "--schedule-policy dfs-weight: choose from: fcfs, lpm"),
+        ("--kv-cache-dtype nvfp4", "--kv-cache-dtype nvfp4: choose from: auto, bf16, bfloat16, fp8_e4m3, fp8_e5m2"),
+        ("--kv-cache-dtype fp16", "--kv-cache-dtype fp16: choose from"),  # vLLM's name, not SGLang's
         ("--max-total-tokens 1000", "--max-total-tokens: kvsim does not model a token pool capped"),
+        ("--max-prefill-tokens 16k", "--max-prefill-tokens: kvsim does not model a prefill-token cap"),
         (
             "--mem-fraction-statc 0.8",
-            "unknown flag --mem-fraction-statc (did you mean --mem-fraction-static?); sglang 0.5.10.post1",
+            "unknown flag --mem-fraction-statc (did you mean --mem-fraction-static?); sglang 0.5.23",
         ),
-        ("--dp-size 2", "--data-parallel-size: kvsim does not model data parallelism inside one server"),
+        ("--dp-size 2", "--dp-size: kvsim does not model data parallelism inside one server (only 1"),
+        ("--data-parallel-size 2", "--dp-size: kvsim does not model data parallelism"),
+        ("--attn-dp-size 2", "--attn-dp-size: kvsim does not model data-parallel attention"),
+        ("--cuda-graph-max-bs 64", "unknown flag --cuda-graph-max-bs (did you mean --cuda-graph-max-bs-"),
+        ("--cuda-graph-max-bs-decode 64", "--cuda-graph-max-bs-decode: kvsim does not model a decode CUDA-graph"),
+        ("--disable-cuda-graph", "--disable-cuda-graph: kvsim does not model running without CUDA graphs"),
+        ("--radix-eviction-policy lfu", "--radix-eviction-policy: kvsim does not model a radix eviction policy"),
+        ("--retraction-policy priority", "--retraction-policy: kvsim does not model retraction by priority"),
+        ("--prefill-max-requests 4", "--prefill-max-requests: kvsim does not model a cap on the requests"),
+        ("--hicache-size 100", "--hicache-size: kvsim does not model a HiCache host pool in GB per rank"),
+        ("--hicache-host-memory-mode buffer_only", "kvsim does not model host memory as a staging buffer"),
+        ("--enable-hierarchical-cache --hicache-ratio x", "--hicache-ratio x: must be a number"),
         ("llama-3-8b", "unexpected 'llama-3-8b': flags start with --"),
     ],
 )
@@ -194,6 +243,23 @@ def test_a_scenario_from_vllm_flags_alone(tmp_path):
     )
     assert [(p.name, p.allocator, p.block_size) for p in scn.policies] == [("vllm", "paged", 32)]
     assert scn.engine_name == "vllm-v1"
+
+
+def test_sglang_hicache_flags_make_the_policys_host_pool(tmp_path):
+    scn, _ = load_scenario(
+        write(tmp_path, model="llama-3-8b", sglang_args="--enable-hierarchical-cache --hicache-write-policy write_back")
+    )
+    (policy,) = scn.policies
+    assert (policy.kv_offload.hicache_ratio, policy.kv_offload.write_policy) == (2.0, "write_back")
+    path = write(
+        tmp_path,
+        model="llama-3-8b",
+        policies=[{"name": "p", "allocator": "paged", "kv_offload": {"hicache_ratio": 4.0}}],
+        sglang_args="--enable-hicache",
+    )
+    assert "sglang_args: sets kv_offload.hicache_ratio of policy p to 2.0, but the scenario gives 4.0" in error(
+        load_scenario, path
+    )
 
 
 def test_flags_and_fields_must_agree_but_the_command_line_wins(tmp_path):
@@ -277,6 +343,7 @@ def test_the_table_lists_every_known_flag_once(engine):
         set(Scenario.model_fields)
         | {"scheduler." + f for f in Scenario.model_fields["scheduler"].annotation.model_fields}
         | {"policy.block_size", "policy.kv_cache_dtype", "policy.enable_prefix_caching"}
+        | {"policy.kv_offload." + f for f in KVOffload.model_fields}
     )
     assert all(r["field"] in fields for r in rows if r["kind"] == "sets")
     # every flag kvsim models or refuses is one the release has (or V0's)

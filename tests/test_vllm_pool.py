@@ -1,4 +1,4 @@
-"""The KV pool as vLLM 0.33.0 and SGLang 0.5.10.post1 size it, by hand and against
+"""The KV pool as vLLM 0.33.0 and SGLang 0.5.23 size it, by hand and against
 published startup logs."""
 
 from __future__ import annotations

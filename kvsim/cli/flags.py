@@ -13,7 +13,7 @@ import click
     type=click.Choice(["vllm", "sglang"]),
     default="vllm",
     show_default=True,
-    help="vLLM 0.33.0's serve flags (vllm_args) or SGLang 0.5.10.post1's launch flags (sglang_args).",
+    help="vLLM 0.33.0's serve flags (vllm_args) or SGLang 0.5.23's launch flags (sglang_args).",
 )
 @click.option("--all", "show_all", is_flag=True, help="List the ignored flags too.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")

@@ -2,7 +2,7 @@
 
 A scenario's `vllm_args: "--tensor-parallel-size 2 --max-model-len 4096 ..."` (or
 `kvsim run --vllm-args "..."`) sets what those flags set in vLLM 0.33.0; `sglang_args`
-does the same for SGLang 0.5.10.post1 (engine: sglang). What the flags leave unset takes
+does the same for SGLang 0.5.23 (engine: sglang). What the flags leave unset takes
 the engine's defaults (kvsim.config.engine_defaults), as the server would.
 
 Every flag of the release is known (kvsim/data/engine_flags.json, derived from the
@@ -19,7 +19,9 @@ listed in VLLM and SGLANG below, the table the documentation renders:
 An unknown flag is an input error naming the closest known one. Flags are read as the
 servers read them: vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) takes
 --name=value, underscores for dashes, --no-NAME for a boolean, -O<level> and dotted
---config.key value; SGLang's argparse takes unique prefixes of a flag (--tp for --tp-size).
+--config.key value; SGLang's argparse takes unique prefixes of a flag (--tp for --tp-size)
+and --no-NAME for its few BooleanOptionalAction flags, and reads sizes with SI and IEC
+suffixes (16k = 16,000, 16Ki = 16,384).
 A leading `vllm serve` or `python -m sglang.launch_server` is dropped.
 """
 
@@ -30,13 +32,16 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
 from kvsim.config.errors import InputError
 
 DATA = Path(__file__).parent.parent / "data" / "engine_flags.json"
-RELEASES = {"vllm": "vllm 0.33.0", "sglang": "sglang 0.5.10.post1"}
+RELEASES = {"vllm": "vllm 0.33.0", "sglang": "sglang 0.5.23"}
+HICACHE = "policy.kv_offload.hicache"  # --enable-hierarchical-cache: a switch of the two below
+DEFAULT_HICACHE_RATIO = 2.0
 KV_DTYPES = {
     "auto": "auto",
     "bfloat16": "bf16",
@@ -132,12 +137,17 @@ VLLM_V0 = {
     ),
 }
 
+SGLANG_KV_DTYPES = {"auto": "auto", "bf16": "bf16", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+# SGLang 0.5.23's flags (srt/arg_groups/fields/*.py, srt/server_args.py): parallelism's long
+# names are now the short ones (--tp-size, with --tensor-parallel-size its alias);
+# --cuda-graph-max-bs became --cuda-graph-max-bs-decode and -prefill; --disable-cuda-graph
+# is deprecated for --cuda-graph-backend-{decode,prefill} disabled
 SGLANG: dict[str, Flag] = {
     "--model-path": Flag(
         "model", "str", "the model: a kvsim preset, its Hugging Face id, or a local folder or config.json"
     ),
-    "--tensor-parallel-size": Flag("tensor_parallel_size", "int", "GPUs the model is split over"),
-    "--context-length": Flag("max_model_len", "int", "longest request in tokens"),
+    "--tp-size": Flag("tensor_parallel_size", "int", "GPUs the model is split over"),
+    "--context-length": Flag("max_model_len", "size", "longest request in tokens"),
     "--mem-fraction-static": Flag("mem_fraction_static", "float", "share of GPU memory for weights and the KV pool"),
     "--chunked-prefill-size": Flag(
         "scheduler.max_num_batched_tokens", "int", "prefill tokens per step (-1: no chunking)"
@@ -147,28 +157,60 @@ SGLANG: dict[str, Flag] = {
     "--schedule-policy": Flag(
         "scheduler.schedule_policy",
         {"fcfs": "fcfs", "lpm": "lpm"},
-        "order of the waiting queue: fcfs or lpm (longest prefix match)",
+        "order of the waiting queue: fcfs or lpm (longest prefix match); kvsim models no other",
     ),
-    "--kv-cache-dtype": Flag("policy.kv_cache_dtype", KV_DTYPES, "KV cache dtype: auto, bf16, fp8_e4m3, fp8_e5m2"),
+    "--kv-cache-dtype": Flag(
+        "policy.kv_cache_dtype", SGLANG_KV_DTYPES, "KV cache dtype: auto, bf16, bfloat16, fp8_e4m3, fp8_e5m2"
+    ),
     "--disable-radix-cache": Flag("policy.enable_prefix_caching", "bool", "no prefix cache", invert=True),
-    # what SGLang does that kvsim does not simulate
-    "--pipeline-parallel-size": refuse("pipeline parallelism", "1"),
-    "--data-parallel-size": refuse("data parallelism inside one server", "1"),
-    "--expert-parallel-size": refuse("expert parallelism", "1"),
+    "--enable-hierarchical-cache": Flag(
+        HICACHE, "bool", "HiCache: a host-memory pool behind the radix cache (hicache_ratio 2.0 unless given)"
+    ),
+    "--hicache-ratio": Flag(
+        "policy.kv_offload.hicache_ratio", "float", "HiCache's host pool over the GPU pool (with the flag above)"
+    ),
+    "--hicache-write-policy": Flag(
+        "policy.kv_offload.write_policy",
+        {k: k for k in ("write_through", "write_through_selective", "write_back")},
+        "when HiCache copies a node to host: write_through, write_through_selective or write_back",
+    ),
+    # what SGLang 0.5.23 does that kvsim does not simulate
+    "--pp-size": refuse("pipeline parallelism", "1"),
+    "--dp-size": refuse("data parallelism inside one server", "1"),
+    "--attn-dp-size": refuse("data-parallel attention", "1"),
+    "--moe-dp-size": refuse("data-parallel MoE", "1"),
+    "--ep-size": refuse("expert parallelism", "1"),
     "--enable-dp-attention": refuse("data-parallel attention", "false"),
+    "--enable-prefill-cp": refuse("context parallelism in prefill", "false"),
     "--quantization": refuse("quantized weights"),
     "--dtype": refuse("a weight dtype other than the model's own", "auto"),
     "--speculative-algorithm": refuse("speculative decoding"),
+    "--cpu-offload-gb": refuse("weights offloaded to CPU memory", "0"),
     "--max-total-tokens": refuse("a token pool capped below what the memory holds"),
     "--max-prefill-tokens": refuse("a prefill-token cap other than the default", "16384"),
+    "--prefill-max-requests": refuse("a cap on the requests of one prefill batch"),
+    "--max-queued-requests": refuse("a limit on waiting requests"),
+    "--prefill-decode-interval": refuse("decode rounds forced between prefills", "0"),
+    "--enable-dynamic-chunking": refuse("chunk sizes fitted per step", "false"),
     "--schedule-conservativeness": refuse("a scheduling conservativeness other than the default", "1.0"),
-    "--cuda-graph-max-bs": refuse("a CUDA-graph batch limit other than the default"),
+    "--retraction-policy": refuse("retraction by priority", "length"),
+    "--radix-eviction-policy": refuse("a radix eviction policy other than LRU", "lru"),
+    "--cuda-graph-max-bs-decode": refuse("a decode CUDA-graph batch limit other than the default"),
+    "--cuda-graph-max-bs-prefill": refuse("a prefill CUDA-graph limit other than the default"),
+    "--cuda-graph-bs-decode": refuse("decode CUDA-graph batch sizes other than the default"),
+    "--cuda-graph-bs-prefill": refuse("prefill CUDA-graph sizes other than the default"),
+    "--cuda-graph-backend-decode": refuse("a decode CUDA-graph mode other than the default"),
+    "--cuda-graph-backend-prefill": refuse("a prefill CUDA-graph mode other than the default"),
+    "--disable-decode-cuda-graph": refuse("decoding without CUDA graphs", "false"),
+    "--disable-prefill-cuda-graph": refuse("prefilling without CUDA graphs", "false"),
     "--disable-cuda-graph": refuse("running without CUDA graphs", "false"),
-    "--enable-hierarchical-cache": refuse(
-        "hierarchical caching set by flags (give the policy's kv_offload: cpu_gib or hicache_ratio, write_policy)",
-        "false",
+    "--hicache-size": refuse(
+        "a HiCache host pool in GB per rank (give the policy's kv_offload cpu_gib, the replica's host memory)"
     ),
+    "--hicache-host-memory-mode": refuse("host memory as a staging buffer only", "cache"),
+    "--hicache-storage-backend": refuse("HiCache's storage layer"),
     "--enable-lora": refuse("LoRA adapters", "false"),
+    "--lora-paths": refuse("LoRA adapters"),
     "--enable-mixed-chunk": refuse("mixing decodes into chunked-prefill steps", "false"),
     "--enable-priority-scheduling": refuse("priority scheduling", "false"),
 }
@@ -247,7 +289,7 @@ def parse(text: str, engine: str, src: str, where: str, v0: bool = False) -> Par
             ignored.append(given)
             continue
         if flag.refused is not None:
-            if flag.default is not None and value.lower() == flag.default:
+            if flag.default is not None and _is_default(value, flag.default, engine):
                 ignored.append(given)
                 continue
             raise InputError(
@@ -262,7 +304,34 @@ def parse(text: str, engine: str, src: str, where: str, v0: bool = False) -> Par
     if engine == "sglang" and sets.get("scheduler.max_num_batched_tokens") == -1:
         del sets["scheduler.max_num_batched_tokens"]  # SGLang: -1 turns chunking off
         sets["scheduler.enable_chunked_prefill"] = False
+    if engine == "sglang":
+        _hicache(sets, ignored)
     return Parsed(sets, tuple(ignored))
+
+
+def _hicache(sets: dict, ignored: list) -> None:
+    """HiCache's flags as the policy's kv_offload: --enable-hierarchical-cache makes the
+    host pool, of --hicache-ratio times the GPU pool or 2.0 (arg_groups/hicache_hook.py,
+    handle_hicache_ratio_default, host memory mode `cache`); without it SGLang builds no
+    host pool, and the ratio and write policy change nothing."""
+    on = sets.pop(HICACHE, False)
+    for field, flag in (("hicache_ratio", "--hicache-ratio"), ("write_policy", "--hicache-write-policy")):
+        key = f"policy.kv_offload.{field}"
+        if not on and key in sets:
+            ignored.append(f"{flag} {sets.pop(key)} (no --enable-hierarchical-cache)")
+    if on:
+        sets.setdefault("policy.kv_offload.hicache_ratio", DEFAULT_HICACHE_RATIO)
+
+
+def _is_default(value: str, default: str, engine: str) -> bool:
+    """Whether a refused flag's value is the release's default, as its parser reads both."""
+    if value.lower() == default:
+        return True
+    try:
+        read = sglang_size if engine == "sglang" else size
+        return float(read(value) if not re.fullmatch(r"[\d.]+", value) else value) == float(default)
+    except ValueError:
+        return False
 
 
 def _number(token: str) -> bool:
@@ -290,6 +359,8 @@ def _canonical(name: str, engine: str, table: dict, src: str, where: str) -> tup
         target = aliases["--" + name[5:]]
         if known(engine).get(target, {}).get("switch"):
             return target, True
+    if engine == "sglang" and name.startswith("--no-") and known(engine).get("--" + name[5:], {}).get("negatable"):
+        return "--" + name[5:], True  # a BooleanOptionalAction's --no-NAME
     if engine == "sglang" and name.startswith("--"):  # argparse's unique prefixes
         matches = sorted({v for k, v in aliases.items() if k.startswith(name)})
         if len(matches) == 1:
@@ -319,7 +390,8 @@ def _value(flag: Flag, name: str, value: str, src: str, where: str):
         if kind == "int":
             return int(value)
         if kind == "size":
-            return size(value) * flag.scale if flag.scale != 1 else size(value)
+            read = sglang_size if name in SGLANG else size
+            return read(value) * flag.scale if flag.scale != 1 else read(value)
         if kind == "float":
             return float(value)
         return value
@@ -341,6 +413,21 @@ def size(value: str) -> int:
     number, suffix = match.groups()
     mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(suffix) or 2 ** (10 * "KMGT".index(suffix) + 10)
     return int(float(number) * mult)
+
+
+def sglang_size(value: str) -> int:
+    """SGLang's human-readable integer (srt/utils/common.py, human_readable_int): SI
+    suffixes k, M, G, T (decimals allowed: 25.6k = 25,600) and IEC ones Ki, Mi, Gi, Ti
+    (1Ki = 1,024), case-sensitive."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value.strip())
+    if not match:
+        return int(value)
+    number, suffix = match.groups()
+    if suffix.endswith("i"):
+        if "." in number:
+            raise ValueError("decimals are not allowed with IEC suffixes")
+        return int(number) * 2 ** (10 * ("KMGT".index(suffix[0]) + 1))
+    return int(Decimal(number) * 10 ** (3 * ("kMGT".index(suffix) + 1)))
 
 
 # Hugging Face ids of kvsim's model presets (their config.json give the presets' shapes;
@@ -405,7 +492,12 @@ def apply(raw: dict, key: str, text: str, src: str, base: Path, override: bool =
                     "has none (add one with allocator: paged)",
                 )
             for policy in paged:
-                put(policy, field.split(".", 1)[1], value, f"{field.split('.', 1)[1]} of policy {policy.get('name')}")
+                name = field.split(".", 1)[1]
+                if name.startswith("kv_offload."):  # HiCache's flags: fields of the policy's kv_offload
+                    holder, name = policy.setdefault("kv_offload", {}), name.split(".", 1)[1]
+                    put(holder, name, value, f"kv_offload.{name} of policy {policy.get('name')}")
+                else:
+                    put(policy, name, value, f"{name} of policy {policy.get('name')}")
         else:
             put(raw, field, value, field)
     return raw, parsed
@@ -456,7 +548,7 @@ def table(engine: str) -> list[dict]:
         {
             "flag": name,
             "kind": "not modelled" if f.refused else "sets",
-            "field": f.field,
+            "field": "policy.kv_offload.hicache_ratio" if f.field == HICACHE else f.field,
             "note": f.note + (" (engine: vllm-v0)" if name in VLLM_V0 else ""),
         }
         for name, f in flags.items()
