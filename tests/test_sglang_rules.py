@@ -8,6 +8,7 @@ per decode step (the token it feeds in); every step takes one second.
 import pytest
 
 from kvsim.engines import SGLang
+from kvsim.engines import sglang_eos as eos
 from kvsim.kvcache import PagedAllocator, RadixCacheAllocator, SeqShape
 from kvsim.sim.loop import simulate
 from kvsim.engines.base import Request, Step
@@ -18,7 +19,7 @@ from helpers import OneSecondSteps
 from test_engine import make_requests
 
 
-def sglang(requests, allocator, *, budget=64):
+def sglang(requests, allocator, *, budget=64, ignore_eos=False):
     return simulate(
         "p",
         requests,
@@ -30,6 +31,7 @@ def sglang(requests, allocator, *, budget=64):
         max_num_batched_tokens=budget,
         chunked_prefill=True,
         check_invariants=True,
+        ignore_eos=ignore_eos,
     )
 
 
@@ -141,3 +143,92 @@ def test_a_request_that_fails_the_test_in_an_empty_server_is_rejected():
     # 10 + 19 + 1 page is not under 30 slots: SGLang would hold it at the head for ever.
     result = sglang(make_requests((0.0, 10, 19)), RadixCacheAllocator(30))
     assert result.seqs[0].outcome == "rejected"
+
+
+# --- ignore_eos (kvsim.engines.sglang_eos) ----------------------------------------------------
+def test_a_running_fixed_length_request_reserves_its_whole_output():
+    # Radix cache on, 6,000 slots. r0 (10 + 2,000) runs from t=0; at t=1 it holds its 10
+    # prompt slots (in the tree, locked) and has 1,999 tokens left. r1 (10 + 4,000) needs
+    # 10 + 4,000 + 1 page = 4,011 < 5,990 - 1,999 x ratio: at the ratio 0.7 (4,590.7) it is
+    # admitted; with ignore_eos the reservation is 1,999 x 1.0 (3,991), so it is refused,
+    # the latch is set, and it waits for r0 to finish at t=2,000.
+    reqs = make_requests((0.0, 10, 2000), (0.5, 10, 4000))
+    assert [s.admitted_s for s in sglang(reqs, RadixCacheAllocator(6000)).seqs] == [0.0, 1.0]
+    assert [s.admitted_s for s in sglang(reqs, RadixCacheAllocator(6000), ignore_eos=True).seqs] == [0.0, 2000.0]
+
+
+def test_without_the_tree_a_fixed_length_request_takes_the_run_to_the_end_test():
+    # Radix cache off (a plain pool of 100 slots). At t=1 r0 (10 + 10) holds 10 slots with
+    # 9 tokens left; 90 free. The ordinary test refuses r1 (10 + 76): 10 + 76 + 1 = 87 is
+    # not below 90 - 9 x 0.7 = 83.7, and r1 waits for r0 to finish at t=10. With ignore_eos:
+    # 10 + 1 page = 11 <= min(90, 90 - 9 x 1.0); the states sorted by tokens left are
+    # r0 (9 left, 11 occupied), r1 (76, 10); 90 - 11 = 79 free: 79 - 2 x 9 = 61 > 2, then
+    # 79 + 11 (r0 done) - 76 = 14 > 1: admitted at t=1, whose step is r1's prefill alone
+    # (prefill before decode), so r0 finishes a step later.
+    reqs = make_requests((0.0, 10, 10), (0.5, 10, 76))
+    assert [s.admitted_s for s in sglang(reqs, PagedAllocator(100, 1)).seqs] == [0.0, 10.0]
+    result = sglang(reqs, PagedAllocator(100, 1), ignore_eos=True)
+    assert [(s.admitted_s, s.finish_s) for s in result.seqs] == [(0.0, 11.0), (1.0, 77.0)]
+
+
+def test_a_later_candidate_goes_before_the_last_state_when_it_leaves_the_most():
+    # Both arrive at t=0, tree off, 100 slots. r0 (10 + 10) is admitted: states [(10, 10)],
+    # 100 - 11 = 89 free, 89 - 10 > 1. r1 (10 + 70): 11 <= min(89, 100 - 21). SGLang's
+    # insertion finds no state leaving 70 or more and stops its index at the last one, so
+    # r1 goes first: [(70, 10), (10, 10)]; 89 - 11 = 78 free, 78 - 2 x 70 <= 2: refused (in
+    # order it would pass: 78 - 2 x 10 = 58 > 2, 78 + 10 - 70 = 18 > 1). r0 was admitted,
+    # so the latch holds r1 until r0 finishes at t=10.
+    result = sglang(make_requests((0.0, 10, 10), (0.0, 10, 70)), PagedAllocator(100, 1), ignore_eos=True)
+    assert [s.admitted_s for s in result.seqs] == [0.0, 10.0]
+    states = [(10, 10)]
+    eos.insert_state(states, (70, 10))
+    assert states == [(70, 10), (10, 10)] and not eos.outlast(states, 78)
+    assert eos.outlast([(10, 10), (70, 10)], 78)
+
+
+def test_a_fixed_length_prompt_is_cut_to_the_chunk_left_in_tokens():
+    # Pages of 4, a chunk of 62, tree off. r0's 29 tokens take 32 of the chunk (whole
+    # pages); r1 (50 tokens) is cut to the 30 left: 30 tokens under ignore_eos
+    # (add_one_req_ignore_eos), 28 (whole pages) under the ordinary test.
+    for ignore_eos, cut in ((False, 28), (True, 30)):
+        alloc = PagedAllocator(1000, 4)
+        rules = SGLang()
+        s = Scheduler(
+            alloc,
+            rules,
+            max_model_len=8192,
+            max_num_seqs=8,
+            max_num_batched_tokens=62,
+            chunked_prefill=True,
+            ignore_eos=ignore_eos,
+        )
+        reqs = [Request(spec, spec.shape) for spec in make_requests((0.0, 29, 5), (0.0, 50, 5))]
+        for i, req in enumerate(reqs):
+            s.arrive(req, 0.0, i)
+        step = s.schedule(0.0)
+        assert [(q.spec.id, n) for q, n in step.work] == [(0, 29), (1, cut)]
+
+
+@pytest.mark.parametrize("given, sent", [(None, False), (True, True), (False, False)])
+def test_the_workloads_ignore_eos_reaches_sglangs_rules(given, sent):
+    from pathlib import Path
+
+    from kvsim.config.scenario import validate_scenario
+    from kvsim.sim.plan import resolve
+
+    workload = dict(
+        num_requests=2,
+        arrival=dict(process="poisson", rate_per_s=1.0),
+        prompt_tokens=dict(dist="fixed", value=100),
+        output_tokens=dict(dist="fixed", value=10),
+    ) | ({} if given is None else {"ignore_eos": given})
+    scn = dict(
+        name="s",
+        model="llama-3-8b",
+        gpu="h100-80gb",
+        engine="sglang",
+        workload=workload,
+        policies=[{"name": "p", "allocator": "paged"}],
+    )
+    plan = resolve(validate_scenario(scn, "s.yaml"), Path("."))
+    assert plan.ignore_eos is sent and plan.policies[0].scheduler_options(plan)["ignore_eos"] is sent

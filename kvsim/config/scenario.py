@@ -210,10 +210,19 @@ class Workload(Strict):
     trace: str | None = None  # a request trace (kvsim.workload.traces), replayed as is
     time_scale: float | None = Field(None, gt=0, le=1e6)  # a trace's arrivals times this
     n: int = Field(1, ge=1, le=64)  # parallel samples per request
+    # the client asks every request to run to its max_new_tokens (benchmark clients'
+    # ignore_eos); kvsim's outputs always do, so it changes only what SGLang reserves for
+    # them (kvsim.engines.sglang_eos). Default: false, true for an inference_perf workload
+    # (inference-perf sends it, and kvsim requires its server.ignore_eos)
+    ignore_eos: bool | None = None
     beam_width: int = Field(1, ge=1, le=64)  # beams per request
     prefix: PrefixGroups | None = None
     rag: RAG | None = None
     conversation: Conversation | None = None
+
+    @property
+    def sends_ignore_eos(self) -> bool:
+        return self.inference_perf is not None if self.ignore_eos is None else self.ignore_eos
 
     @property
     def sharing(self) -> PrefixGroups | RAG | Conversation | None:

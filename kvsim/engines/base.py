@@ -156,6 +156,7 @@ class SchedulerOps(Protocol):
     width: int  # sequences per request (1 where samples run as requests)
     preemption_mode: str | None
     schedule_policy: str
+    ignore_eos: bool  # the clients send ignore_eos: every request runs to its max_new_tokens
 
     def running_seqs(self) -> int: ...
     def visible(self, req: Request) -> bool: ...

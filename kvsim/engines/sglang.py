@@ -38,10 +38,11 @@ default).
   most 1 (`estimate_new_token_ratio_after_retract`). Otherwise it decays by
   (0.7 - 0.098) / 600 per decode step, from 0.7 to 0.098 (environ.py), and it returns to
   0.7 whenever the server goes idle (`on_idle`: nothing running or waiting).
-kvsim takes a request's max_new_tokens to be its true output length, as benchmark
-clients send it, without ignore_eos (with it, SGLang reserves a running request's
-whole remaining output instead of the ratio's share). Parallel samples are separate
-requests.
+kvsim takes a request's max_new_tokens to be its true output length. Where the clients
+send ignore_eos (the workload's ignore_eos), a running request's remaining output is
+reserved whole instead of the ratio's share, and without the radix cache a waiting one
+takes SGLang's fixed-length test instead (kvsim.engines.sglang_eos). Parallel samples are
+separate requests.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from __future__ import annotations
 import math
 
 from kvsim.engines.base import EngineRules, Request, SchedulerOps, Step, with_limit
+from kvsim.engines.sglang_eos import insert_state, outlast, state_of
+from kvsim.kvcache.radix import RadixCacheAllocator
 
 CLIP_MAX_NEW_TOKENS = 4096
 MAX_PREFILL_TOKENS = 16384
@@ -100,11 +103,10 @@ class SGLang(EngineRules):
 
     def _prefill(self, s: SchedulerOps, step: Step, now: float) -> None:
         page = self._page(s)
+        ratio = 1.0 if s.ignore_eos else self.ratio  # a fixed-length output is reserved whole
         budget = _Budget(
             s.free_slots(),
-            sum(
-                min(q.shape.output_tokens - q.generated, CLIP_MAX_NEW_TOKENS) * self.ratio for q in s.running.decoding()
-            ),
+            sum(min(q.shape.output_tokens - q.generated, CLIP_MAX_NEW_TOKENS) * ratio for q in s.running.decoding()),
             s.budget if s.chunked else None,
         )
         for req in s.running.prefilling():  # the request prefilled in chunks goes on
@@ -112,7 +114,7 @@ class SGLang(EngineRules):
             n = left if budget.chunk is None else min(left, budget.chunk_for_continuation(budget.chunk))
             if s.running.run(req, n, step, now):
                 budget.reserve(
-                    self._pages(s, n), page, 0 if n < left else min(req.shape.output_tokens, CLIP_MAX_NEW_TOKENS)
+                    self._pages(s, n), page, 0 if n < left else min(req.shape.output_tokens, CLIP_MAX_NEW_TOKENS), req
                 )
         if not s.waiting:
             return
@@ -129,6 +131,10 @@ class SGLang(EngineRules):
                 self.full = "max_num_seqs"
             if self.full:
                 with_limit(step, self.full, head)
+                break
+            if s.ignore_eos and not isinstance(s.allocator, RadixCacheAllocator):
+                if self._add_fixed_length(s, step, head, budget, now) in ("continue", "rejected"):
+                    continue
                 break
             cached, n, held = s.prefill_need(head, math.inf)
             locked = s.allocator.lockable(head.shape, held)
@@ -157,11 +163,53 @@ class SGLang(EngineRules):
                 self._memory_full(s, step, head, held, budget.admitted)
                 break
             budget.available -= locked
-            budget.reserve(self._pages(s, n), page, max_new)
+            budget.reserve(self._pages(s, n), page, max_new, head)
             if budget.state() == "no_token":  # the verdict for the next candidate
                 self.full = "memory"
                 with_limit(step, "memory")
                 break
+
+    def _add_fixed_length(self, s: SchedulerOps, step: Step, head: Request, budget: _Budget, now: float) -> str:
+        """add_one_req_ignore_eos (kvsim.engines.sglang_eos): "continue", "rejected" (it
+        can never fit) or what ended the pass."""
+        page = self._page(s)
+        n = head.target  # nothing cached: the tree is off
+        paged = self._pages(s, n) + page
+        new = state_of(head)
+        if paged <= min(budget.available - budget.current_offset, budget.total_left()):
+            if budget.states is None:
+                others = [state_of(q) for q in (*s.running.decoding(), *budget.taken)]
+                budget.states = sorted((x for x in (new, *others) if x), key=lambda x: x[0])
+            elif new:
+                insert_state(budget.states, new)
+            fits = outlast(budget.states, budget.available - budget.current_offset - paged)
+        else:
+            fits = False
+        if not fits:
+            if not s.running and not budget.admitted:  # SGLang would wait forever
+                s.reject(head, now, "its prompt and output exceed the KV pool", step)
+                return "rejected"
+            self._memory_full(s, step, head, 0, budget.admitted)
+            return "memory"
+        max_new = min(head.shape.output_tokens, CLIP_MAX_NEW_TOKENS)
+        if budget.chunk is not None and n > budget.chunk:
+            if budget.chunk <= 0:
+                with_limit(step, "token_budget", head)
+                return "token_budget"
+            n, max_new = budget.chunk, 0  # cut to the chunk left, in tokens
+        cached, n, held = s.need_after(head, 0, n)
+        if not s.admit(head, cached, n, held, step, now):
+            if not s.running:
+                s.reject(head, now, "does not fit an empty KV pool", step)
+                return "rejected"
+            self._memory_full(s, step, head, held, budget.admitted)
+            return "memory"
+        budget.reserve(self._pages(s, n), page, max_new, head)
+        if budget.state() == "no_token":  # the verdict for the next candidate, as below
+            self.full = "memory"
+            with_limit(step, "memory")
+            return "memory"
+        return "continue"
 
     def _memory_full(self, s: SchedulerOps, step: Step, head: Request, held: int, admitted: int) -> None:
         """NO_TOKEN: the latch is set where something runs or was admitted."""
@@ -213,6 +261,8 @@ class _Budget:
         self.input_left = MAX_PREFILL_TOKENS
         self.chunk = chunk  # chunked_prefill_size left; None: unchunked
         self.admitted = 0
+        self.taken: list[Request] = []  # this pass's admissions (can_run_list)
+        self.states: list[tuple[int, int]] | None = None  # ignore_eos's (req_states)
 
     def total_left(self) -> float:
         return self.available - self.total_offset
@@ -223,7 +273,8 @@ class _Budget:
         left = min(chunk, int(self.total_left()))
         return left if left > 0 else chunk
 
-    def reserve(self, tokens: int, page: int, max_new: int) -> None:
+    def reserve(self, tokens: int, page: int, max_new: int, req: Request) -> None:
+        self.taken.append(req)
         self.total_offset += tokens + page + max_new
         self.current_offset += tokens + page
         self.input_left -= tokens

@@ -121,6 +121,7 @@ class PolicyPlan:
             async_scheduling=s.async_scheduling,
             width=plan.width,
             beam=plan.beam,
+            ignore_eos=plan.ignore_eos,
         )
 
     def columns(self) -> dict:
@@ -166,6 +167,7 @@ class Plan:
     stages: tuple[tuple[float, float], ...]  # each load stage's (rate_per_s, duration_s)
     streaming: bool  # clients read tokens as they come (inference-perf's streaming)
     policies: tuple[PolicyPlan, ...]
+    ignore_eos: bool = False  # the clients send ignore_eos (SGLang reserves their whole outputs)
 
 
 def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:
@@ -390,6 +392,7 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
         _stages(scn, requests),
         wl.inference_perf.streaming if wl.inference_perf else True,
         tuple(policies),
+        ignore_eos=wl.sends_ignore_eos,
     )
 
 

@@ -85,6 +85,7 @@ class Scheduler:
         seed: int = 0,
         schedule_policy: str = "fcfs",
         async_scheduling: bool = False,
+        ignore_eos: bool = False,
         running_set: type[RunningSet] = RunningSet,
         running_options: dict | None = None,
         arrivals: RequestTable | None = None,
@@ -100,6 +101,7 @@ class Scheduler:
         self.keep_free = int(watermark * allocator.capacity)
         self.preemption_mode = preemption_mode
         self.schedule_policy = schedule_policy
+        self.ignore_eos = ignore_eos
         self.swap = swap
         self.swap_used = 0.0  # bytes of swapped-out KV in CPU memory
         self.window = sliding_window
