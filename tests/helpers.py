@@ -98,3 +98,32 @@ def with_changes(base: dict, **changes) -> dict:
         else:
             node[last] = value
     return doc
+
+
+# SGLang's reference code runs in a child process: importing SGLang stands an empty module in
+# for torchvision (kvsim.engines.sglang_reference)
+SGLANG_PRELUDE = """
+from kvsim.engines.sglang_reference import SGLangMissing, load_sglang
+try:
+    load_sglang()
+except SGLangMissing as e:
+    print("MISSING", e)
+    raise SystemExit(0)
+"""
+
+
+def sglang_child(check: str, timeout: int) -> list[str]:
+    """The output lines of `check` run after SGLANG_PRELUDE in a child process; a skip
+    where SGLang 0.5.23 does not import."""
+    import subprocess
+
+    import pytest
+
+    out = subprocess.run(
+        [sys.executable, "-c", SGLANG_PRELUDE + check], capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    if lines and lines[-1].startswith("MISSING"):
+        pytest.skip(lines[-1])
+    return lines

@@ -4,18 +4,10 @@ of 4 tokens, inserts, lookups, locks, unlocks and evictions; they must agree exa
 Skips where SGLang 0.5.23 does not import. It runs in a child process, since importing
 SGLang here stands an empty module in for torchvision."""
 
-import subprocess
-import sys
-
-import pytest
+from helpers import sglang_child
 
 CHECK = """
-from kvsim.engines.sglang_reference import SGLangMissing, differential, load_sglang
-try:
-    load_sglang()
-except SGLangMissing as e:
-    print("MISSING", e)
-    raise SystemExit(0)
+from kvsim.engines.sglang_reference import differential
 found = [f for page in (1, 4) for seed in range(100) for f in differential(seed, page)]
 print("RUNS", 200, "DISAGREEMENTS", len(found))
 for f in found[:5]:
@@ -24,10 +16,6 @@ for f in found[:5]:
 
 
 def test_kvsim_radix_tree_agrees_with_sglangs_step_by_step():
-    out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.strip().splitlines()
-    if lines and lines[-1].startswith("MISSING"):
-        pytest.skip(lines[-1])
+    lines = sglang_child(CHECK, timeout=900)
     report = next(line for line in lines if line.startswith("RUNS"))
-    assert report == "RUNS 200 DISAGREEMENTS 0", out.stdout[-2000:]
+    assert report == "RUNS 200 DISAGREEMENTS 0", "\n".join(lines[-10:])

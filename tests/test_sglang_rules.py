@@ -232,3 +232,33 @@ def test_the_workloads_ignore_eos_reaches_sglangs_rules(given, sent):
     )
     plan = resolve(validate_scenario(scn, "s.yaml"), Path("."))
     assert plan.ignore_eos is sent and plan.policies[0].scheduler_options(plan)["ignore_eos"] is sent
+
+
+# --- paged allocation's eviction demand (mem_cache/allocation.py) -------------------------------
+def test_a_paged_admission_evicts_for_its_tokens_and_a_page():
+    # 32 slots in pages of 4; A then B (8 tokens each) cached and unlocked: 16 free. C (14
+    # tokens, 4 pages) fits the 16 free slots, but alloc_paged_token_slots_extend evicts
+    # until 14 + 4 = 18 are free: A, the least recently used, goes (8 slots).
+    alloc = RadixCacheAllocator(32, 4)
+    for i in (1, 2):
+        assert alloc.allocate(i, SeqShape(8, 0, tail_id=i), 8)
+        alloc.free(i)
+    assert (alloc.free_slots, alloc.evictable_slots) == (16, 16)
+    assert alloc.allocate(3, SeqShape(14, 4, tail_id=3), 14)
+    assert (alloc.free_slots, alloc.evictable_slots, alloc.cached_slots) == (8, 8, 8)
+    assert alloc.match_prefix(SeqShape(9, 0, tail_id=2), 9) == 8  # B stayed
+
+
+def test_a_paged_decode_evicts_for_a_page_per_request():
+    # 16 slots in pages of 4. r0 (6 + 10, 1 generated) holds 7 tokens in 2 pages; A (8
+    # tokens) cached, unlocked: none free. r0's next token fits its last page, so
+    # check_decode_mem asks for nothing, but alloc_paged_token_slots_decode evicts until a
+    # page per request is free: A goes.
+    alloc = RadixCacheAllocator(16, 4)
+    s, rules = running(alloc, [(SeqShape(6, 10), 1)])
+    assert alloc.allocate(50, SeqShape(8, 0, tail_id=50), 8)
+    alloc.free(50)
+    assert (alloc.free_slots, alloc.evictable_slots) == (0, 8)
+    step = s.schedule(1.0)
+    assert [(q.spec.id, n) for q, n in step.work] == [(0, 1)]
+    assert (alloc.free_slots, alloc.evictable_slots) == (8, 0)

@@ -37,7 +37,10 @@ default).
   ratio becomes (tokens decoded + 20 x requests left) / (their max_new_tokens + 1), at
   most 1 (`estimate_new_token_ratio_after_retract`). Otherwise it decays by
   (0.7 - 0.098) / 600 per decode step, from 0.7 to 0.098 (environ.py), and it returns to
-  0.7 whenever the server goes idle (`on_idle`: nothing running or waiting).
+  0.7 whenever the server goes idle (`on_idle`: nothing running or waiting). With
+  pages of more than one token the decode's allocation then evicts until a page per
+  request is free (`alloc_paged_token_slots_decode`, mem_cache/allocation.py), though
+  only the pages it opens are taken.
 kvsim takes a request's max_new_tokens to be its true output length. Where the clients
 send ignore_eos (the workload's ignore_eos), a running request's remaining output is
 reserved whole instead of the ratio's share, and without the radix cache a waiting one
@@ -246,6 +249,8 @@ class SGLang(EngineRules):
             self.full = ""
         else:  # memory to spare: the ratio decays
             self.ratio = max(self.ratio - self.decay, self.min_ratio)
+        if self._page(s) > 1:  # alloc_paged_token_slots_decode evicts for a page per request
+            self._evict(s, self._page(s) * len(s.running.decoding()))
         s.running.decode_all(step, now)
 
 

@@ -72,7 +72,7 @@ def load_sglang():
         import sglang
     except ImportError as e:
         raise SGLangMissing(
-            f"the SGLang radix differential needs SGLang {SGLANG_VERSION} ({e}); install it with: {INSTALL}"
+            f"the SGLang differentials need SGLang {SGLANG_VERSION} ({e}); install it with: {INSTALL}"
         ) from None
     if sglang.__version__ != SGLANG_VERSION:
         raise SGLangMissing(f"pinned to SGLang {SGLANG_VERSION}, found {sglang.__version__}")

@@ -31,6 +31,10 @@ prefill stays there, unlocked, and its generated tokens are freed.
 Eviction (evict_to_free_tokens in mem_cache/allocator/base.py, called by
 alloc_token_slots in mem_cache/allocation.py): when the free slots cannot hold an
 allocation, the tree evicts the shortfall, unlocked leaves least recently used first.
+With pages of more than one token SGLang's allocation asks for more than it takes
+(alloc_paged_token_slots_extend: the new tokens and a page per request; the decode's,
+alloc_paged_token_slots_decode: a page per request, which the SGLang rules evict for), and
+the tree evicts for that demand.
 A lookup refreshes the recency of the path it matches (match_prefix), an insert that of
 the path it walks; `match_prefix` here is that lookup, so it may split an edge.
 
@@ -92,6 +96,16 @@ class RadixCacheAllocator:
     def free_slots(self) -> int:
         """Slots held by nothing (evictable tree slots not included)."""
         return self._free
+
+    @property
+    def evictable_slots(self) -> int:
+        """Slots of the tree no running sequence locks."""
+        return self._tree.evictable
+
+    @property
+    def cached_slots(self) -> int:
+        """Slots the tree holds, locked or not."""
+        return self._tree.size
 
     def take_load_s(self) -> float:
         return 0.0  # no KV tiers: nothing to load
@@ -186,6 +200,8 @@ class RadixCacheAllocator:
             return False
         end = self._tree.touch(match)
         self._tree.lock(end, +1)
+        if self.page_size > 1:  # SGLang's paged extend evicts for its tokens and a page more
+            self.evict_to_free(num_tokens - match.matched + self.page_size)
         self._reserve(need)
         self._seqs[seq_id] = _Seq(shape, num_tokens, end, match.matched)
         return True
