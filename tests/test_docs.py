@@ -147,12 +147,16 @@ def test_every_quoted_table_names_the_script_that_writes_it():
         assert script and (ROOT / script[1]).is_file(), name
 
 
-@pytest.fixture(scope="module")
-def tables():
-    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "scripts" / "docs_tables.py")
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return script("docs_tables")
 
 
 def test_the_flagship_s_table_is_what_kvsim_computes_today(tables, flagship_run):
@@ -198,6 +202,39 @@ def test_every_serving_step_quoted_is_the_shipped_overhead_s_point():
         for text, key in zip(q[:4], ("measured_ms", "fitted_ms", "kernel_ms", "held_out_ms")):
             assert abs(float(text.replace(",", "")) - p[key]) <= 0.05 + 5e-4 * abs(p[key]), (p, key, text)
         assert bool(q[4]) == bool(p.get("excluded")), p
+
+
+def test_the_kv_tiers_table_is_the_results_file_s(tables):
+    """docs/kv-tiers.md quotes the Mooncake runs rendered from results/docs/mooncake_tiers.csv
+    (measured by `python scripts/docs_results.py --data DIR --only tiers`, which needs the
+    trace); if this fails, run `python scripts/docs_tables.py --only kv_tiers`."""
+    assert tables.kv_tiers_table() == (DOCS / "generated" / "kv_tiers_mooncake.md").read_text()
+    assert '--8<-- "docs/generated/kv_tiers_mooncake.md"' in (DOCS / "kv-tiers.md").read_text()
+
+
+def test_the_step_costs_page_is_rendered_from_what_kvsim_ships():
+    """Every figure on docs/step-costs.md comes from the shipped profiles and overheads,
+    `kvsim cost`, the H200 profiles in tests/data or results/docs/step_costs_sources.json;
+    if this fails, something they hold changed: run `python scripts/step_costs_page.py`
+    (and edit docs/templates/step-costs.md, not the page)."""
+    assert script("step_costs_page").page() == (DOCS / "step-costs.md").read_text()
+
+
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.mark.skipif(
+    not all((SHARED_DATA / d).is_dir() for d in ("profiling", "serving", "vllm-h100")),
+    reason="the reference data (../shared/data) is not beside the checkout",
+)
+def test_the_step_costs_sources_are_what_the_data_give():
+    """results/docs/step_costs_sources.json is what `python scripts/docs_results.py --only
+    sources` measures from the data today."""
+    import json
+
+    measured = json.loads(json.dumps(script("docs_results").sources(SHARED_DATA)))
+    saved = json.loads((ROOT / "results" / "docs" / "step_costs_sources.json").read_text())
+    assert {k: saved.get(k) for k in measured} == measured
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

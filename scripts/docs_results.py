@@ -1,0 +1,226 @@
+"""The figures the documentation quotes that need the reference data (public traces,
+timings and benchmark runs that kvsim does not ship), measured into small files under
+results/docs/ that the pages are rendered from (scripts/docs_tables.py,
+scripts/step_costs_page.py), so that the pages and the checks that they are current need
+no data.
+
+    python scripts/docs_results.py --data DIR                # everything (~20 minutes on two cores)
+    python scripts/docs_results.py --data DIR --only tiers
+
+DIR holds `traces/mooncake_synthetic_trace.jsonl` (Mooncake's synthetic trace, Qin et
+al., FAST 2025), `profiling/` (vidur's per-operator timings, read by
+scripts/derive_profiles.py), `serving/` (splitwise-sim's measured iterations, read by
+scripts/derive_overheads.py) and `vllm-h100/` (vLLM V1 benchmark runs). Parts:
+
+- `tiers` (results/docs/mooncake_tiers.csv): the prefix hit rate of Mooncake's trace on a
+  fleet with host-memory tiers, local to each replica or shared by all: the grid of
+  `kvsim reproduce --claim 12` (4 replicas, round-robin), the same 128 GiB policies on 8
+  replicas and behind the prefix-aware router, and the trace's hit rate with an unlimited
+  cache. What it measures is scenarios/claims/mooncake_fig10.yaml and
+  scenarios/mooncake_shared_tiers.yaml on the whole trace (~8 minutes).
+- `sources` (results/docs/step_costs_sources.json): what docs/step-costs.md quotes of the
+  source data that the shipped profiles and overheads do not keep (seconds).
+- `cpu_calibrate` (the same file): `kvsim calibrate --device cpu --quick` a few times on
+  this machine, needing no data but `kvsim[calibrate]` (a few minutes each).
+
+The tests check that the pages are what these files give, and, where DIR is beside the
+checkout (../shared/data), that `sources` is what the data give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "docs"
+TIERS = OUT / "mooncake_tiers.csv"
+SOURCES = OUT / "step_costs_sources.json"
+MOONCAKE = "traces/mooncake_synthetic_trace.jsonl"
+
+
+def _fleet_run(scenario: str, trace: Path, **fleet) -> pd.DataFrame:
+    """One tiers scenario on the whole trace, with `fleet` (replicas, router) overriding
+    its own: one row per tier kind and host-memory size."""
+    from kvsim.analysis.results import run_scenario
+    from kvsim.config.scenario import read_yaml, validate_scenario
+
+    src = ROOT / "scenarios" / scenario
+    raw = read_yaml(src, "scenario keys (name, model, ...)")
+    raw.update(workload={**raw["workload"], "trace": str(trace.resolve())}, **fleet)
+    scn = validate_scenario(raw, str(src))
+    summary = run_scenario(scn, src.parent, str(src)).summary.set_index("policy")
+    replicas, router = scn.fleet
+    rows = []
+    for p in scn.policies:
+        kind = "gpu-only" if p.tiers is None else ("shared" if p.tiers.shared else "local")
+        rows.append(
+            {
+                "scenario": scenario,
+                "replicas": replicas,
+                "router": router,
+                "tier": kind,
+                "cpu_gib_per_replica": 0.0 if p.tiers is None else float(p.tiers.cpu_gib),
+                "prefix_hit_rate": float(summary.prefix_hit_rate[p.name]),
+                "prefix_hit_rate_gpu": float(summary.get("prefix_hit_rate_gpu", summary.prefix_hit_rate)[p.name]),
+            }
+        )
+        print(f"{scenario} x{replicas} {router} {p.name}: {rows[-1]['prefix_hit_rate']:.4f}", flush=True)
+    return pd.DataFrame(rows)
+
+
+def tiers(data: Path) -> pd.DataFrame:
+    from kvsim.analysis.block_refs import block_references
+    from kvsim.analysis.cache_curve import cache_curve
+    from kvsim.reproduce.mooncake import BLOCK
+    from kvsim.workload.traces import trace_requests
+
+    trace = data / MOONCAKE
+    if not trace.is_file():
+        raise SystemExit(f"tiers needs {trace}")
+    table = pd.concat(
+        [
+            _fleet_run("claims/mooncake_fig10.yaml", trace),
+            _fleet_run("mooncake_shared_tiers.yaml", trace, replicas=8),
+            _fleet_run("mooncake_shared_tiers.yaml", trace, router="prefix-aware"),
+        ]
+    )
+    curve = cache_curve(block_references(trace_requests(trace), BLOCK), [math.inf])
+    unlimited = float(curve[curve.policy == "lru"].hit_rate.iloc[0])
+    unlimited_row = {
+        "scenario": f"kvsim cache-curve (blocks of {BLOCK})",
+        "replicas": 1,
+        "router": "",
+        "tier": "unlimited",
+        "cpu_gib_per_replica": math.inf,
+        "prefix_hit_rate": unlimited,
+        "prefix_hit_rate_gpu": unlimited,
+    }
+    return pd.concat([table, pd.DataFrame([unlimited_row])])
+
+
+def _script(name: str):
+    """One of the scripts beside this one, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sources(data: Path) -> dict:
+    """Figures of the source data behind the shipped profiles and A100 overhead that the
+    shipped files do not keep: how many token counts vidur measured, how many iterations
+    splitwise-sim's file holds, the launch time of each leave-one-out fit, and the spread
+    of the repeated runs where the overhead's held-out misses are."""
+    from kvsim.cost.overhead_fit import configurations, fit_overhead
+    from kvsim.cost.generalize import gpu_fits
+
+    profiles = _script("derive_profiles")
+    counts = {}
+    for family, file in (("llama-2", "a100_Llama-2-7b-hf.mlp.csv"), ("llama-3", "a100_Meta-Llama-3-8B.mlp.csv")):
+        long = profiles.read_mlp(data / "profiling" / file)
+        counts[family] = int(long.groupby("tp").num_tokens.nunique().max())
+    overheads = _script("derive_overheads")
+    raw = pd.read_csv(data / "serving" / "splitwise_a100.csv")
+    pts = overheads.points(configurations(raw))
+    bus = gpu_fits()[overheads.GPU.name]["allreduce"]["bus_gb_s"]
+    use, fitted = ~pts.excluded, pts.model == overheads.FITTED
+    folds = [fitted & (pts.tp != tp) for tp in sorted(pts[fitted].tp.unique())] + [fitted]
+    launches = [fit_overhead(pts[train & use], bus)["host"]["launch_per_layer_ms"] for train in folds]
+
+    def spread(tp: int, batch: int) -> str:
+        runs = raw[(raw.model == "llama2-70b") & (raw.tensor_parallel == tp) & (raw.prompt_size == 512)]
+        runs = runs[(runs.batch_size == batch) & (runs.token_size == 128)].prompt_time
+        return f"{runs.min():,.0f}-{runs.max():,.0f}"
+
+    doc = {
+        "source": "scripts/docs_results.py --only sources: vidur's profiling CSVs, splitwise-sim's perf_model.csv, "
+        "one vLLM V1 H100 run under the A100 overhead",
+        "profiles": {"measured_token_counts": counts},
+        "overhead": {
+            "ov_iterations": len(raw),
+            "loo_launch": f"{min(launches):.2f}-{max(launches):.2f}",
+            "spread_tp8_32": spread(8, 32),
+            "spread_tp4_16": spread(4, 16),
+        },
+    }
+    doc["vllm_splitwise"] = _validate(data / "vllm-h100" / VLLM_RUN, "splitwise-a100-v2")
+    return doc
+
+
+VLLM_RUN = "llama-2-7b-tp1-codegen"  # the run docs/step-costs.md shows, stage 0
+
+
+def _validate(run: Path, overhead: str) -> dict:
+    """Stage 0 of `kvsim validate RUN --cost-model OVERHEAD`: what it predicts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "kvsim.cli", "validate", str(run), "--cost-model", overhead, "--out", tmp]
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        row = pd.read_csv(Path(tmp) / "validation.csv").iloc[0]
+    keep = ("e2e_mean_predicted_s", "ttft_p50_predicted_s", "itl_mean_predicted_s")
+    return {"run": run.name, "stage": int(row.stage), "cost_model": row.cost_model, **{k: float(row[k]) for k in keep}}
+
+
+def _update(path: Path, doc: dict) -> None:
+    """Write `doc`'s keys into the JSON file at `path`, keeping the other parts' keys."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    OUT.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**old, **doc}, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+QUICK_RUNS = 5
+
+
+def cpu_calibrate(data: Path) -> dict:
+    """`kvsim calibrate --device cpu --quick` a few times on this machine, each profile's
+    whole steps against its sum of parts (needs `kvsim[calibrate]`; no data)."""
+    model, runs = "llama-3-8b", []
+    for i in range(QUICK_RUNS):
+        with tempfile.TemporaryDirectory() as tmp:
+            kvsim = [sys.executable, "-m", "kvsim.cli", "calibrate"]
+            subprocess.run([*kvsim, "--model", model, "--device", "cpu", "--quick", "--out", tmp], check=True, cwd=ROOT)
+            done = subprocess.run(
+                [*kvsim, "--report", tmp, "--json"], check=True, cwd=ROOT, capture_output=True, text=True
+            )
+        e2e = json.loads(done.stdout)["end_to_end"]
+        runs.append({"mape": e2e["mape"], "errors": [s["error"] for s in e2e["steps"]]})
+        print(f"cpu calibrate {i + 1}/{QUICK_RUNS}: whole steps MAPE {e2e['mape']:.1%}", flush=True)
+    return {"cpu_calibrate": {"model": model, "cores": os.cpu_count(), "runs": runs}}
+
+
+def write_tiers(table: pd.DataFrame) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    table.to_csv(TIERS, index=False, float_format="%.6g")
+    print(f"wrote {TIERS.relative_to(ROOT)}")
+
+
+PARTS = {  # part: (measure, write)
+    "tiers": (tiers, write_tiers),
+    "sources": (sources, lambda doc: _update(SOURCES, doc)),
+    "cpu_calibrate": (cpu_calibrate, lambda doc: _update(SOURCES, doc)),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, required=True, help="the reference data folder (traces/, serving/)")
+    ap.add_argument("--only", nargs="+", choices=list(PARTS), help="measure only these parts")
+    args = ap.parse_args()
+    for part in args.only or list(PARTS):
+        measure, write = PARTS[part]
+        write(measure(args.data))
+
+
+if __name__ == "__main__":
+    main()
