@@ -75,6 +75,21 @@ def test_compare_two_runs_side_by_side_renames_clashing_policies(sweep, monkeypa
     assert code == 0 and "rate_sweep" not in (work / "one" / "report.html").read_text()
 
 
+def test_each_run_s_context_line_names_its_own_step_costs(sweep, monkeypatch):
+    """Two runs with different step costs: each line says what its own policies used (all
+    one model), not that step costs differ."""
+    work, _ = sweep
+    monkeypatch.chdir(work)
+    write_scenario(work, "measured.yaml", name="measured", cost_model="calibrated")
+    assert kvsim("run", "measured.yaml", "--out", "measured", "--quiet")[0] == 0
+    code, _, err = kvsim("compare", "sw/rate-5", "measured", "--out", "mixed")
+    assert (code, err) == (0, "")
+    lines = re.findall(r'<p class="context">([^<]*)</p>', (work / "mixed" / "report.html").read_text())
+    assert len(lines) == 2 and not any("differ" in line for line in lines), lines
+    assert lines[0].startswith("small ") and lines[0].endswith("step costs roofline")
+    assert lines[1].startswith("measured ") and "step costs profile:" in lines[1]
+
+
 def test_compare_refuses_what_is_not_a_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty").mkdir()

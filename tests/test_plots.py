@@ -361,3 +361,42 @@ def test_a_long_latency_cdf_is_drawn_through_evenly_spaced_ranks():
     assert len(x) == 102 and (x[0], y[0]) == (v[0], 0.0)
     assert list(x[1:]) == list(v[::100]) and list(y[1:]) == [(r + 1) / 10_001 for r in range(0, 10_001, 100)]
     assert np.diff(y[1:]).max() <= 1 / 100 + 1e-12  # each step under 1/max_points of the axis
+
+
+def test_no_text_leaves_its_figure_with_many_runs_policies_and_mixed_bases():
+    """Ten policies of two runs (names prefixed run/), one of them never memory-bound:
+    the breakdown's title, which names the bases, wraps inside the figure (it ran off both
+    edges), and no policy label breaks inside a word (`chat/contiguou` + `s`)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from kvsim.plots.run_figures import figures
+
+    names = [f"{run}/{p}" for run in ("rag", "chat") for p in ("contiguous", "paged-16", "paged-32", "pow2", "prefix")]
+    summary = make_summary(names, basis="memory")
+    summary.loc[4, "fraction_basis"] = "none"
+    figs = figures(summary, make_timeseries(names, steps=40), make_requests(names, n=10), context="ctx")
+    for name, fig in figs.items():
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)
+        page = fig.bbox
+        for ax in fig.axes:
+            box = ax.title.get_window_extent(renderer)
+            assert box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1, f"{name}: {ax.get_title()!r} leaves the figure"
+    title = figs["memory_breakdown.png"].axes[0].get_title()
+    assert "rag/prefix: never memory-bound" in title and "bases differ" not in title
+
+
+@pytest.mark.parametrize(
+    "name, lines",
+    [
+        ("chat/contiguous", ["chat/", "contiguous"]),
+        ("paged-16-prefix-caching", ["paged-16-", "prefix-caching"]),
+        ("contiguous-oracle", ["contiguous-", "oracle"]),
+        ("an-extraordinarily-long-word-here", ["an-", "extraordinarily-", "long-word-here"]),
+        ("paged-16", ["paged-16"]),
+    ],
+)
+def test_policy_labels_wrap_after_hyphens_and_slashes_never_inside_a_word(name, lines):
+    from kvsim.plots.style import wrap_label
+
+    assert wrap_label(name).split("\n") == lines

@@ -176,7 +176,8 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
         focus = runs
     summary, timeseries, requests = combine(focus)
     scenarios = list({json.dumps(r.scenario, sort_keys=True): r.scenario for r in focus}.values())
-    contexts = [context_line(s, summary) for s in scenarios]
+    # each run's line from its own summary: the policies of another run used their own step costs
+    contexts = list(dict.fromkeys(context_line(r.scenario, r.summary) for r in focus))
     targets = (scenarios[0].get("slo") or {}) if len(scenarios) == 1 else {}
     rate = arrival_rate(scenarios[0]) if len(scenarios) == 1 else None
 

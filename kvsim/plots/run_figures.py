@@ -215,6 +215,23 @@ def latency_samples(requests: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def breakdown_title(policies: list[str], bases: list[str], width_in: float) -> str:
+    """The breakdown's title and the basis of its shares: the most common basis in words,
+    the others with the policies they hold for, wrapped to the figure's width."""
+    title = "KV pool breakdown"
+    if not bases:
+        return title
+    by_basis: dict[str, list[str]] = {}
+    for policy, basis in zip(policies, bases):
+        by_basis.setdefault(basis, []).append(policy)
+    common = max(by_basis, key=lambda b: len(by_basis[b]))
+    parts = [BASIS.get(common, common)] + [
+        f"{', '.join(names)}: {BASIS.get(b, b)}" for b, names in by_basis.items() if b != common
+    ]
+    text = "(" + "; ".join(parts) + ")"
+    return title + "\n" + "\n".join(textwrap.wrap(text, max(40, int(width_in * 9))))
+
+
 def _memory_breakdown(summary: pd.DataFrame, requests: pd.DataFrame, colours: dict[str, str]) -> Figure:
     policies = summary["policy"].astype(str).tolist()
     fig = Figure(figsize=(bar_figure_width(len(policies), extra=3.5), 7.6), layout="constrained")
@@ -230,12 +247,7 @@ def _memory_breakdown(summary: pd.DataFrame, requests: pd.DataFrame, colours: di
         text = "n/a" if pd.isna(tok) else f"{100 * tok:.1f}%\ntokens"
         ax.text(xi, top + 1.5, text, ha="center", va="bottom", fontsize=8, weight="bold")
     bases = summary["fraction_basis"].astype(str).tolist() if "fraction_basis" in summary else []
-    title = "KV pool breakdown"
-    if len(set(bases)) == 1:
-        title += f"\n({BASIS.get(bases[0], bases[0])})"
-    elif bases:
-        title += "\n(bases differ: " + ", ".join(f"{p}: {b}" for p, b in zip(policies, bases)) + ")"
-    ax.set_title(title, fontsize=10)
+    ax.set_title(breakdown_title(policies, bases, fig.get_figwidth()), fontsize=10)
     set_policy_ticks(ax, x, policies, colours)
     ax.set_ylabel("share of KV pool (%)")
     ax.set_ylim(0, 118)

@@ -11,7 +11,7 @@ and kvsim.plots.curves draw.
 from __future__ import annotations
 
 import math
-import textwrap
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -42,8 +42,16 @@ def policy_styles(*frames: pd.DataFrame) -> dict[str, Style]:
 
 
 def wrap_label(name: str, width: int = LABEL_WIDTH) -> str:
-    """A policy name on lines of at most `width` characters, broken after hyphens."""
-    return "\n".join(textwrap.wrap(name, width, break_on_hyphens=True)) or name
+    """A policy name on lines of at most `width` characters, broken after a hyphen or the
+    slash of a run's prefix (`rag/paged-16`), never inside a word: a word longer than
+    `width` keeps a line of its own."""
+    lines: list[str] = []
+    for piece in re.findall(r"[^-/]+[-/]?|[-/]", name):
+        if lines and len(lines[-1]) + len(piece) <= width:
+            lines[-1] += piece
+        else:
+            lines.append(piece)
+    return "\n".join(lines) or name
 
 
 def bar_figure_width(count: int, minimum: float = 6.5, extra: float = 3.0) -> float:
