@@ -46,6 +46,14 @@ def _verdict(ok: bool | None) -> str:
     return "not measured" if ok is None else ("met" if ok else "NOT met")
 
 
+def _both(wall_ok: bool, cpu_ok: bool) -> str:
+    """A target judged on wall and CPU time together: on a shared machine a busy minute
+    stretches one process's wall time and not another's, so it is met only when both are."""
+    if wall_ok == cpu_ok:
+        return _verdict(wall_ok)
+    return f"NOT met on {'CPU' if wall_ok else 'wall'} time (met on {'wall' if wall_ok else 'CPU'} time)"
+
+
 def _targets(table: dict) -> list[str]:
     """One line per target: the figures it is judged on, and whether it is met."""
     get = table.get
@@ -71,7 +79,7 @@ def _targets(table: dict) -> list[str]:
             f"- Faster than BLIS with its snapshot off on {name}: BLIS {off['wall_s']:.2f} s / kvsim "
             f"{k['wall_s']:.2f} s = {wall:.2f}x wall ({cpu:.2f}x CPU: {off['cpu_s']:.2f} / "
             f"{k['cpu_s']:.2f} s){shipped}: "
-            f"{_verdict(wall > 1)}. Peak RSS kvsim {k['peak_rss_mb']:,.0f} MB against BLIS's "
+            f"{_both(wall > 1, cpu > 1)}. Peak RSS kvsim {k['peak_rss_mb']:,.0f} MB against BLIS's "
             f"{off['peak_rss_mb']:,.0f} MB: {_verdict(k['peak_rss_mb'] < off['peak_rss_mb'])}."
         )
     m = get(("sharegpt_1m", "kvsim"))
@@ -109,11 +117,11 @@ def _targets(table: dict) -> list[str]:
     for size in ("10k", "100k", "1m"):
         on, off = get((f"sharegpt_{size}_prefix", "kvsim")), get((f"sharegpt_{size}", "kvsim"))
         if on and off:
-            ratio = on["wall_s"] / off["wall_s"]
+            ratio, cpu = on["wall_s"] / off["wall_s"], on["cpu_s"] / off["cpu_s"]
             lines.append(
                 f"- Prefix caching on at most 1.5x the time without it, {size}: {on['wall_s']:.2f} / "
-                f"{off['wall_s']:.2f} s = {ratio:.2f}x ({on['cpu_s'] / off['cpu_s']:.2f}x in CPU time): "
-                f"{_verdict(ratio <= 1.5)}."
+                f"{off['wall_s']:.2f} s = {ratio:.2f}x ({cpu:.2f}x in CPU time): "
+                f"{_both(ratio <= 1.5, cpu <= 1.5)}."
             )
     return lines
 
