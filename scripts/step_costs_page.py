@@ -521,6 +521,8 @@ def vllm_values(sources: dict) -> dict:
     reasoning = held[held.run == "codellama-34b-tp2-reasoning"].iloc[0]
     return {
         "vllm_runs": len(pts.run.unique()),
+        "vllm_step_ms": doc["host"]["step_ms"],
+        "vllm_per_seq_us": doc["host"]["per_seq_ms"] * 1e3,
         "vllm_rate": f"{ex.rate_per_s:g}",
         "vllm_table": "\n".join(
             [
