@@ -90,6 +90,62 @@ def test_each_run_s_context_line_names_its_own_step_costs(sweep, monkeypatch):
     assert lines[1].startswith("measured ") and "step costs profile:" in lines[1]
 
 
+def test_compare_judges_each_scenario_s_policies_by_its_own_targets(sweep, monkeypatch):
+    """Two scenarios with different slo: blocks: each policy's sentence and the pick use
+    its own run's targets, and the latency figures draw both runs' targets, each named."""
+    from kvsim.plots.compare import build_report, load_run
+    from kvsim.plots.run_figures import latency_percentiles, target_lines
+
+    work, _ = sweep
+    monkeypatch.chdir(work)
+    write_scenario(work, "strict.yaml", name="strict", slo={"tpot_p50_s": 0.5, "ttft_p99_s": 0.25})
+    assert kvsim("run", "strict.yaml", "--out", "strict", "--quiet")[0] == 0
+    code, out, err = kvsim("compare", "sw/rate-5", "strict", "--out", "two")
+    assert (code, err) == (0, "") and out.startswith("verdict: Pick ")
+    (work / "two-again").mkdir()
+    verdict = build_report([load_run(work / "sw" / "rate-5"), load_run(work / "strict")], work / "two-again")
+    loose = [line for line in verdict if line.startswith("rate-5/")]
+    strict = [line for line in verdict if line.startswith("strict/")]
+    assert len(loose) == len(strict) == 3
+    for line in loose:  # 5 req/s and ttft_p99_s <= 1
+        assert " at 5 req/s " in line and ("(ttft p99 ≤ 1 s)" in line or "> 1;" in line + ";"), line
+        assert "0.25" not in line and "tpot p50 ≤" not in line, line
+    for line in strict:  # tpot_p50_s <= 0.5, ttft_p99_s <= 0.25
+        assert "(tpot p50 ≤ 0.5 s, ttft p99 ≤ 0.25 s)" in line or "> 0.25" in line or "> 0.5" in line, line
+        assert "≤ 1 s" not in line and "> 1;" not in line + ";", line
+    figure_targets = {"small": {"ttft_p99_s": 1.0}, "strict": {"tpot_p50_s": 0.5, "ttft_p99_s": 0.25}}
+    assert target_lines(figure_targets, "ttft") == [("p99", 1.0, " (small)"), ("p99", 0.25, " (strict)")]
+    assert target_lines({"ttft_p99_s": 2}, "ttft") == [("p99", 2.0, "")]
+    summary = pd.read_csv(work / "strict" / "summary.csv")
+    fig = latency_percentiles(summary, dict.fromkeys(summary.policy, "C0"), figure_targets)
+    legend = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert {"target p99 ≤ 1 s (small)", "target p99 ≤ 0.25 s (strict)", "target p50 ≤ 0.5 s (strict)"} <= set(legend)
+
+
+def test_the_pick_weighs_each_policy_against_its_own_targets():
+    from kvsim.analysis.verdict import pick
+
+    summary = pd.DataFrame(
+        {
+            "policy": ["a/fast", "b/slow"],
+            "throughput_tok_s": [2000.0, 1000.0],
+            "ttft_p99_s": [3.0, 3.0],
+            "tpot_p50_s": [0.05, 0.05],
+        }
+    )
+    # the faster policy misses its run's 2 s target; the slower meets its run's 4 s one
+    per_policy = {"a/fast": {"ttft_p99_s": 2.0}, "b/slow": {"ttft_p99_s": 4.0}}
+    assert pick(summary, None, per_policy).startswith("Pick b/slow: it meets its own run's targets and")
+    assert "1 of 2 policies meet their own run's targets." in pick(summary, None, per_policy)
+    # one run without targets: its policy is judged by none, and the pick says so
+    line = pick(summary, None, {"a/fast": {"ttft_p99_s": 2.0}})
+    assert line.startswith("Pick b/slow: it has no latency targets and")
+    assert line.endswith("No latency targets for b/slow (no slo: block in its run).")
+    # one common set (or none) reads as before
+    assert pick(summary, {"ttft_p99_s": 4.0}).startswith("Pick a/fast: it meets every target and")
+    assert pick(summary).endswith("No latency targets are set: add an slo: block to weigh latency.")
+
+
 def test_compare_refuses_what_is_not_a_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty").mkdir()

@@ -268,3 +268,57 @@ def test_kvsim_sweep_and_capacity_figures_carry_their_context(tmp_path, monkeypa
     assert seen["sweep_workload_arrival_rate_per_s.png"].startswith("c · llama-3-8b on h100-80gb, tp 1")
     assert "swept: arrival rate (req/s)" in seen["sweep_workload_arrival_rate_per_s.png"]
     assert seen["capacity.png"].startswith("c · llama-3-8b on h100-80gb, tp 1 · poisson arrivals, rate swept")
+
+
+def test_sweep_and_capacity_figures_note_a_setting_without_modelled_effect(tmp_path, monkeypatch):
+    """A grid that varies the block size from point to point (one block size per point):
+    the note is judged across the points, as a run's is across its policies; a capacity
+    search's figure notes what its policies' settings do not change."""
+    from kvsim.analysis.unmodelled import sweep_notes
+    from kvsim.sweep.grid import load_sweep
+
+    seen = {}
+
+    def keep(fig, path):
+        seen[path.name] = fig._suptitle.get_text().replace("\n", " ") if fig._suptitle else ""
+        return path
+
+    monkeypatch.setattr("kvsim.plots.sweep_figures.save", keep)
+    doc = {
+        "name": "c",
+        "model": "llama-3-8b",
+        "gpu": "h100-80gb",
+        "max_model_len": 2048,
+        "kv_cache_memory_gib": 1,
+        "slo": {"ttft_p99_s": 1.0},
+        "workload": {
+            "num_requests": 10,
+            "arrival": {"process": "poisson", "rate_per_s": 5.0},
+            "prompt_tokens": {"dist": "fixed", "value": 200},
+            "output_tokens": {"dist": "fixed", "value": 20},
+        },
+        "policies": [{"name": "paged", "allocator": "paged"}],
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc))
+    grid = {"policies[*].block_size": [16, 32], "workload.arrival.rate_per_s": [5, 10]}
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump({"scenario": "c.yaml", "grid": grid}))
+    note = "Note: block size (16, 32): no modelled effect on step time; these policies differ through memory alone"
+    assert kvsim("sweep", tmp_path / "g.yaml", "--out", tmp_path / "sw", "--workers", 1, "--quiet")[0] == 0
+    for name in ("sweep_policies_block_size.png", "sweep_workload_arrival_rate_per_s.png"):
+        assert " ".join(seen[name].split()).endswith(note), seen[name]
+    # the roofline prices an FP8 cache's fewer bytes: a grid over the KV dtype gets no note
+    doc["cost_model"] = "roofline"
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
+    grid = {"policies[*].kv_cache_dtype": ["auto", "fp8"]}
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump({"scenario": "r.yaml", "grid": grid}))
+    plan = load_sweep(tmp_path / "d.yaml")
+    assert [n for n in sweep_notes([p.scenario for p in plan.points], plan.base_dir) if "KV dtype (" in n] == []
+    doc.pop("cost_model")
+    doc["policies"] = [
+        {"name": "paged-16", "allocator": "paged", "block_size": 16},
+        {"name": "paged-32", "allocator": "paged", "block_size": 32},
+    ]
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(doc))
+    code, _, err = kvsim("capacity", tmp_path / "two.yaml", "--out", tmp_path / "cap", "--workers", 1, "--quiet")
+    assert code == 0, err
+    assert " ".join(seen["capacity.png"].split()).endswith(note), seen["capacity.png"]

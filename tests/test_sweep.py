@@ -365,12 +365,15 @@ def test_kvsim_sweep_writes_rows_summary_and_plots_and_resumes(tmp_path):
     assert list(summary.columns[:4]) == [*SWEEP["grid"], "policy", "seeds"]
     assert not any(c.endswith("_ci95") for c in summary.columns)  # one seed: no interval
     assert len(pd.read_parquet(out / "results.parquet")) == 8
+    from kvsim.analysis.unmodelled import sweep_notes
     from kvsim.cli.sweep import sweep_context
     from kvsim.plots.sweep_figures import write_sweep_plots  # drawn in 2 processes above
 
     (tmp_path / "serial").mkdir()
+    plan = load_sweep(path)
+    notes = sweep_notes([p.scenario for p in plan.points], plan.base_dir)
     serial = write_sweep_plots(
-        summary, list(SWEEP["grid"]), tmp_path / "serial", workers=1, context=sweep_context(load_sweep(path))
+        summary, list(SWEEP["grid"]), tmp_path / "serial", workers=1, context=sweep_context(plan), notes=notes
     )
     assert len(serial) == 2 and all(p.read_bytes() == (out / p.name).read_bytes() for p in serial)
 

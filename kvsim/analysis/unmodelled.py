@@ -64,8 +64,12 @@ def step_times(scn, policy, base_dir: Path) -> tuple[float, ...]:
 def unpriced_dequantization(scn, base_dir: Path) -> list[str]:
     """The quantized KV dtypes the scenario's policies use whose dequantization the cost
     model does not price (it has no timing measured with that dtype)."""
+    return _unpriced([(scn, p) for p in scn.policies], base_dir)
+
+
+def _unpriced(runs, base_dir: Path) -> list[str]:
     out = []
-    for policy in scn.policies:
+    for scn, policy in runs:
         cost, dtype = cost_for(scn, policy, base_dir)
         if dtype not in SIXTEEN_BIT and dtype.split("_")[0] not in cost.measured_kv_dtypes and dtype not in out:
             out.append(dtype)
@@ -75,13 +79,21 @@ def unpriced_dequantization(scn, base_dir: Path) -> list[str]:
 def unmodelled_settings(scn, base_dir: Path) -> dict[str, list]:
     """{setting: the values its policies use} for each setting that differs between the
     scenario's policies yet changes no probe step's time."""
+    return _unmodelled([(scn, p) for p in scn.policies], base_dir)
+
+
+def _unmodelled(runs, base_dir: Path) -> dict[str, list]:
+    """As unmodelled_settings, over (scenario, policy) pairs that may come from different
+    scenarios (a sweep's points): each policy is priced in its own scenario, with every
+    value of the setting that some pair uses."""
     out = {}
     for field in SETTINGS:
-        values = list(dict.fromkeys(getattr(p, field) for p in scn.policies if field in type(p).model_fields))
+        having = [(scn, p) for scn, p in runs if field in type(p).model_fields]
+        values = list(dict.fromkeys(getattr(p, field) for _, p in having))
         if len(values) < 2:
             continue
         moved = False
-        for policy in (p for p in scn.policies if field in type(p).model_fields):
+        for scn, policy in having:
             base = step_times(scn, policy, base_dir)
             for value in values:
                 if value != getattr(policy, field):
@@ -99,12 +111,30 @@ def unmodelled_settings(scn, base_dir: Path) -> dict[str, list]:
 def notes(scn, base_dir: Path) -> list[str]:
     """One sentence per setting with no modelled effect on step time, and one naming the
     quantized KV dtypes whose dequantization is not priced."""
+    return _notes([(scn, p) for p in scn.policies], base_dir)
+
+
+def sweep_notes(scenarios, base_dir: Path) -> list[str]:
+    """The notes for a sweep's points together: a setting the grid varies from point to
+    point (block size 16 at one, 32 at another) is judged across the points' policies,
+    each priced in its own point's scenario (model, GPU, step costs)."""
+    runs, seen = [], set()
+    for scn in scenarios:
+        for policy in scn.policies:
+            key = (scn.model_dump_json(exclude={"workload", "policies", "seed", "name"}), policy.model_dump_json())
+            if key not in seen:  # points that differ only in load price the same steps
+                seen.add(key)
+                runs.append((scn, policy))
+    return _notes(runs, base_dir)
+
+
+def _notes(runs, base_dir: Path) -> list[str]:
     out = [
         f"{SETTINGS[field]} ({', '.join(map(str, values))}): no modelled effect on step time; "
         "these policies differ through memory alone"
-        for field, values in unmodelled_settings(scn, base_dir).items()
+        for field, values in _unmodelled(runs, base_dir).items()
     ]
-    dtypes = unpriced_dequantization(scn, base_dir)
+    dtypes = _unpriced(runs, base_dir)
     if dtypes:
         out.append(
             f"KV dtype {', '.join(dtypes)}: attention reads its fewer bytes; dequantizing it "

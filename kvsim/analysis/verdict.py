@@ -86,25 +86,39 @@ def sentence(row: Mapping, targets: Mapping[str, float] | None = None, rate: flo
     )
 
 
-def pick(summary: pd.DataFrame, targets: Mapping[str, float] | None = None) -> str:
+def pick(
+    summary: pd.DataFrame,
+    targets: Mapping[str, float] | None = None,
+    per_policy: Mapping[str, Mapping[str, float]] | None = None,
+) -> str:
     """The recommendation: among policies meeting every target (all, when none are set),
-    the highest throughput; within 1% of it (arrivals set throughput) the lowest TTFT p99."""
+    the highest throughput; within 1% of it (arrivals set throughput) the lowest TTFT p99.
+    per_policy: each policy's own targets by name, where the policies come from runs
+    whose scenarios set different ones (a policy it does not name has `targets`); each
+    policy is then judged against its own run's targets."""
     rows = summary.to_dict(orient="records")
-    ok = [r for r in rows if not targets or not misses(r, targets)]
+    own = {id(r): dict((per_policy or {}).get(str(r.get("policy")), targets or {})) for r in rows}
+    ok = [r for r in rows if not misses(r, own[id(r)])]
     if not ok:
         return "No policy meets every latency target: relax the targets, lower the load, or add memory."
     tput = {id(r): _num(r, "throughput_tok_s") for r in ok}
     top = max((v for v in tput.values() if not math.isnan(v)), default=math.nan)
     close = [r for r in ok if tput[id(r)] >= TIE * top] or ok
     best = min(close, key=lambda r: _num(r, "ttft_p99_s") if not math.isnan(_num(r, "ttft_p99_s")) else math.inf)
-    why = "it meets every target and" if targets else "it"
-    unset = (
-        f" {len(ok)} of {len(rows)} policies meet every target."
-        if targets and len(ok) < len(rows)
-        else ""
-        if targets
-        else " No latency targets are set: add an slo: block to weigh latency."
-    )
+    judged = [r for r in rows if own[id(r)]]
+    mixed = len({tuple(sorted(t.items())) for t in own.values()}) > 1
+    if not own[id(best)]:
+        why = "it has no latency targets and" if judged else "it"
+    else:
+        why = "it meets its own run's targets and" if mixed else "it meets every target and"
+    unset = ""
+    if judged and len(ok) < len(rows):
+        unset = f" {len(ok)} of {len(rows)} policies meet " + ("their own run's targets." if mixed else "every target.")
+    if not judged:
+        unset = " No latency targets are set: add an slo: block to weigh latency."
+    elif len(judged) < len(rows):
+        free = ", ".join(str(r.get("policy")) for r in rows if not own[id(r)])
+        unset += f" No latency targets for {free} (no slo: block in its run)."
     if len(close) > 1:
         return (
             f"Pick {best['policy']}: {why} matches the best throughput ({top:,.0f} tok/s, within 1%) "

@@ -110,7 +110,10 @@ def sweep(sweep_file, out, workers, ray_address, resume, quick, force, quiet):
     finally:
         bar.close()
     rows, summary, errors = store.write_tables(plan)
-    write_sweep_plots(summary, plan.params, out, workers or cores(), context=sweep_context(plan))
+    from kvsim.analysis.unmodelled import sweep_notes
+
+    notes = sweep_notes([p.scenario for p in plan.points], plan.base_dir)
+    write_sweep_plots(summary, plan.params, out, workers or cores(), context=sweep_context(plan), notes=notes)
     if not quiet:
         from kvsim.cli.table import sweep_tables
 
@@ -267,8 +270,10 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
 
     context = context_line(scn.model_dump(mode="json", exclude_none=True), swept=rate is None)
     from kvsim.plots.colours import settings_frame
+    from kvsim.analysis.unmodelled import notes
 
-    _write(out, table, cap.probe_table(probes, targets), targets, meta, rate is None, context, settings_frame(scn))
+    figure = (context, settings_frame(scn), notes(scn, base_dir))
+    _write(out, table, cap.probe_table(probes, targets), targets, meta, rate is None, *figure)
     if not quiet:
         from kvsim.cli.table import capacity_lines
 
@@ -277,7 +282,7 @@ def capacity(scenario, slo_text, rate, tolerance, num_requests, policies, out, w
         click.echo(f"wrote {out}/")
 
 
-def _write(out: Path, table, probes, targets, meta, forward: bool, context: str = "", settings=None) -> None:
+def _write(out: Path, table, probes, targets, meta, forward: bool, context: str = "", settings=None, notes=()) -> None:
     """Write into a fresh folder beside `out`, then swap it in (as kvsim run does)."""
     from kvsim.cli.output import swap_in
     from kvsim.plots.sweep_figures import write_capacity_plot
@@ -294,6 +299,7 @@ def _write(out: Path, table, probes, targets, meta, forward: bool, context: str 
             tmp,
             context,
             settings,
+            notes,
         )
         (tmp / "capacity.json").write_text(json.dumps(meta, indent=2) + "\n")
 

@@ -143,6 +143,23 @@ def is_sweep(runs: list[RunFolder]) -> bool:
     return len(runs) > 1 and len({r.name for r in runs}) == 1 and None not in rates and len(set(rates)) == len(rates)
 
 
+def slo_targets(scenario: dict) -> dict[str, float]:
+    """The latency targets a run's scenario.yaml sets, by summary column."""
+    return {k: float(v) for k, v in (scenario.get("slo") or {}).items() if v is not None}
+
+
+def run_targets(runs: list[RunFolder]) -> dict[str, tuple[dict[str, float], float | None]]:
+    """(its run's latency targets, its run's arrival rate) for each policy, by the name
+    `combine` gives it: runs of different scenarios each keep their own slo: block."""
+    names = [p for r in runs for p in r.summary["policy"].astype(str)]
+    clash = len(runs) > 1 and len(names) != len(set(names))
+    return {
+        (run.path.name + "/" + policy if clash else policy): (slo_targets(run.scenario), run.rate)
+        for run in runs
+        for policy in run.summary["policy"].astype(str)
+    }
+
+
 def combine(runs: list[RunFolder]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Summaries and tables of several runs, policies renamed folder/policy where they
     clash; each summary with its contiguous policies' reservation (for their colours)."""
@@ -178,11 +195,14 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
     scenarios = list({json.dumps(r.scenario, sort_keys=True): r.scenario for r in focus}.values())
     # each run's line from its own summary: the policies of another run used their own step costs
     contexts = list(dict.fromkeys(context_line(r.scenario, r.summary) for r in focus))
-    targets = (scenarios[0].get("slo") or {}) if len(scenarios) == 1 else {}
-    rate = arrival_rate(scenarios[0]) if len(scenarios) == 1 else None
+    own = run_targets(focus)  # each policy's run's targets and rate, by its name in `summary`
+    sets = {json.dumps(t, sort_keys=True): t for t, _ in own.values()}
+    common = next(iter(sets.values())) if len(sets) == 1 else None
 
     body.append(html.heading("Verdict"))
-    verdict = [pick(summary, targets)] + [sentence(r, targets, rate) for r in summary.to_dict(orient="records")]
+    rows = summary.to_dict(orient="records")
+    verdict = [pick(summary, common, None if common is not None else {p: t for p, (t, _) in own.items()})]
+    verdict += [sentence(r, *own.get(str(r["policy"]), ({}, None))) for r in rows]
     if sweep is not None:
         verdict += ["Rate sweep: " + line for line in summary_lines(sweep)]
         verdict.append(
@@ -191,7 +211,10 @@ def build_report(runs: list[RunFolder], out: Path) -> list[str]:
     body.append(html.items(verdict, "verdict"))
     body += [html.paragraph(c, "context") for c in contexts]
 
-    pngs = write_plots(summary, timeseries, requests, out, context=" | ".join(contexts))
+    # the latency figures draw every run's targets (each run's named where they differ)
+    figure_targets = common if common is not None else {r.name: slo_targets(r.scenario) for r in focus}
+    notes = list(dict.fromkeys(n for r in focus for n in r.meta.get("timing_notes", ())))
+    pngs = write_plots(summary, timeseries, requests, out, " | ".join(contexts), targets=figure_targets, notes=notes)
     if sweep is not None:
         pngs.append(
             save(

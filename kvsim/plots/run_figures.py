@@ -100,7 +100,8 @@ def figures(
     notes=(),
 ) -> dict[str, Figure]:
     """The five figures by file name (six with KV tiers: kvsim.plots.tier_plots; the notebooks show these; write_plots saves them).
-    targets: the scenario's latency targets (drawn on the latency figures); notes: lines
+    targets: the scenario's latency targets (drawn on the latency figures; target_lines
+    says what form they take for compared runs); notes: lines
     for the figures of time (kvsim.analysis.unmodelled's)."""
     figs = {name: build() for name, build in _builders(summary, timeseries, requests, targets).items()}
     for name, fig in figs.items():
@@ -381,20 +382,31 @@ PERCENTILE_LEVELS = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 TARGET_STYLE = {"p50": ":", "p90": "-.", "p99": "--"}  # a target's line, by its percentile
 
 
+def target_lines(targets: dict, metric: str) -> list[tuple[str, float, str]]:
+    """(percentile, bound, whose) for each target of `metric` (ttft, tpot, e2e).
+    `targets` is one scenario's {column: seconds}, or, for runs compared whose scenarios
+    set different targets, {run name: its {column: seconds}} (whose: " (run name)")."""
+    sets = targets.items() if any(isinstance(v, dict) for v in targets.values()) else [("", targets)]
+    out = []
+    for who, mine in sets:
+        for column, bound in mine.items():
+            name, _, pct = column.removesuffix("_s").rpartition("_")
+            if name == metric:
+                out.append((pct, float(bound), f" ({who})" if who else ""))
+    return out
+
+
 def _targets_on_cdf(ax, metric: str, targets: dict) -> None:
     """Each target of `metric` (e.g. ttft_p99_s <= 2) as a black line at its bound up to
     its percentile's level, with a marker where the CDF must pass above it."""
-    for column, bound in targets.items():
-        name, _, pct = column.removesuffix("_s").rpartition("_")
-        if name != metric:
-            continue
-        level = dict(PERCENTILE_LEVELS).get(pct, 0.5 if pct == "p50" else None)
+    for pct, bound, who in target_lines(targets, metric):
+        level = dict(PERCENTILE_LEVELS).get(pct)
         if level is None:
             continue
         ax.axvline(bound, ymax=level / 1.02, color="black", ls=TARGET_STYLE.get(pct, "--"), lw=1.1)
         ax.plot([bound], [level], marker="v", color="black", ms=5)
         ax.annotate(
-            f"target {pct} ≤ {bound:g} s ",
+            f"target {pct} ≤ {bound:g} s{who} ",
             (bound, level),
             xytext=(-2, 3),
             textcoords="offset points",
@@ -491,13 +503,11 @@ def latency_percentiles(summary: pd.DataFrame, colours: dict[str, str], targets:
             Patch(facecolor="0.6", alpha=alpha, hatch=hatch, edgecolor="0.3", label=pct)
             for pct, alpha, hatch in PERCENTILES
         ]
-        for column, bound in (targets or {}).items():
-            name, _, pct = column.removesuffix("_s").rpartition("_")
-            if name == metric:
-                ax.axhline(bound, color="black", ls=TARGET_STYLE.get(pct, "--"), lw=1.1)
-                handles.append(
-                    Line2D([], [], color="black", ls=TARGET_STYLE.get(pct, "--"), label=f"target {pct} ≤ {bound:g} s")
-                )
+        for pct, bound, who in target_lines(targets or {}, metric):
+            ax.axhline(bound, color="black", ls=TARGET_STYLE.get(pct, "--"), lw=1.1)
+            handles.append(
+                Line2D([], [], color="black", ls=TARGET_STYLE.get(pct, "--"), label=f"target {pct} ≤ {bound:g} s{who}")
+            )
         ax.legend(handles=handles, fontsize=7, loc="upper left")
         top = ax.get_ylim()[1]
         ax.set_ylim(0, top * 1.25 if top > 0 else 1)  # room for the legend

@@ -9,7 +9,9 @@ latency or throughput below zero, no share above 100%). A metric with no value
 anywhere (KV utilization where memory never bound, say) gets no row; a panel whose
 metric is undefined says so. `write_capacity_plot(...)`: `capacity.png`, the answer
 per policy beside every probe's value of each target. Axes name the swept fields in
-words (kvsim.plots.style.param_label) and every figure carries its context line.
+words (kvsim.plots.style.param_label) and every figure carries its context line, and
+under it the notes of what a swept or compared setting does not change in step time
+(kvsim.analysis.unmodelled).
 Like kvsim.plots.run_figures, figures are bare Agg `Figure`s: no pyplot state.
 """
 
@@ -44,9 +46,11 @@ MAX_PANELS = 6
 
 
 def write_sweep_plots(
-    summary: pd.DataFrame, params: list[str], out_dir: Path, workers: int = 1, context: str = ""
+    summary: pd.DataFrame, params: list[str], out_dir: Path, workers: int = 1, context: str = "", notes=()
 ) -> list[Path]:
-    """The figures are independent jobs, drawn in up to `workers` processes (kvsim.sim.parallel)."""
+    """The figures are independent jobs, drawn in up to `workers` processes (kvsim.sim.parallel).
+    notes: what the swept settings do not change (kvsim.analysis.unmodelled.sweep_notes),
+    under the context line."""
     if summary.empty:
         return []
     swept = [p for p in params if summary[p].astype(str).nunique() > 1]
@@ -57,7 +61,7 @@ def write_sweep_plots(
         param = swept[i]
         path = Path(out_dir) / f"sweep_{re.sub(r'[^A-Za-z0-9]+', '_', param).strip('_')}.png"
         fig = _against(summary, param, [p for p in swept if p != param], metrics, colours)
-        add_context(fig, context)
+        add_context(fig, context, notes)
         return save(fig, path)
 
     return ordered_map(draw, len(swept), workers)
@@ -160,10 +164,12 @@ def write_capacity_plot(
     out_dir: Path,
     context: str = "",
     settings: pd.DataFrame | None = None,
+    notes=(),
 ) -> Path:
     """`answer`: the table's column per policy (max_rate_per_s or gpus); `x`: the probes'
     varied column (rate_per_s or gpus); `settings`: the policies' settings, for their
-    colours (kvsim.plots.colours.settings_frame)."""
+    colours (kvsim.plots.colours.settings_frame); notes: what the policies' settings do
+    not change (kvsim.analysis.unmodelled.notes)."""
     colours = policy_colours(table, *([settings] if settings is not None else []))
     fig = Figure(figsize=(4 + 3.8 * len(targets), 4.2), layout="constrained")
     axes = fig.subplots(1, 1 + len(targets), squeeze=False)[0]
@@ -200,7 +206,7 @@ def write_capacity_plot(
         ]
         labels += ["target", "probe that missed a target"]
         fig.legend(handles, labels, loc="outside right upper", fontsize=8)
-    add_context(fig, context)
+    add_context(fig, context, notes)
     return save(fig, Path(out_dir) / "capacity.png")
 
 
