@@ -24,7 +24,9 @@ scripts/derive_overheads.py) and `vllm-h100/` (vLLM V1 benchmark runs). Parts:
   this machine, needing no data but `kvsim[calibrate]` (a few minutes each).
 
 The tests check that the pages are what these files give, and, where DIR is beside the
-checkout (../shared/data), that `sources` is what the data give.
+checkout (../shared/data), that `sources` is what the data give, and that `tiers` holds
+the runs this script makes, its unlimited row and one fleet's run as the data give them;
+the whole `tiers` rerun is a slow test run on request (KVSIM_DOCS_RESULTS=1).
 """
 
 from __future__ import annotations
@@ -47,52 +49,74 @@ SOURCES = OUT / "step_costs_sources.json"
 MOONCAKE = "traces/mooncake_synthetic_trace.jsonl"
 
 
-def _fleet_run(scenario: str, trace: Path, **fleet) -> pd.DataFrame:
-    """One tiers scenario on the whole trace, with `fleet` (replicas, router) overriding
-    its own: one row per tier kind and host-memory size."""
-    from kvsim.analysis.results import run_scenario
+# the fleets measured: (scenario, what overrides its replicas or router)
+FLEETS = (
+    ("claims/mooncake_fig10.yaml", {}),
+    ("mooncake_shared_tiers.yaml", {"replicas": 8}),
+    ("mooncake_shared_tiers.yaml", {"router": "prefix-aware"}),
+)
+
+
+def fleet_scenario(scenario: str, trace: Path, **fleet):
+    """A tiers scenario on the whole trace, with `fleet` (replicas, router, policies)
+    overriding its own."""
     from kvsim.config.scenario import read_yaml, validate_scenario
 
     src = ROOT / "scenarios" / scenario
     raw = read_yaml(src, "scenario keys (name, model, ...)")
     raw.update(workload={**raw["workload"], "trace": str(trace.resolve())}, **fleet)
-    scn = validate_scenario(raw, str(src))
+    return validate_scenario(raw, str(src)), src
+
+
+def _fleet_run(scenario: str, trace: Path, **fleet) -> pd.DataFrame:
+    """One tiers scenario on the whole trace, with `fleet` overriding its own: one row
+    per tier kind and host-memory size (a policy alone gives the row it gets beside the
+    others: each policy's run is its own)."""
+    from kvsim.analysis.results import run_scenario
+
+    scn, src = fleet_scenario(scenario, trace, **fleet)
     summary = run_scenario(scn, src.parent, str(src)).summary.set_index("policy")
-    replicas, router = scn.fleet
     rows = []
     for p in scn.policies:
-        kind = "gpu-only" if p.tiers is None else ("shared" if p.tiers.shared else "local")
         rows.append(
             {
-                "scenario": scenario,
-                "replicas": replicas,
-                "router": router,
-                "tier": kind,
-                "cpu_gib_per_replica": 0.0 if p.tiers is None else float(p.tiers.cpu_gib),
+                **fleet_key(scenario, scn, p),
                 "prefix_hit_rate": float(summary.prefix_hit_rate[p.name]),
                 "prefix_hit_rate_gpu": float(summary.get("prefix_hit_rate_gpu", summary.prefix_hit_rate)[p.name]),
             }
         )
-        print(f"{scenario} x{replicas} {router} {p.name}: {rows[-1]['prefix_hit_rate']:.4f}", flush=True)
+        print(f"{scenario} {scn.fleet} {p.name}: {rows[-1]['prefix_hit_rate']:.4f}", flush=True)
     return pd.DataFrame(rows)
 
 
+def fleet_key(scenario: str, scn, policy) -> dict:
+    """The columns that name a policy's row: its fleet, its tier kind and size."""
+    replicas, router = scn.fleet
+    kind = "gpu-only" if policy.tiers is None else ("shared" if policy.tiers.shared else "local")
+    return {
+        "scenario": scenario,
+        "replicas": replicas,
+        "router": router,
+        "tier": kind,
+        "cpu_gib_per_replica": 0.0 if policy.tiers is None else float(policy.tiers.cpu_gib),
+    }
+
+
 def tiers(data: Path) -> pd.DataFrame:
+    trace = data / MOONCAKE
+    if not trace.is_file():
+        raise SystemExit(f"tiers needs {trace}")
+    table = pd.concat([_fleet_run(scenario, trace, **fleet) for scenario, fleet in FLEETS])
+    return pd.concat([table, pd.DataFrame([unlimited_row(trace)])])
+
+
+def unlimited_row(trace: Path) -> dict:
+    """The trace's prefix hit rate with an unlimited cache (kvsim cache-curve's LRU)."""
     from kvsim.analysis.block_refs import block_references
     from kvsim.analysis.cache_curve import cache_curve
     from kvsim.reproduce.mooncake import BLOCK
     from kvsim.workload.traces import trace_requests
 
-    trace = data / MOONCAKE
-    if not trace.is_file():
-        raise SystemExit(f"tiers needs {trace}")
-    table = pd.concat(
-        [
-            _fleet_run("claims/mooncake_fig10.yaml", trace),
-            _fleet_run("mooncake_shared_tiers.yaml", trace, replicas=8),
-            _fleet_run("mooncake_shared_tiers.yaml", trace, router="prefix-aware"),
-        ]
-    )
     curve = cache_curve(block_references(trace_requests(trace), BLOCK), [math.inf])
     unlimited = float(curve[curve.policy == "lru"].hit_rate.iloc[0])
     unlimited_row = {
@@ -104,7 +128,7 @@ def tiers(data: Path) -> pd.DataFrame:
         "prefix_hit_rate": unlimited,
         "prefix_hit_rate_gpu": unlimited,
     }
-    return pd.concat([table, pd.DataFrame([unlimited_row])])
+    return unlimited_row
 
 
 def _script(name: str):
@@ -199,9 +223,14 @@ def cpu_calibrate(data: Path) -> dict:
     return {"cpu_calibrate": {"model": model, "cores": os.cpu_count(), "runs": runs}}
 
 
+def tiers_csv(table: pd.DataFrame) -> str:
+    """The tiers table as results/docs/mooncake_tiers.csv holds it."""
+    return table.to_csv(index=False, float_format="%.6g")
+
+
 def write_tiers(table: pd.DataFrame) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    table.to_csv(TIERS, index=False, float_format="%.6g")
+    TIERS.write_text(tiers_csv(table))
     print(f"wrote {TIERS.relative_to(ROOT)}")
 
 
