@@ -82,15 +82,38 @@ def test_evicted_blocks_go_to_the_host_pool_and_come_back_on_a_hit():
     assert a.free_blocks() == [5, 4, 3, 2]
     again = shape(8, 1, shared=8, tail=102)
     assert a.lookup(again, 8) == [Match(0, 4, False), Match(1, 3, True)]
-    assert a.allocate(3, again, 8) and a.block_table(3) == [0, 1]
-    # onboarding block 0 takes GPU block 5 (no host room left to offload it: its content
-    # goes), whose memory joins the host pool; onboarding 1 takes GPU block 4, whose
-    # content moves into that host block 5 first
-    assert (a.level[0], a.level[1]) == (0, 0)
-    assert a.free_blocks() == [3, 2] and a.free_blocks(SECONDARY) == [4, 5]
-    assert a.host_held == 1 and a.host_hit_tokens == 7
-    assert a.take_transfer_s() == 1.0  # max(1 offload, 2 onboards) blocks
+    assert a.allocate(3, again, 8) and a.block_table(3) == [0, 5]
+    # the blocks are taken one by one: onboarding block 0 takes GPU block 5, whose
+    # content moves to the host pool's only free block, 1, dropping what 1 held, the
+    # next block this prompt matched; so 4 tokens are reused, not 7, and the second
+    # block is a new one: GPU block 4, whose content moves into host block 5 first
+    assert a.reused_tokens(3) == 4 and a.host_hit_tokens == 4
+    assert (a.level[0], a.level[1]) == (0, SECONDARY)
+    assert a.free_blocks() == [3, 2] and a.free_blocks(SECONDARY) == [1, 4]
+    assert a.host_held == 1
+    assert a.take_transfer_s() == 1.0  # max(2 offloads, 1 onboard) blocks
     assert a.match_prefix(shape(16, 1, tail=101), 16) == 12  # 2, 3, then 4 from the host
+    a.check_invariants()
+
+
+def test_the_reuse_a_request_skips_is_what_taking_its_blocks_gave():
+    """load_prefix takes the matched blocks (as addSequence does before the scheduler
+    knows the prepopulated length), allocate adds the rest; a refusal gives them back."""
+    a = TrtllmBlockManager(4, 4, secondary_blocks=2, block_bytes=1.0)
+    assert a.allocate(1, shape(8, 1, shared=8), 8)
+    a.free(1)
+    assert a.allocate(2, shape(16, 1, tail=101), 16)
+    a.free(2)
+    again = shape(8, 1, shared=8, tail=102)
+    assert a.match_prefix(again, 8) == 7  # what the lookup finds
+    assert a.load_prefix(3, again, 8) == 4  # what taking block 0 leaves of it
+    assert a.allocate(3, again, 8) and a.reused_tokens(3) == 4 and a.tokens_of(3) == 8
+    a.free(3)
+    assert a.load_prefix(4, shape(20, 1, shared=8, tail=103), 20) is None  # 5 blocks of 4
+    # a refusal after the load (the watermark): the loaded blocks go back to the queues
+    assert a.load_prefix(4, again, 8) == 7
+    assert not a.allocate(4, again, 8, keep_free=16) and a.tokens_of(4) is None
+    assert a.free_queues.free_count(0) == 4
     a.check_invariants()
 
 

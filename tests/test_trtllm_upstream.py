@@ -14,7 +14,7 @@ How a test maps onto kvsim:
   it), so two tokens are equal where the prefixes up to them are, as the caches compare
   them; a token list names every token the test gives its request, prompt and output.
 - addSequence(P) is `allocate(seq, shape, P)`; its getContextCurrentPosition is
-  `match_prefix` just before; kvCacheManager.addToken is `grow` by one token;
+  `reused_tokens(seq)` after it; kvCacheManager.addToken is `grow` by one token;
   storeContextBlocks is `store_context_blocks`; releaseBlocks / removeSequence is `free`.
 - A retention priority (KvCacheRetentionConfig) is kvsim's `retention_priority` for the
   blocks a call takes; a token range's priority is set on the blocks it covers, as
@@ -62,10 +62,9 @@ class Tokens:
 
 
 def add(m: TrtllmBlockManager, seq: int, shape: SeqShape) -> int:
-    """addSequence: the tokens reused (getContextCurrentPosition), then the allocation."""
-    reused = m.match_prefix(shape, shape.prompt_tokens)
+    """addSequence, then the tokens it reused (getContextCurrentPosition)."""
     assert m.allocate(seq, shape, shape.prompt_tokens)
-    return reused
+    return m.reused_tokens(seq)
 
 
 def free_count(m: TrtllmBlockManager) -> int:
@@ -163,11 +162,6 @@ def test_kv_cache_manager_decode_block_priority_test():
     m.check_invariants()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvsim claims a prompt's matched blocks before onboarding any; TensorRT-LLM claims and "
-    "onboards them one by one, and onboarding block 0 here evicts the host block matched after it",
-)
 def test_kv_cache_manager_secondary_block_primary_child_test():
     """KVCacheManagerSecondaryBlockPrimaryChildTest: 4 GPU blocks and 4 host blocks; a
     host block with a GPU block below it."""

@@ -3,7 +3,8 @@ the micro-batch scheduler, over TensorRT-LLM's block manager (kvsim.kvcache.trtl
 
 Sources (NVIDIA/TensorRT-LLM): TensorRT-LLM 1.2.0rc2's
 cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp (commit b35ac1b64368, whose
-tensorrt_llm/version.py reads 1.2.0rc2: `getRemainingBlocksToCompletion`,
+tensorrt_llm/version.py reads 1.2.0rc2, not proven to be the tag v1.2.0rc2's, commit
+31116825b39f: kvsim.kvcache.trtllm says why; `getRemainingBlocksToCompletion`,
 `getNeededBlocksOneStep`); capacityScheduler.cpp (commit 02a10fed0dbf),
 scheduledBlocksManager.cpp (ca64fd93be51) and microBatchScheduler.cpp (0a949d3128bf), at
 commits no release tag can be tied to (docs/engines.md says why); the PyTorch executor
@@ -35,6 +36,9 @@ then the waiting queue's):
   first come first served to the tokens left, a cut chunk rounded down to whole blocks
   (`setCtxRequestsChunkSize`, kFIRST_COME_FIRST_SERVED); a prompt whose cached tokens
   start it later ends its chunk on a block boundary (LlmRequest.setPrepopulatedPromptLen).
+- An admitted request's reused blocks are taken first (`addSequence`, block by block:
+  kvsim.kvcache.trtllm `load_prefix`); the tokens they hold, which may be fewer than the
+  lookup found, are what its prefill skips and what its chunk starts after.
 - A prompt's full blocks are stored for reuse once its context has run (the step after);
   a sampled token takes its KV slot when it is fed back (`addToken`), as vLLM V1 counts.
 - KV transfers between the GPU and the host pool delay the step (kvsim.kvcache.trtllm).
@@ -65,7 +69,8 @@ class TensorRTLLM(EngineRules):
         self._contexts: list[Request] = []  # the requests the last step prefilled
 
     def cached_tokens(self, s: SchedulerOps, req: Request) -> int:
-        """Tokens of `req`'s prompt the block manager reuses: at most all but the last."""
+        """Tokens of `req`'s prompt the block manager's lookup finds: at most all but the
+        last (an admission takes them block by block, which may reuse fewer: `_admit`)."""
         return s.allocator.match_prefix(req.shape, req.target)
 
     def preemption_mode(self, s: SchedulerOps, req: Request) -> str:
@@ -156,7 +161,12 @@ class TensorRTLLM(EngineRules):
             if charged > budget or charged <= 0:
                 with_limit(step, "token_budget", head, head.target)
                 return
-            cached = self.cached_tokens(s, head)
+            # the blocks it reuses are taken first and say how many tokens it skips
+            # (addSequence sets the prepopulated prompt length), then the step is planned
+            cached = alloc.load_prefix(head.ids[0], head.shape, head.target)
+            if cached is None:
+                with_limit(step, "memory", head, head.target)
+                return
             n = head.target - cached if not s.chunked else chunk_after_reuse(cached, charged, head.target, bs)
             if not s.admit(head, cached, n, cached + n, step, now):
                 with_limit(step, "memory", head, head.target)

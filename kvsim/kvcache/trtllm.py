@@ -3,11 +3,16 @@ that keeps evicted blocks for later reuse.
 
 Follows TensorRT-LLM 1.2.0rc2's C++ batch manager (NVIDIA/TensorRT-LLM,
 cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp at commit b35ac1b64368, whose
-tensorrt_llm/version.py reads 1.2.0rc2: `WindowBlockManager` `loadOrAllocateBlocks`,
-`getFreeBlock`, `onboardBlock`, `storeBlocks`, `storeBlocksForReuse`, `releaseBlocks`),
-with evictionPolicy.cpp (commit 05a919198033) and kvCacheTransferManager.cpp (commit
-03d4aac90be1), which no release tag can be tied to (docs/engines.md says why), for one
-attention window, beam width 1 and no LoRA. TensorRT-LLM's own unit tests of this
+tensorrt_llm/version.py reads 1.2.0rc2: `WindowBlockManager` `addSequence`,
+`loadOrAllocateBlocks`, `getFreeBlock`, `onboardBlock`, `storeBlocks`,
+`storeBlocksForReuse`, `releaseBlocks`). The tag v1.2.0rc2 is commit 31116825b39f (the
+commit triton-inference-server/tensorrtllm_backend's "v1.2.0rc2 release" pins as its
+tensorrt_llm submodule); that b35ac1b64368's kvCacheManager.cpp is the tag's is not
+proven: the repository is too big to fetch here and no copy of the file at the tag
+could be read, so b35ac1b64368 is a commit of 1.2.0rc2's development, the tag's
+contents unchecked. Also read: evictionPolicy.cpp (commit 05a919198033) and
+kvCacheTransferManager.cpp (commit 03d4aac90be1), which no release tag can be tied to
+(docs/engines.md says why). One attention window, beam width 1, no LoRA. TensorRT-LLM's own unit tests of this
 manager are replayed on it in tests/test_trtllm_upstream.py. The pools: `num_blocks` primary
 blocks of `block_size` tokens in GPU memory (KvCacheConfig.tokens_per_block, 32 by
 default) and `secondary_blocks` in host memory (KvCacheConfig.host_cache_size bytes).
@@ -22,7 +27,12 @@ keeps its id and its content when it moves between them (the two swap their memo
   shared. A partially matched one that another sequence holds or that has children is
   copied into a new block (copy_on_partial_reuse, on); a free leaf is taken over and
   leaves the tree. Blocks matched in host memory are onboarded: a GPU block is taken
-  for each and the content copied back. The rest of the prompt takes new blocks.
+  for each and the content copied back. The matches are taken one by one, each looked up
+  after the one before was claimed and onboarded, so an onboarding can evict a block the
+  same prompt would have matched next; what the allocation reused is what the request
+  skips (`reused_tokens`: addSequence's prepopulated prompt length), which the scheduler
+  reads after taking the blocks (`load_prefix`), as TensorRT-LLM's does. The rest of the
+  prompt takes new blocks.
 - What is stored, when. A prompt's full blocks are stored once its context has run
   (`storeContextBlocks`: the engine calls `store_context_blocks`); all of a sequence's
   blocks, the partly filled last one too, when it is freed (`storeBlocksForReuse`: up to
@@ -44,14 +54,10 @@ keeps its id and its content when it moves between them (the two swap their memo
   (KVCacheTransferManager::syncTransfers): a step waits max(offloaded, onboarded bytes)
   over the link (`take_transfer_s`).
 
-Where kvsim differs: a prompt's matched blocks are all claimed before any is onboarded
-or any new block taken (TensorRT-LLM claims them one by one, so an onboarding could
-evict a block the same prompt matches further on); a partially matched block that is
-copied is claimed while it is copied, and so counts as just used (unless it is the only
-free GPU block, which the copy then takes, as getFreeBlock would); whatever is stored
-below an evicted block leaves the tree but its free blocks stay queued (TensorRT-LLM's
-freeChildren claims them out of the queue); content -1 (kvsim's "never shared") is
-never stored. With chunked context TensorRT-LLM allocates a prompt's blocks at its first
+Where kvsim differs: whatever is stored below an evicted block leaves the tree but its
+free blocks stay queued (TensorRT-LLM's freeChildren claims them out of the queue); a
+partial copy takes the retention priority, not its source's; content -1 (kvsim's
+"never shared") is never stored. With chunked context TensorRT-LLM allocates a prompt's blocks at its first
 chunk; kvsim allocates them chunk by chunk.
 """
 
@@ -77,6 +83,7 @@ class _Seq:
     shape: SeqShape
     tokens: int
     table: list[int]
+    reused: int = 0  # tokens its allocation reused
 
 
 class TrtllmBlockManager:
@@ -118,6 +125,7 @@ class TrtllmBlockManager:
         self.free_queues = PriorityLRU(num_blocks, secondary_blocks)
         self.tree = BlockTree()
         self._seqs: dict[int, _Seq] = {}
+        self._loaded: dict[int, tuple[list[int], int]] = {}  # load_prefix's blocks, until allocate
         # bytes moved since the last take_transfer_s, and in all
         self._pending_off = self._pending_on = 0.0
         self.offloaded_bytes = self.onboarded_bytes = 0.0
@@ -231,52 +239,110 @@ class TrtllmBlockManager:
         return blocks_for(shape.final_tokens, self.block_size) * self.block_size
 
     def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[Match], int]:
-        """(what it reuses, free GPU blocks it takes): every block but the full matches
-        other sequences hold, which it shares."""
+        """(what the lookup finds, free GPU blocks a new sequence takes at most): every block
+        but the full matches other sequences hold, which it shares, counted only up to the
+        first match in the host pool (onboarding it may evict what the lookup found after it)."""
         matches = self.lookup(shape, num_tokens)
-        shared = sum(1 for m in matches if not m.partial and self.ref[m.block] > 0)
+        shared = 0
+        for m in matches:
+            if self.level[m.block] == SECONDARY:
+                break
+            shared += not m.partial and self.ref[m.block] > 0
         return matches, blocks_for(num_tokens, self.block_size) - shared
 
+    def reused_tokens(self, seq_id: int) -> int:
+        """Tokens the sequence's allocation reused (its prepopulated prompt length:
+        `getContextCurrentPosition` after `addSequence`), what its first step skips."""
+        return self._seqs[seq_id].reused
+
+    def load_prefix(self, seq_id: int, shape: SeqShape, num_tokens: int) -> int | None:
+        """Take the blocks a new sequence of `num_tokens` tokens reuses, as
+        `loadOrAllocateBlocks` does before it takes new ones, and return the tokens they
+        hold; `allocate(seq_id, ...)` then adds the rest. None, changing nothing, where
+        the blocks it may take are not free."""
+        if seq_id in self._seqs or seq_id in self._loaded:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        _, need = self._new_blocks_needed(shape, num_tokens)
+        if need > self.free_queues.free_count(PRIMARY):
+            return None
+        self._loaded[seq_id] = table, reused = self._load(shape, num_tokens)
+        return reused
+
+    def _load(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:
+        """Claim the matched blocks one by one, down the tree (`loadOrAllocateBlocks`): each
+        is looked up after the one before it was claimed and onboarded, so onboarding a host
+        block (which takes a GPU block, whose content may push the host's oldest out) can
+        evict a block this prompt would have matched next. Returns (blocks, tokens reused)."""
+        if not self.reuse or num_tokens <= 1:
+            return [], 0
+        node, table, reused = ROOT, [], 0
+        for runs in block_keys(shape, num_tokens - 1, self.block_size, partial=True):
+            m = self.tree.match(node, runs, self.block_size, self.partial_reuse, self._partial_source)
+            if m is None:
+                break
+            table.append(self._take(m))
+            reused += m.tokens
+            if m.partial:
+                break
+            node = m.block
+        return table, reused
+
+    def _take(self, m: Match) -> int:
+        """The GPU block a sequence holds for one match (`loadOrAllocateBlocks`): the
+        matched block itself, claimed and, from the host, onboarded; or, for a partial
+        match of a block another sequence holds or that has children, a copy of its
+        matched tokens into a block getFreeBlock gives. The copy's source is not claimed
+        first, so that block may be the matched one: its content then goes to the host
+        pool and is copied back from there, or, without room there, stays where it is
+        and the copy is onto its own memory."""
+        block = m.block
+        if m.partial and (self.ref[block] > 0 or not self.tree.is_leaf(block)):
+            block = self._free_block(self.retention_priority)
+            if block != m.block and self.level[m.block] == SECONDARY:
+                self._moved(on=self.block_bytes * m.tokens / self.block_size)
+                self.host_hit_tokens += m.tokens
+        else:
+            if self.ref[block] == 0:
+                self._claim(block)
+            if m.partial:  # a free leaf: it becomes this sequence's own
+                self.tree.detach(block)
+            if self.level[block] == SECONDARY:
+                self._onboard(block)
+                self.host_hit_tokens += m.tokens
+        self.ref[block] += 1
+        return block
+
+    def _unload(self, table: list[int]) -> None:
+        for block in reversed(table):
+            self.ref[block] -= 1
+            if self.ref[block] == 0:
+                self._release(block)
+
     def allocate(self, seq_id: int, shape: SeqShape, num_tokens: int, keep_free: int = 0) -> bool:
+        """`addSequence`: the blocks it reuses (those `load_prefix` took, else taken now),
+        then new blocks for the rest of its `num_tokens` tokens."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already allocated")
-        matches, need = self._new_blocks_needed(shape, num_tokens)
-        if need + blocks_for(keep_free, self.block_size) > self.free_queues.free_count(PRIMARY):
+        keep = blocks_for(keep_free, self.block_size)
+        loaded = self._loaded.pop(seq_id, None)
+        if loaded is None:
+            _, need = self._new_blocks_needed(shape, num_tokens)
+            if need + keep > self.free_queues.free_count(PRIMARY):
+                return False
+            loaded = self._load(shape, num_tokens)
+        table, reused = loaded
+        total = blocks_for(num_tokens, self.block_size)
+        if total - len(table) + keep > self.free_queues.free_count(PRIMARY):
+            self._unload(table)  # the blocks go back to the free queues, onboarded ones on the GPU
             return False
-        free_before = [self.ref[m.block] == 0 for m in matches]
-        for m, was_free in zip(matches, free_before):  # claimed first: see the module docstring
-            if was_free:
-                self._claim(m.block)
-        table = []
-        for m, was_free in zip(matches, free_before):
-            block = m.block
-            if m.partial and (not was_free or not self.tree.is_leaf(block)):
-                if was_free and self.level[block] == PRIMARY and not self.free_queues.free_count(PRIMARY):
-                    # the only free GPU block: getFreeBlock takes it, the copy is onto its own
-                    # memory (or from the host pool, where its content goes)
-                    self._release(block)
-                    was_free = False
-                block = self._free_block(self.retention_priority)  # copy its matched tokens
-                if self.level[m.block] == SECONDARY:
-                    self._moved(on=self.block_bytes * m.tokens / self.block_size)
-                    self.host_hit_tokens += m.tokens
-                if was_free:
-                    self._release(m.block)
-            else:
-                if m.partial:  # a free leaf: it becomes this sequence's own
-                    self.tree.detach(block)
-                if self.level[block] == SECONDARY:
-                    self._onboard(block)
-                    self.host_hit_tokens += m.tokens
-            self.ref[block] += 1
-            table.append(block)
         keys = block_keys(shape, num_tokens - 1, self.block_size, partial=True)
-        for i in range(len(table), blocks_for(num_tokens, self.block_size)):
+        table = list(table)
+        for i in range(len(table), total):
             block = self._free_block(self.retention_priority)
             self.content[block] = keys[i] if i < len(keys) else None
             self.ref[block] = 1
             table.append(block)
-        self._seqs[seq_id] = _Seq(shape, num_tokens, table)
+        self._seqs[seq_id] = _Seq(shape, num_tokens, table, reused)
         return True
 
     def fork(self, parent_id: int, child_id: int) -> bool:
@@ -287,7 +353,7 @@ class TrtllmBlockManager:
         parent = self._seqs[parent_id]
         for b in parent.table:
             self.ref[b] += 1
-        self._seqs[child_id] = _Seq(parent.shape, parent.tokens, list(parent.table))
+        self._seqs[child_id] = _Seq(parent.shape, parent.tokens, list(parent.table), parent.reused)
         return True
 
     def _copies_last(self, seq: _Seq, num_tokens: int) -> bool:
@@ -404,6 +470,9 @@ class TrtllmBlockManager:
             if len(seq.table) != blocks_for(seq.tokens, self.block_size) or len(set(seq.table)) != len(seq.table):
                 raise InvariantError(f"seq {seq_id} holds {seq.tokens} tokens in blocks {seq.table}")
             for b in seq.table:
+                holders[b] += 1
+        for table, _ in self._loaded.values():
+            for b in table:
                 holders[b] += 1
         for b, (n, ref) in enumerate(zip(holders, self.ref)):
             if n != ref or (ref == 0) != (b in self.free_queues):

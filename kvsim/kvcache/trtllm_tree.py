@@ -1,7 +1,8 @@
 """The search structure of TensorRT-LLM's block reuse: stored blocks in a tree by content.
 
 As in TensorRT-LLM 1.2.0rc2's KVCacheBlock (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp
-at commit b35ac1b64368: `addNextBlock`, `findMatchingBlock`, `freeLeafBlock`;
+at commit b35ac1b64368, not proven to be the tag's (kvsim.kvcache.trtllm):
+`addNextBlock`, `findMatchingBlock`, `freeLeafBlock`;
 BlockKey::partialMatch): each
 stored block hangs under the block before it in its sequence (the root for a first
 block), keyed by its own tokens (its BlockKey), so a path from the root spells a prefix.
@@ -123,28 +124,39 @@ class BlockTree:
             del self.parent[b], self.key[b]
         return out
 
+    def match(
+        self, node: int, runs: Runs, block_size: int, partial_reuse: bool, eligible: Callable[[int], bool]
+    ) -> Match | None:
+        """The stored block under `node` that a block with key `runs` reuses, if any
+        (`findMatchingBlock`): the child with that very key, else, with partial reuse on,
+        the eligible child sharing the most leading tokens with it (a partial match)."""
+        if never_shared(runs):
+            return None
+        block = self.child(node, runs)
+        if block is not None:
+            size = runs_length(runs)
+            return Match(block, size, size < block_size)  # a stored partial block matched exactly is partial
+        if partial_reuse:
+            block, n = self.best_partial(node, runs, eligible)
+            if block is not None:
+                return Match(block, n, True)
+        return None
+
     def walk(
         self, keys: list[Runs], block_size: int, partial_reuse: bool, eligible: Callable[[int], bool]
     ) -> list[Match]:
-        """The blocks a sequence with these keys reuses (loadOrAllocateBlocks' matching):
-        full matches from the root down, then at most one partial match."""
+        """The blocks a sequence with these keys would reuse if nothing changed on the way
+        (loadOrAllocateBlocks' matching): full matches from the root down, then at most
+        one partial match."""
         node, out = ROOT, []
         for runs in keys:
-            if never_shared(runs):
+            m = self.match(node, runs, block_size, partial_reuse, eligible)
+            if m is None:
                 break
-            block = self.child(node, runs)
-            if block is not None:
-                size = runs_length(runs)
-                out.append(Match(block, size, size < block_size))
-                if size < block_size:  # an exact match of a stored partial block
-                    break
-                node = block
-                continue
-            if partial_reuse:
-                block, n = self.best_partial(node, runs, eligible)
-                if block is not None:
-                    out.append(Match(block, n, True))
-            break
+            out.append(m)
+            if m.partial:
+                break
+            node = m.block
         return out
 
     def first_missing(self, keys: list[Runs]) -> tuple[int, Runs] | None:
