@@ -12,13 +12,19 @@ system prompt, each with its chunks of 16 tokens (vLLM's default: the GPU's bloc
 the retrieval prompts under SGLang with HiCache's default host pool (2x the GPU's) behind
 its radix cache in pages of 16.
 
-    python benchmarks/bench_tiers.py [--repeats 5] [--num-requests 1000]
+    python benchmarks/bench_tiers.py [--repeats 5] [--num-requests 1000] [--write]
     python benchmarks/bench_tiers.py --scenario scenarios/rag_offload.yaml --policy cpu-16g
                                      [--offload '{cpu_gib: 16}']
+
+--write (all the cases only) regenerates benchmarks/TIERS_RESULTS.md from the runs just
+made: every run's CPU seconds, the medians and their ratio, the machine's load; never
+edited by hand. docs/kv-tiers.md quotes it through scripts/tiers_speed_page.py.
 """
 
 import argparse
 import copy
+import json
+import os
 import statistics
 import sys
 import time
@@ -30,7 +36,9 @@ from kvsim.analysis.results import run_scenario
 from kvsim.config.scenario import validate_scenario
 
 TARGET = 1.5
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "TIERS_RESULTS.md"
+DATA = "<!-- data: "  # the line of TIERS_RESULTS.md that holds the runs as JSON
 SGLANG = ({"engine": "sglang"}, {"prefix_cache": "radix"})  # SGLang's radix cache, HiCache behind it
 CASES = [  # (scenario, policy, kv_offload to give it: None keeps its own[, scenario and policy changes])
     ("scenarios/rag_offload.yaml", "cpu-16g", None),
@@ -76,7 +84,47 @@ def case(
         "plain_s": med["plain"],
         "tiered_s": med["tiered"],
         "ratio": med["tiered"] / med["plain"],
+        "plain_runs": times["plain"],
+        "tiered_runs": times["tiered"],
     }
+
+
+def _runs(times: list[float]) -> str:
+    return ", ".join(f"{t:.2f}" for t in times)
+
+
+def results_text(data: dict) -> str:
+    """TIERS_RESULTS.md from a run of every case: its header, a table of the medians and
+    each run, and the runs themselves as JSON on the last line (what the docs read)."""
+    rows = data["rows"]
+    worst = max(r["ratio"] for r in rows)
+    lines = [
+        "# KV tiers: what they cost in simulation time",
+        "",
+        f"Written by `{data['command']}` on {data['started']} (load average {data['load_before']:.1f} before, "
+        f"{data['load_after']:.1f} after; {data['cpus']} CPUs). Each case is one policy run on the same "
+        f"{data['num_requests']:,} requests with its kv_offload and without it, alternated, {data['repeats']} "
+        "times each; CPU seconds of the simulation alone (no files, no figures); the ratio is that of the "
+        f"medians. The target: at most {TARGET}x.",
+        "",
+        "| case | without tiers (s) | with tiers (s) | ratio | runs without | runs with |",
+        "| --- | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['plain_s']:.2f} | {r['tiered_s']:.2f} | {r['ratio']:.2f}x "
+            f"| {_runs(r['plain_runs'])} | {_runs(r['tiered_runs'])} |"
+        )
+    verdict = "within" if worst <= TARGET else "over"
+    lines += ["", f"Largest ratio {worst:.2f}x: {verdict} the target of {TARGET}x.", ""]
+    lines.append(DATA + json.dumps(data, sort_keys=True) + " -->")
+    return "\n".join(lines) + "\n"
+
+
+def read_results(path: Path = RESULTS) -> dict:
+    """The runs TIERS_RESULTS.md holds (its JSON line)."""
+    line = next(ln for ln in path.read_text().splitlines() if ln.startswith(DATA))
+    return json.loads(line[len(DATA) : -len(" -->")])
 
 
 def main() -> int:
@@ -86,12 +134,16 @@ def main() -> int:
     ap.add_argument("--scenario", help="one case: this scenario (with --policy)")
     ap.add_argument("--policy")
     ap.add_argument("--offload", help="kv_offload to give the policy, as YAML (default: its own)")
+    ap.add_argument("--write", action="store_true", help="regenerate benchmarks/TIERS_RESULTS.md (all cases)")
     args = ap.parse_args()
+    if args.write and args.scenario:
+        ap.error("--write takes every case: leave out --scenario")
     cases = (
         [(args.scenario, args.policy, yaml.safe_load(args.offload) if args.offload else None)]
         if args.scenario
         else CASES
     )
+    load_before, started = os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     rows = []
     for scenario, policy, offload, *changes in cases:
         rows.append(case(scenario, policy, offload, args.repeats, args.num_requests, *changes))
@@ -102,6 +154,22 @@ def main() -> int:
         f"medians of {args.repeats} alternated runs each, {args.num_requests} requests, CPU seconds; "
         f"largest ratio {worst:.2f}x (target at most {TARGET}x)"
     )
+    if args.write:
+        command = (
+            f"python benchmarks/bench_tiers.py --repeats {args.repeats} --num-requests {args.num_requests} --write"
+        )
+        data = {
+            "command": command,
+            "started": started,
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
+            "cpus": os.cpu_count(),
+            "repeats": args.repeats,
+            "num_requests": args.num_requests,
+            "rows": rows,
+        }
+        RESULTS.write_text(results_text(data))
+        print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0 if worst <= TARGET else 1
 
 
