@@ -3,8 +3,10 @@ pinned (benchmarks/scenarios/: step costs `roofline`, engine, its limits and the
 given in the file, so a change of kvsim's defaults changes no benchmark's work).
 
 Each run is the real command in a fresh process: `kvsim run SCENARIO --quiet` (start-up,
-the simulation in a worker process while the command imports its writers, Parquet files
-and figures), BLIS's `blis run` where it is built (benchmarks/others.py). A run's wall
+the simulation, the Parquet files and the five figures, drawn in forked worker
+processes), on the workloads that BLIS and Vidur run also `kvsim run --no-plots` (the
+tables alone: those simulators draw no figures), and BLIS's `blis run` where it is built
+(benchmarks/others.py). A run's wall
 time is measured around the process; its CPU time (user and system, its worker
 processes' included) and peak RSS (that of its largest process) come from wait4. Beside
 them stands the simulated work that the run did: steps, simulated seconds (makespan) and
@@ -129,8 +131,14 @@ def run_blis(name: str, variant: str, source: Path) -> dict:
     return {**run, **others.blis_work(run["stdout"])}
 
 
+NO_FIGURES = "kvsim, no figures"  # `kvsim run --no-plots`: beside simulators that draw none
+
+
 def contenders(name: str, blis: Path | None, variants: list[str]) -> list[str]:
-    return ["kvsim"] + (variants if blis and WORKLOADS[name].blis else [])
+    """kvsim as it runs by default (its five figures drawn), and on the workloads that
+    other simulators run, kvsim without figures and those simulators."""
+    others_run = WORKLOADS[name].blis
+    return ["kvsim"] + ([NO_FIGURES] if others_run else []) + (variants if blis and others_run else [])
 
 
 def measure(
@@ -144,7 +152,12 @@ def measure(
                 if round_ >= (million_repeats if name in MILLION else repeats):
                     continue
                 for who in contenders(name, blis, variants):
-                    r = run_kvsim(name, extra, Path(tmp)) if who == "kvsim" else run_blis(name, who, blis)
+                    if who == "kvsim":
+                        r = run_kvsim(name, extra, Path(tmp))
+                    elif who == NO_FIGURES:
+                        r = run_kvsim(name, [*extra, "--no-plots"], Path(tmp))
+                    else:
+                        r = run_blis(name, who, blis)
                     r.pop("stdout")
                     runs.setdefault((name, who), []).append(r)
                     print(

@@ -245,6 +245,20 @@ def test_num_requests_override(in_scenario_folder):
     assert len(pd.read_parquet(in_scenario_folder / "seven" / "requests.parquet")) == 21
 
 
+def test_no_plots_writes_the_same_tables_and_no_figure(full_run, in_scenario_folder):
+    assert kvsim("run", "small.yaml", "--out", "tables", "--quiet", "--no-plots") == (0, "", "")
+    out = in_scenario_folder / "tables"
+    assert {p.name for p in out.iterdir()} == {n for n in OUTPUT_FILES if not n.endswith(".png")}
+    for name in ("summary.csv", "summary.json", "stages.csv", "timeseries.parquet", "requests.parquet"):
+        assert (out / name).read_bytes() == (full_run[1] / name).read_bytes()
+
+
+def test_no_plots_is_refused_with_rates(in_scenario_folder):
+    line = one_error_line(*kvsim("run", "small.yaml", "--no-plots", "--rates", "1,2"))
+    assert line == "kvsim: error: command line: --no-plots: not with --rates (a rate sweep's folder is its figures)"
+    assert not (in_scenario_folder / "results").exists()
+
+
 def test_quiet_prints_nothing(in_scenario_folder):
     assert kvsim("run", "small.yaml", "--quiet", "--num-requests", "5") == (0, "", "")
     assert (in_scenario_folder / "results" / "small" / "summary.csv").is_file()

@@ -91,6 +91,11 @@ EMPTY_RUN = 3  # exit status of a run that completed nothing (as of an invariant
 )
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 @click.option(
+    "--no-plots",
+    is_flag=True,
+    help="Write the tables and run.json but not the figures (drawing them takes most of a short run's time).",
+)
+@click.option(
     "--jobs",
     type=click.IntRange(min=1),
     envvar="KVSIM_JOBS",
@@ -123,6 +128,7 @@ def run(
     exact_steps,
     bucket_s,
     force,
+    no_plots,
     jobs,
     profile,
     vllm_args,
@@ -160,6 +166,8 @@ def run(
             err=True,
         )
     out = out or Path("results") / scn.name
+    if no_plots and rate_list is not None:
+        raise InputError("command line", "--no-plots", "not with --rates (a rate sweep's folder is its figures)")
     if not force:
         _refuse_foreign(out, scn.name)
     from kvsim.sim.parallel import cores
@@ -183,7 +191,8 @@ def run(
         return
     results = simulate_with_progress(scn, base_dir, str(scenario), quiet, check_invariants, **run_options)
     _refuse_empty(results, scn, str(scenario))
-    _write_results(results, scn, out, run_meta(scn, str(scenario), results, started), run_options["workers"])
+    meta = run_meta(scn, str(scenario), results, started)
+    _write_results(results, scn, out, meta, run_options["workers"], plots=not no_plots)
     if not quiet:
         print_run(results.summary, scn, wide=wide)
         click.echo(f"wrote {out}/")
@@ -219,9 +228,9 @@ def _refuse_empty(results, scn, src: str) -> None:
         raise click.exceptions.Exit(EMPTY_RUN)
 
 
-def _write_results(results, scn, out: Path, meta: dict, workers: int = 1) -> None:
+def _write_results(results, scn, out: Path, meta: dict, workers: int = 1, plots: bool = True) -> None:
     """The run's folder, written beside `out` and swapped in whole."""
-    swap_in(out, lambda tmp: write_run(results, scn, tmp, meta, workers))
+    swap_in(out, lambda tmp: write_run(results, scn, tmp, meta, workers, plots=plots))
 
 
 # --- kvsim memory ----------------------------------------------------------------

@@ -123,9 +123,14 @@ def swap_in(out: Path, write) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_run(results, scn, folder: Path, meta: dict, workers: int = 1) -> None:
+def write_run(results, scn, folder: Path, meta: dict, workers: int = 1, plots: bool = True) -> None:
     """One run's files into `folder` (which must exist); the tables and each figure are
-    independent jobs, run in up to `workers` processes (kvsim.sim.parallel)."""
+    independent jobs, run in up to `workers` processes (kvsim.sim.parallel). plots=False:
+    the tables and run.json alone (matplotlib is not even imported)."""
+    if not plots:
+        _write_tables(results, scn, folder)
+        (folder / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return
     from kvsim.sim.parallel import ordered_map
     from kvsim.plots.run_figures import plot_jobs
     from kvsim.plots.colours import with_settings

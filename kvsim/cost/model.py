@@ -65,6 +65,8 @@ class StepBatch(NamedTuple):
     def build(cls, prefills, decode_contexts, extra: Decodes | None = None) -> "StepBatch":
         return cls(tuple(map(tuple, prefills)), tuple(decode_contexts), extra)
 
+    # The sums below skip empty parts: a fast-path step has only `extra`, and an empty
+    # sum is the int 0, so each value (and its type) is the one the full sum gives.
     @property
     def decodes(self) -> int:
         """Decoding sequences."""
@@ -73,7 +75,8 @@ class StepBatch(NamedTuple):
     @property
     def decode_total(self) -> int:
         """Tokens of context the decoding sequences attend to, together."""
-        return sum(self.decode_contexts) + (self.extra.total if self.extra else 0)
+        total = sum(self.decode_contexts) if self.decode_contexts else 0
+        return total + self.extra.total if self.extra else total
 
     def decode_blocks(self, block_size: int) -> int:
         """Blocks of `block_size` the decoding sequences' contexts fill."""
@@ -89,16 +92,22 @@ class StepBatch(NamedTuple):
     @property
     def new_tokens(self) -> int:
         """Prefill tokens plus one per decoding sequence."""
+        if not self.prefills:
+            return self.decodes
         return sum(n for n, _ in self.prefills) + self.decodes
 
     @property
     def attended_pairs(self) -> float:
         """(query, key) pairs attention computes: causal within a chunk, full to its cache."""
+        if not self.prefills:
+            return self.decode_total
         return sum(n * (ctx + (n + 1) / 2) for n, ctx in self.prefills) + self.decode_total
 
     @property
     def kv_tokens_read(self) -> int:
         """KV tokens attention reads: each sequence's whole context."""
+        if not self.prefills:
+            return self.decode_total
         return sum(ctx + n for n, ctx in self.prefills) + self.decode_total
 
 

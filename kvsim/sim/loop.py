@@ -320,7 +320,7 @@ class StepLoop:
     the last of those requests ends, and goes on from that instant.
 
     Quiet steps (every running request decoding lazily, nothing waiting that the step
-    could admit: most steps of a light load) are planned without the engine's rules (`_quiet_step`), and one that
+    could admit: most steps of a light load) are planned without the engine's rules (`_quiet_steps`), and one that
     ends before any other event and completes no request is completed at once, the next
     step planned at its end: between the events that change the batch (an arrival, a
     request due or finishing) the steps follow one another without the event queue, each
@@ -445,9 +445,9 @@ class StepLoop:
                 rep.load -= 1
 
     def _plan(self, rep: _Replica, now: float) -> None:
-        while rep.sched.quiet_next():
-            now = self._quiet_step(rep, now)
-            if now is None:  # it is in flight
+        if rep.sched.quiet_next():
+            now = self._quiet_steps(rep, now)
+            if now is None:  # one is in flight
                 return
         sched, run = rep.sched, rep.run
         step = sched.schedule(now)
@@ -471,35 +471,35 @@ class StepLoop:
         rep.in_flight = step
         self._push(now + dt, COMPLETE, rep)
 
-    def _quiet_step(self, rep: _Replica, now: float) -> float | None:
-        """A quiet step (Scheduler.quiet_next: every running request only decodes),
-        planned without the engine's rules. Where no other event comes before it ends,
-        nothing can happen meanwhile: it is completed here when it completes no request,
-        and its end returned, for the next step to be planned at once; else it goes in
-        flight like any step (None). Its price and row are those `_plan` gives it."""
+    def _quiet_steps(self, rep: _Replica, now: float) -> float | None:
+        """Quiet steps (Scheduler.quiet_next: every running request only decodes), from
+        `now` while the next is quiet, each planned without the engine's rules. Where no
+        other event comes before a step ends, nothing can happen meanwhile: it is
+        completed here when it completes no request, and the next planned at its end;
+        else it goes in flight like any step and None is returned. Returns the time the
+        next step, not quiet, is to be planned at. Each step's price and row are those
+        `_plan` gives it."""
         sched, run = rep.sched, rep.run
-        batch = sched.quiet_step(now)
-        dt = self._price(run, batch)
-        _record(run, sched, now, dt, 0, batch.decodes, sched.head_need(), ARRIVALS)
-        if self.checking:
-            _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
-        end = now + dt
-        events = self.events
-        if (
-            (events and events[0].time <= end)
-            or end >= self.limit
-            or rep.deadlines
-            or not sched.running.completes_none()
-        ):
-            rep.in_flight = Step(lazy=batch.decodes, cost=batch, limit="arrivals")
-            self._push(end, COMPLETE, rep)
-            return None
-        sched.running.complete_quiet()
-        if self.checking:
-            _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} completed at t={end:.6f}s")
-        if self.on_step:
-            self.on_step(self.ended)
-        return end
+        running, events, limit, checking = sched.running, self.events, self.limit, self.checking
+        while True:
+            batch = sched.quiet_step(now)
+            dt = self._price(run, batch)
+            _record(run, sched, now, dt, 0, batch.decodes, sched.head_need(), ARRIVALS)
+            if checking:
+                _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
+            end = now + dt
+            if (events and events[0].time <= end) or end >= limit or rep.deadlines or not running.completes_none():
+                rep.in_flight = Step(lazy=batch.decodes, cost=batch, limit="arrivals")
+                self._push(end, COMPLETE, rep)
+                return None
+            running.complete_quiet()
+            if checking:
+                _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} completed at t={end:.6f}s")
+            if self.on_step:
+                self.on_step(self.ended)
+            now = end
+            if not sched.quiet_next():
+                return now
 
     def _price(self, run: PolicyRun, batch) -> float:
         """The cost model's seconds for a step's batch; a run counts the steps it priced
