@@ -307,3 +307,48 @@ def test_every_generated_table_is_what_kvsim_computes_today(part):
         tables.TRACE = TRACE
     file, build = tables.PARTS[part]
     assert build() == (DOCS / "generated" / file).read_text(), f"run `python scripts/docs_tables.py --only {part}`"
+
+
+def test_the_scenario_reference_gives_each_key_the_schema_s_default():
+    """docs/scenarios.md's tables: a default written as a literal (a number, true/false,
+    none, required, a `word`) is the schema's default for that key (a key whose schema
+    default is None is filled when the scenario is read: engine, replicas, router, ...;
+    its row names what fills it)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from kvsim.config import scenario as schema
+
+    def types(annotation) -> list:
+        return [annotation, *(t for arg in typing.get_args(annotation) for t in types(arg))]
+
+    defaults: dict[str, list] = {}
+    seen, todo = set(), [schema.Scenario]
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            value = "required" if field.is_required() else field.get_default(call_default_factory=True)
+            defaults.setdefault(field.alias or name, []).append(value)
+            todo += [t for t in types(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+
+    def literal(cell: str):
+        if cell in ("required", "none", "true", "false"):
+            return {"required": "required", "none": None, "true": True, "false": False}[cell]
+        if re.fullmatch(r"[\d,]+(\.\d+)?", cell):
+            return float(cell.replace(",", ""))
+        word = re.fullmatch(r"`([\w.-]+)`", cell)
+        return word[1] if word else ...
+
+    checked, wrong = 0, []
+    for key, cell in re.findall(r"^\| `(\w+)` \| ([^|]*?) \|", (DOCS / "scenarios.md").read_text(), flags=re.M):
+        value = literal(cell.strip())
+        if value is ... or key not in defaults or None in defaults[key] and value is not None:
+            continue
+        checked += 1
+        if not any(d == value and type(d) is not bool or d is value for d in defaults[key]):
+            wrong.append((key, cell, defaults[key]))
+    assert checked > 50 and not wrong, wrong
