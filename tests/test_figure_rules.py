@@ -267,6 +267,7 @@ def test_kvsim_sweep_and_capacity_figures_carry_their_context(tmp_path, monkeypa
     assert kvsim("capacity", tmp_path / "c.yaml", "--out", tmp_path / "cap", "--workers", 1)[0] == 0
     assert seen["sweep_workload_arrival_rate_per_s.png"].startswith("c · llama-3-8b on h100-80gb, tp 1")
     assert "swept: arrival rate (req/s)" in seen["sweep_workload_arrival_rate_per_s.png"]
+    assert "Metrics against arrival rate (req/s)" in seen["sweep_workload_arrival_rate_per_s.png"]  # its title stays
     assert seen["capacity.png"].startswith("c · llama-3-8b on h100-80gb, tp 1 · poisson arrivals, rate swept")
 
 

@@ -1,6 +1,7 @@
 """What the commands print fits 100 columns: `kvsim run`'s table, notes and verdict
 (`--wide` for everything), `kvsim sweep`'s table per swept field, `kvsim compare`'s
-verdict, `kvsim capacity`'s answer and `kvsim reproduce`'s claims."""
+verdict, `kvsim capacity`'s answer, `kvsim reproduce`'s claims, and what `kvsim memory`,
+`kvsim flags` and `kvsim cache-curve` print."""
 
 from __future__ import annotations
 
@@ -191,3 +192,24 @@ def test_reproduce_prints_lines_that_fit(tmp_path):
     code, out, err = kvsim("reproduce", "--quick", "--claim", "2", "--out", tmp_path / "claims")
     assert code == 0, err
     assert widest(out) <= WIDTH and out.startswith("2: ")
+
+
+def test_memory_flags_and_cache_curve_print_within_100_columns(tmp_path):
+    """kvsim memory (each engine's pool and vLLM's log lines), kvsim flags (each flag's
+    meaning, wrapped under its column) and kvsim cache-curve's summary line."""
+    code, out, err = kvsim("memory", "--model", "gemma-3-27b", "--context", "8192", "--gpu", "h100-80gb")
+    assert code == 0, err
+    assert widest(out) <= WIDTH and "per GPU from" in " ".join(out.split())
+    for engine in ("vllm", "sglang"):
+        code, out, err = kvsim("flags", "--engine", engine, "--all")
+        assert code == 0 and widest(out) <= WIDTH, err
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": {i * 100}, "input_length": 1024, "output_length": 8, "hash_ids": [{i % 3}, {i}]}}\n'
+            for i in range(20)
+        )
+    )
+    code, out, err = kvsim("cache-curve", trace, "--out", tmp_path / "cc")
+    assert code == 0, err
+    assert widest(out) <= WIDTH and "block references" in out

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from kvsim.cli.table import echo_wrapped
 from kvsim.cli.args import model_arg
 from kvsim.cli.output import swap_in
 from kvsim.cli.report import _refuse_foreign
@@ -124,13 +125,13 @@ def cache_curve(trace, capacities, model_name, kv_dtype, policies, block_size, n
         shown.index.name, shown.columns.name = "capacity (tokens)", None
         click.echo(shown.to_string())
         rate = refs.blocks * len(chosen) / seconds if seconds > 0 else math.inf
-        click.echo(
+        echo_wrapped(
             f"{refs.blocks:,} block references ({len(refs.item):,} items: blocks always used together) "
             f"x {len(chosen)} policies, {len(tokens)} capacities each, in {seconds:.2f} s: "
             f"{rate / 1e6:.1f}M block references per second"
         )
         if not table.hit_tokens.any():
-            click.echo(
+            echo_wrapped(
                 "note: no block of any prompt repeats: only a trace with hash ids (Mooncake's JSON "
                 "lines) says which prompts share content"
             )

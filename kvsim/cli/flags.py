@@ -6,6 +6,8 @@ import json
 
 import click
 
+from kvsim.cli.table import echo_wrapped
+
 
 @click.command()
 @click.option(
@@ -40,6 +42,6 @@ def flags(engine, show_all, as_json):
         )
         for r in chosen:
             what = f"{r['field']}: {r['note']}" if r["field"] else r["note"]
-            click.echo(f"  {r['flag']:<{width}}  {what}")
+            echo_wrapped(f"  {r['flag']:<{width}}  {what}", indent=" " * (width + 4))
     if not show_all:
         click.echo("Every other flag of the release is accepted and ignored (--all lists them).")

@@ -127,7 +127,11 @@ def describe(report: dict) -> list[str]:
         + others
         + f" + KV cache {gib['kv_cache']:.2f} GiB"
     )
-    lines = [head, parts] + [f"  {line}" for line in report["log"]]
+    from kvsim.cli.table import wrap  # lines of at most 100 columns, as every command prints
+
+    lines = [*wrap(head), *wrap(parts, indent="    ")] + [
+        x for line in report["log"] for x in wrap(f"  {line}", indent="    ")
+    ]
     if not report["log"]:
         lines.append("  no memory left for the KV cache")
     return lines

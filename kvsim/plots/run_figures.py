@@ -159,13 +159,17 @@ def add_context(fig: Figure, context: str, notes=()) -> None:
     """The run's context in small grey text above the figure's own titles, from the left
     edge: centred, it ran into a legend outside the axes at the upper right (which is at
     most about 3 inches wide). Notes (what a setting does not change) follow it, each
-    on lines of its own."""
+    on lines of its own. A title the figure already has (a sweep's) stays, between the
+    context and the notes (it would be replaced otherwise: a figure has one suptitle)."""
     if context or notes:
         inches = fig.get_figwidth() - (3.2 if fig.legends else 0.2)
         width = max(40, int(inches * 13))  # characters that surely fit at 8 pt
-        lines = textwrap.wrap(context, width) + [
-            line for note in notes for line in textwrap.wrap("Note: " + note, width)
-        ]
+        title = " ".join(fig.get_suptitle().split())
+        lines = (
+            textwrap.wrap(context, width)
+            + textwrap.wrap(title, width)
+            + [line for note in notes for line in textwrap.wrap("Note: " + note, width)]
+        )
         fig.suptitle("\n".join(lines), fontsize=8, color="0.35", x=0.01, ha="left")
 
 
