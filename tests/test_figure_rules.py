@@ -236,7 +236,8 @@ def test_sweep_figures_have_words_context_and_no_empty_metric_rows():
             assert min(y for _, y in segment) >= 0
 
 
-def test_kvsim_sweep_and_capacity_figures_carry_their_context(tmp_path, monkeypatch):
+def _sweep_titles(monkeypatch) -> dict[str, str]:
+    """The title of each figure kvsim.plots.sweep_figures saves, by file name (none is written)."""
     seen = {}
 
     def keep(fig, path):
@@ -244,7 +245,12 @@ def test_kvsim_sweep_and_capacity_figures_carry_their_context(tmp_path, monkeypa
         return path
 
     monkeypatch.setattr("kvsim.plots.sweep_figures.save", keep)
-    doc = {
+    return seen
+
+
+def _small_scenario(num_requests: int) -> dict:
+    """A scenario of one paged policy, fixed lengths and a TTFT target."""
+    return {
         "name": "c",
         "model": "llama-3-8b",
         "gpu": "h100-80gb",
@@ -252,13 +258,18 @@ def test_kvsim_sweep_and_capacity_figures_carry_their_context(tmp_path, monkeypa
         "kv_cache_memory_gib": 1,
         "slo": {"ttft_p99_s": 1.0},
         "workload": {
-            "num_requests": 20,
+            "num_requests": num_requests,
             "arrival": {"process": "poisson", "rate_per_s": 5.0},
             "prompt_tokens": {"dist": "fixed", "value": 200},
             "output_tokens": {"dist": "fixed", "value": 20},
         },
         "policies": [{"name": "paged", "allocator": "paged"}],
     }
+
+
+def test_kvsim_sweep_and_capacity_figures_carry_their_context(tmp_path, monkeypatch):
+    seen = _sweep_titles(monkeypatch)
+    doc = _small_scenario(20)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc))
     (tmp_path / "g.yaml").write_text(
         yaml.safe_dump({"scenario": "c.yaml", "grid": {"workload.arrival.rate_per_s": [5, 10]}})
@@ -278,28 +289,8 @@ def test_sweep_and_capacity_figures_note_a_setting_without_modelled_effect(tmp_p
     from kvsim.analysis.unmodelled import sweep_notes
     from kvsim.sweep.grid import load_sweep
 
-    seen = {}
-
-    def keep(fig, path):
-        seen[path.name] = fig._suptitle.get_text().replace("\n", " ") if fig._suptitle else ""
-        return path
-
-    monkeypatch.setattr("kvsim.plots.sweep_figures.save", keep)
-    doc = {
-        "name": "c",
-        "model": "llama-3-8b",
-        "gpu": "h100-80gb",
-        "max_model_len": 2048,
-        "kv_cache_memory_gib": 1,
-        "slo": {"ttft_p99_s": 1.0},
-        "workload": {
-            "num_requests": 10,
-            "arrival": {"process": "poisson", "rate_per_s": 5.0},
-            "prompt_tokens": {"dist": "fixed", "value": 200},
-            "output_tokens": {"dist": "fixed", "value": 20},
-        },
-        "policies": [{"name": "paged", "allocator": "paged"}],
-    }
+    seen = _sweep_titles(monkeypatch)
+    doc = _small_scenario(10)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc))
     grid = {"policies[*].block_size": [16, 32], "workload.arrival.rate_per_s": [5, 10]}
     (tmp_path / "g.yaml").write_text(yaml.safe_dump({"scenario": "c.yaml", "grid": grid}))
