@@ -200,14 +200,17 @@ class Roofline:
         return {"roofline": self.step_time(batch)}, ()  # a bound, in one piece
 
     def step_time(self, batch: StepBatch) -> float:
-        new_tokens = batch.new_tokens
-        flops = new_tokens * self.flops_per_token + batch.attended_pairs * self.flops_per_pair
+        new_tokens, kv_read = batch.decodes, batch.decode_total
+        pairs: float = kv_read  # decodes alone: each attends to, and reads, its context
+        if batch.prefills:
+            new_tokens, pairs, kv_read = batch.new_tokens, batch.attended_pairs, batch.kv_tokens_read
+        flops = new_tokens * self.flops_per_token + pairs * self.flops_per_pair
         # Weights are read once per step; KV is read for attention and written for new tokens.
         weights = self.weight_bytes
         if self.moe:
             layer_expert, k, experts = self.moe
             weights += layer_expert * float(expected_experts(new_tokens, k, experts))
-        moved = weights + (batch.kv_tokens_read + new_tokens) * self.kv_bytes_per_token
+        moved = weights + (kv_read + new_tokens) * self.kv_bytes_per_token
         return max(flops / self.peak_flops, moved / self.bandwidth) / self.tp
 
 
@@ -302,7 +305,8 @@ class Profiled:
 
     def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
         """Seconds per part of one step (they sum to step_time), and why it extrapolated."""
-        n, decodes = batch.new_tokens, batch.decodes
+        decodes = batch.decodes
+        n = batch.new_tokens if batch.prefills else decodes
         seqs = len(batch.prefills) + decodes
         why: list[str] = []
         padded = self.graphs.padded(n) if self.graphs else None
@@ -317,11 +321,13 @@ class Profiled:
             self._lm_head[seqs] = self._ops(seqs, ["lm_head"])
         lm_head, hwhy = self._lm_head[seqs]
         why += lwhy + hwhy
-        fresh = sum(c * (c + 1) / 2 for c, ctx in batch.prefills if ctx == 0) * self.flops_per_pair
-        cached = sum(c * (ctx + (c + 1) / 2) for c, ctx in batch.prefills if ctx) * self.flops_per_pair
-        prefill = (self._ramp("prefill_fresh", fresh, self.peak, why=why) if fresh else 0.0) + (
-            self._ramp("prefill_cached", cached, self.peak, why=why) if cached else 0.0
-        )
+        prefill = 0.0
+        if batch.prefills:
+            fresh = sum(c * (c + 1) / 2 for c, ctx in batch.prefills if ctx == 0) * self.flops_per_pair
+            cached = sum(c * (ctx + (c + 1) / 2) for c, ctx in batch.prefills if ctx) * self.flops_per_pair
+            prefill = (self._ramp("prefill_fresh", fresh, self.peak, why=why) if fresh else 0.0) + (
+                self._ramp("prefill_cached", cached, self.peak, why=why) if cached else 0.0
+            )
         decode = 0.0
         if decodes:
             d = self.decode_fit

@@ -87,7 +87,7 @@ class Work(NamedTuple):
     tokens: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """What one step computes (each request's Work, in running order) and what it waits for."""
 

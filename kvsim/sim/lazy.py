@@ -284,6 +284,9 @@ class LazyRunningSet(RunningSet):
     def pool_free(self, next_seq: NextSeq | None) -> tuple[int, int, bool]:
         return self.sums.pool_free(next_seq)
 
+    def free_slots(self) -> int:
+        return self.sums.free_slots()
+
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
         return self.sums.breakdown(next_seq)
 
@@ -398,14 +401,16 @@ class LazyRunningSet(RunningSet):
     def _lazy_tick(self, crossing: int) -> None:
         """Every lazy request decodes one token; `crossing` of them take a block (if they
         have not yet: _take_crossings)."""
-        self._take_crossings(crossing)
+        if crossing:
+            self._take_crossings(crossing)
         sums = self.sums
         self.tick += 1
         self.pending = True
         sums.reservation -= len(self.lazy)
-        internal = self.internal_at.pop(self.tick, 0)  # crossings into a last, partly used block
-        sums.reservation -= internal
-        sums.internal += internal
+        if self.tick in self.internal_at:  # crossings into a last, partly used block
+            internal = self.internal_at.pop(self.tick)
+            sums.reservation -= internal
+            sums.internal += internal
 
     def _crossing(self, tick: int) -> int:
         """Lazy requests that take a block at `tick` (their held tokens fill their last block)."""
@@ -416,21 +421,25 @@ class LazyRunningSet(RunningSet):
         """Whether every running request is lazy and the next tick is one that the
         engine's running pass would make without a change: none is due, and the free slots
         cover its crossings (`_lazy_pass` with no explicit request)."""
-        return (
-            bool(self.lazy)
-            and not self.explicit
-            and not self.swapped_in
-            and self.tick + 1 not in self.due
-            and self._crossing(self.tick + 1) * (self.bs or 0) <= self.free_slots()
-        )
+        tick = self.tick + 1
+        if not self.lazy or self.explicit or self.swapped_in or tick in self.due:
+            return False
+        bs = self.bs  # (the crossings: `_crossing(tick)`)
+        crossing = len(self.by_residue[(1 - tick) % bs]) if bs else 0
+        return not crossing or crossing * bs <= self.sums.free_slots()
 
     def quiet_tick(self) -> StepBatch:
-        """Plan a quiet step: the tick of `_lazy_pass` without explicit requests, and the
-        batch `close_step` gives it."""
-        self.tick_at_start = self.tick
-        self._lazy_tick(self._crossing(self.tick + 1))
+        """Plan a quiet step: the tick of `_lazy_pass` without explicit requests (its
+        crossings, `_crossing(tick + 1)`, taken in bulk), and the batch `close_step` gives it."""
+        self.tick_at_start = tick = self.tick
+        bs = self.bs
+        if bs:
+            crossing = len(self.by_residue[-tick % bs])
+            if crossing:
+                self._take_crossings(crossing)
+        self._lazy_tick(0)
         n = len(self.lazy)
-        return StepBatch((), (), Decodes(n, self.lazy_held + n * self.tick, self.lazy_blocks, self.cost_block_size))
+        return StepBatch((), (), Decodes(n, self.lazy_held + n * (tick + 1), self.lazy_blocks, self.cost_block_size))
 
     def completes_none(self) -> bool:
         """Whether the tick in flight completes no request (its completion then only ends it)."""

@@ -320,11 +320,15 @@ class StepLoop:
     the last of those requests ends, and goes on from that instant.
 
     Quiet steps (every running request decoding lazily, nothing waiting that the step
-    could admit: most steps of a light load) are planned without the engine's rules (`_quiet_steps`), and one that
-    ends before any other event and completes no request is completed at once, the next
-    step planned at its end: between the events that change the batch (an arrival, a
-    request due or finishing) the steps follow one another without the event queue, each
-    priced and recorded as `_plan` does, its clock one float addition from the last."""
+    could admit: most steps of a light load) are planned without the engine's rules
+    (`_quiet_steps`), and one that completes no request is completed at its end without
+    the event queue, the next step planned there: between the events that change the
+    batch (a request due or finishing, a client giving up, an arrival the next step may
+    admit) the steps follow one another, each priced and recorded as `_plan` does, its
+    clock one float addition from the last. With one replica, the arrivals during such a
+    step are received at their times as the event queue would receive them: nothing a
+    quiet step does depends on the waiting queue, and the next step is planned after
+    them either way."""
 
     def __init__(
         self,
@@ -473,32 +477,63 @@ class StepLoop:
 
     def _quiet_steps(self, rep: _Replica, now: float) -> float | None:
         """Quiet steps (Scheduler.quiet_next: every running request only decodes), from
-        `now` while the next is quiet, each planned without the engine's rules. Where no
-        other event comes before a step ends, nothing can happen meanwhile: it is
-        completed here when it completes no request, and the next planned at its end;
-        else it goes in flight like any step and None is returned. Returns the time the
-        next step, not quiet, is to be planned at. Each step's price and row are those
-        `_plan` gives it."""
+        `now` while the next is quiet, each planned without the engine's rules. A step
+        that completes no request, ends before the time limit and before every event but
+        the arrivals it runs through (received here at their times, where one replica
+        serves them all), and before which no client's deadline passes, is completed here
+        and the next planned at its end; else it goes in flight like any step and None is
+        returned. Returns the time the next step, not quiet, is to be planned at. Each
+        step's price and row are those `_plan` gives it."""
         sched, run = rep.sched, rep.run
         running, events, limit, checking = sched.running, self.events, self.limit, self.checking
+        deadlines, receive = rep.deadlines, self.pick is None  # (a fleet routes each arrival)
+        tiers = sched.allocator.store is not None
+        rules, price, append = sched.rules, self.cost.price, run.steps.append
+        # nothing is admitted or ends between quiet steps: the counts change with arrivals alone
+        counts = (len(running), len(sched.waiting) + len(sched.swapped))
         while True:
             batch = sched.quiet_step(now)
-            dt = self._price(run, batch)
-            _record(run, sched, now, dt, 0, batch.decodes, sched.head_need(), ARRIVALS)
+            dt, why = price(batch)
+            if why:  # (as _price counts them)
+                run.extrapolated += 1
+                run.extrapolation_reasons.update(why)
+            head = sched.head_need() if counts[1] else None
+            row = (now, dt, *counts, 0, batch.extra.sequences, *running.recorded_parts(head), ARRIVALS)
+            append(row + sched.allocator.tier_occupancy() if tiers else row)
             if checking:
                 _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
             end = now + dt
-            if (events and events[0].time <= end) or end >= limit or rep.deadlines or not running.completes_none():
+            arrived = receive and end < limit and events and events[0].time < end
+            while arrived and events and events[0].time < end and events[0].phase == ARRIVE:
+                self._arrivals(heapq.heappop(events).time)
+            if (events and events[0].time <= end) or end >= limit or (deadlines and deadlines[0].time <= end):
                 rep.in_flight = Step(lazy=batch.decodes, cost=batch, limit="arrivals")
                 self._push(end, COMPLETE, rep)
                 return None
+            if not running.completes_none():  # completed here, as the event queue would at its end
+                rep.in_flight = Step(lazy=batch.decodes, cost=batch, limit="arrivals")
+                self._complete(rep, end)
+                if events and events[0].time == end:  # a stage opened: the event queue goes on from here
+                    return None
+                if not rep.has_work():
+                    sched.rules.on_idle()
+                    return None
+                now = end
+                counts = (len(running), len(sched.waiting) + len(sched.swapped))
+                if not sched.quiet_next():
+                    return now
+                continue
             running.complete_quiet()
             if checking:
                 _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} completed at t={end:.6f}s")
             if self.on_step:
                 self.on_step(self.ended)
             now = end
-            if not sched.quiet_next():
+            if arrived:
+                counts = (counts[0], len(sched.waiting) + len(sched.swapped))
+            # quiet_next, of which only the running set and the rules' view of a waiting
+            # head can have changed since the last step: nothing ran or was swapped
+            if not running.quiet() or (counts[1] and not rules.decodes_only(sched)):
                 return now
 
     def _price(self, run: PolicyRun, batch) -> float:
@@ -579,6 +614,6 @@ def _record(
         *sched.recorded_parts(head_need),
         limit,
     )
-    if len(run.steps.fields) > len(STEP_FIELDS):
+    if sched.allocator.store is not None:  # TIER_FIELDS too
         row += sched.allocator.tier_occupancy()
     run.steps.append(row)

@@ -45,7 +45,8 @@ class PoolSums:
         self.share: dict = {}  # request -> its Share
         self.reservation = self.internal = self.padding = self.slots = 0
         self.version = 0
-        self._version = self._free = None  # the free part at that version
+        self._version: int | None = None  # the free part at that version
+        self._free: tuple[int, int, bool] = (0, 0, False)
 
     def update(self, seq) -> None:
         """A request's share as it stands now (at its `held` tokens), in the sums."""
@@ -82,6 +83,11 @@ class PoolSums:
         if self._version != self.version:
             self._version, self._free = self.version, self.allocator.pool_free(None)
         return self._free
+
+    def free_slots(self) -> int:
+        """Free slots in the pool, evictable ones too (RunningSet.free_slots)."""
+        unusable, free, _ = self.pool_free(None)
+        return free + unusable
 
     def breakdown(self, next_seq: NextSeq | None) -> Breakdown:
         unusable, free, starved = self.pool_free(next_seq)

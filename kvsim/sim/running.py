@@ -162,12 +162,15 @@ class RunningSet:
     def close_step(self, step: Step) -> None:
         """After the engine planned `step`: its batch for the cost model, and each
         request's KV as the step leaves it."""
-        window = self.sched.window or math.inf
-        width = self.sched.width
-        step.cost = StepBatch.build(
-            [(n, min(s.prefilled, window)) for s, n in step.work if s.prefilling],
-            [min(s.held + 1, window) for s, n in step.work if not s.prefilling for _ in range(width)],
-        )
+        window, width = self.sched.window or math.inf, self.sched.width
+        prefills: list[tuple[int, int]] = []
+        decodes: list[int] = []
+        for s, n in step.work:
+            if s.prefilled < s.target:  # prefilling
+                prefills.append((n, min(s.prefilled, window)))
+            else:  # one context per sequence of the request
+                decodes += [min(s.held + 1, window)] * width
+        step.cost = StepBatch(tuple(prefills), tuple(decodes))
         ahead = self.ahead
         for req, n in step.work:
             req.held = req.held_after(n, ahead)

@@ -321,12 +321,11 @@ class Scheduler:
         return req.index <= self._next_cutoff()
 
     def _next_cutoff(self) -> int:
-        lag = self.async_scheduling and bool(self.running)
-        return self.planned_latest if lag else self.latest
+        return self.planned_latest if self.async_scheduling and self.running else self.latest
 
     def planning(self, now: float) -> None:
         """Note that a step is planned now (see `visible`)."""
-        self.cutoff = self._next_cutoff()
+        self.cutoff = self.planned_latest if self.async_scheduling and self.running else self.latest
         self.planned_latest = self.latest
 
     def schedule(self, now: float) -> Step:
