@@ -214,6 +214,37 @@ class Roofline:
         return max(flops / self.peak_flops, moved / self.bandwidth) / self.tp
 
 
+# A Profiled step's parts, in the order they are reported and summed.
+PARTS = (
+    "linear",
+    "attention_prefill",
+    "attention_decode",
+    "kv_write",
+    "allreduce",
+    "embedding",
+    "lm_head",
+    "overhead_step",
+    "overhead_seqs",
+    "overhead_prompt_tokens",
+    "overhead_launch",
+)
+
+
+class _Counted(NamedTuple):
+    """What a Profiled step's parts owe to its counts of tokens, sequences and decodes
+    alone (its kernels' factors applied), and why those parts extrapolated."""
+
+    linear: float
+    kv_write: float
+    allreduce: float
+    embedding: float
+    lm_head: float
+    host: tuple[float, ...]  # the overhead's host parts (Overhead.host), in order
+    launch: float | None  # None: the launch wait, which depends on the device time
+    why_before: tuple[str, ...]  # (the linear ops' and LM head's reasons ...
+    why_after: tuple[str, ...]  # ... come before attention's, the overhead's after)
+
+
 class Profiled:
     """Step time from measured per-operator kernel times (kvsim.cost.profiles), part by part:
 
@@ -289,10 +320,9 @@ class Profiled:
         base = meta.get("label", f"profile:{profile.name}")
         base = base if meta["gpu"] == gpu.name else f"{base} (measured on {meta['gpu']})"
         self.label = f"{base} + {self.overhead.label}"
-        self._comm: dict[int, float] = {}  # memos by token count, (sequences, tokens)
-        self._outside: dict[tuple[int, int], list[str]] = {}
-        self._linear: dict[int, tuple] = {}  # memos by token / sequence count
-        self._lm_head: dict[int, tuple] = {}
+        # what a step's parts owe to its counts alone (tokens, sequences, decodes), kept
+        # per counts (`_counted`): most steps of a run repeat the counts of an earlier one
+        self._counted: dict[tuple[int, int, int], _Counted] = {}
 
     def _ops(self, tokens: int, ops) -> tuple[float, list[str]]:
         return self.profile.ops_time(ops, tokens, self.tp, self.overhead.linear == "envelope")
@@ -303,24 +333,53 @@ class Profiled:
             why.append(f"{name} attention beyond measured work")
         return f["a_s"] + work / (rate * f["e_max"]) * (1 + (f["w_half"] / max(work, 1.0)) ** f["k"]) + extra
 
-    def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
-        """Seconds per part of one step (they sum to step_time), and why it extrapolated."""
-        decodes = batch.decodes
-        n = batch.new_tokens if batch.prefills else decodes
-        seqs = len(batch.prefills) + decodes
-        why: list[str] = []
+    def _counted_parts(self, n: int, seqs: int, decodes: int) -> _Counted:
+        """The parts of a step of `n` new tokens over `seqs` sequences, `decodes` of them
+        decoding, that depend on these counts alone (see `parts`)."""
         padded = self.graphs.padded(n) if self.graphs else None
         run = padded or n  # the tokens the linear ops compute on
-        if run not in self._linear:
-            self._linear[run] = (
-                *self._ops(run, [o for o in LINEAR_OPS if o not in PER_STEP_OPS]),
-                self._ops(run, ["emb"])[0],
+        layer_linear, lwhy = self._ops(run, [o for o in LINEAR_OPS if o not in PER_STEP_OPS])
+        emb = self._ops(run, ["emb"])[0]
+        lm_head, hwhy = self._ops(seqs, ["lm_head"])
+        w = self.att.get("kv_write") or {}
+        pre_tokens = n - decodes
+        kv_write = (
+            (
+                w.get("a_s", 0.0)
+                + w.get("per_prefill_token_s", 0.0) * pre_tokens
+                + w.get("per_decode_token_s", 0.0) * decodes
             )
-        layer_linear, lwhy, emb = self._linear[run]
-        if seqs not in self._lm_head:
-            self._lm_head[seqs] = self._ops(seqs, ["lm_head"])
-        lm_head, hwhy = self._lm_head[seqs]
-        why += lwhy + hwhy
+            if w
+            else 0.0
+        )
+        L, scale = self.layers, self.scale
+        if padded is None:  # every kernel launched by the CPU: the wait depends on the device time
+            launch = None
+        elif self.graphs is not None and self.graphs.mode(n, seqs) == "piecewise":
+            launch = L * self.piecewise_per_layer_s
+        else:
+            launch = 0.0
+        return _Counted(
+            L * layer_linear * scale["linear"] if "linear" in scale else L * layer_linear,
+            L * kv_write,
+            self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], run),
+            emb,
+            lm_head * scale["lm_head"] if "lm_head" in scale else lm_head,
+            tuple(self.overhead.host(seqs, pre_tokens).values()),
+            launch,
+            tuple(lwhy + hwhy),
+            tuple(self.overhead.outside(self.tp, seqs, n)),
+        )
+
+    def _seconds(self, batch: StepBatch) -> tuple[tuple[float, ...], tuple[str, ...]]:
+        """Each part's seconds, in PARTS order, and why the step extrapolated."""
+        decodes = batch.decodes
+        n = batch.new_tokens if batch.prefills else decodes
+        key = (n, len(batch.prefills) + decodes, decodes)
+        counted = self._counted.get(key)
+        if counted is None:
+            counted = self._counted[key] = self._counted_parts(*key)
+        why = list(counted.why_before)
         prefill = 0.0
         if batch.prefills:
             fresh = sum(c * (c + 1) / 2 for c, ctx in batch.prefills if ctx == 0) * self.flops_per_pair
@@ -339,42 +398,31 @@ class Profiled:
                 why=why,
                 extra=d.get("per_seq_s", 0.0) * decodes + d.get("per_block_s", 0.0) * blocks,
             )
-        w = self.att.get("kv_write") or {}
-        pre_tokens = n - decodes
-        kv_write = (
-            (
-                w.get("a_s", 0.0)
-                + w.get("per_prefill_token_s", 0.0) * pre_tokens
-                + w.get("per_decode_token_s", 0.0) * decodes
-            )
-            if w
-            else 0.0
+        why += counted.why_after
+        L, scale = self.layers, self.scale
+        prefill, decode = L * prefill, L * decode
+        if "attention_prefill" in scale:
+            prefill *= scale["attention_prefill"]
+        if "attention_decode" in scale:
+            decode *= scale["attention_decode"]
+        device = (
+            counted.linear,
+            prefill,
+            decode,
+            counted.kv_write,
+            counted.allreduce,
+            counted.embedding,
+            counted.lm_head,
         )
-        if run not in self._comm:
-            self._comm[run] = self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], run)
-        if (seqs, n) not in self._outside:
-            self._outside[seqs, n] = self.overhead.outside(self.tp, seqs, n)
-        why += self._outside[seqs, n]
-        L = self.layers
-        parts = {
-            "linear": L * layer_linear,
-            "attention_prefill": L * prefill,
-            "attention_decode": L * decode,
-            "kv_write": L * kv_write,
-            "allreduce": self._comm[run],
-            "embedding": emb,
-            "lm_head": lm_head,
-        }
-        for part, factor in self.scale.items():
-            parts[part] *= factor
-        device = sum(parts.values())
-        if padded is None:  # every kernel launched by the CPU
-            launch = self.overhead.launch_wait(L, device)
-        elif self.graphs is not None and self.graphs.mode(n, seqs) == "piecewise":
-            launch = L * self.piecewise_per_layer_s
-        else:
-            launch = 0.0
-        return {**parts, **self.overhead.host(seqs, pre_tokens), "overhead_launch": launch}, tuple(why)
+        launch = counted.launch
+        if launch is None:
+            launch = self.overhead.launch_wait(L, sum(device))
+        return (*device, *counted.host, launch), tuple(why)
+
+    def parts(self, batch: StepBatch) -> tuple[dict[str, float], tuple[str, ...]]:
+        """Seconds per part of one step (they sum to step_time), and why it extrapolated."""
+        seconds, why = self._seconds(batch)
+        return dict(zip(PARTS, seconds)), why
 
     @property
     def api(self) -> ApiServer | None:
@@ -386,8 +434,8 @@ class Profiled:
         return self.parts(batch)[0]
 
     def price(self, batch: StepBatch) -> tuple[float, tuple[str, ...]]:
-        parts, why = self.parts(batch)
-        return sum(parts.values()), why
+        seconds, why = self._seconds(batch)
+        return sum(seconds), why
 
     def step_time(self, batch: StepBatch) -> float:
         return self.price(batch)[0]
