@@ -22,6 +22,11 @@ scripts/derive_overheads.py) and `vllm-h100/` (vLLM V1 benchmark runs). Parts:
   source data that the shipped profiles and overheads do not keep (seconds).
 - `cpu_calibrate` (the same file): `kvsim calibrate --device cpu --quick` a few times on
   this machine, needing no data but `kvsim[calibrate]` (a few minutes each).
+- `pool` (results/docs/vllm_kv_pool.csv): vLLM H100 runs that went past their capacity
+  replayed as `kvsim validate` replays them (the shipped overhead), with the KV pool
+  kvsim sizes from vLLM's rules and with smaller pools pinned per GPU
+  (kvsim.calibrate.replay, `kv_cache_gib`): what each pool makes of every stage (~2
+  minutes).
 
 The tests check that the pages are what these files give, and, where DIR is beside the
 checkout (../shared/data), that `sources` is what the data give, and that `tiers` holds
@@ -46,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "docs"
 TIERS = OUT / "mooncake_tiers.csv"
 SOURCES = OUT / "step_costs_sources.json"
+POOL = OUT / "vllm_kv_pool.csv"
 MOONCAKE = "traces/mooncake_synthetic_trace.jsonl"
 
 
@@ -223,6 +229,57 @@ def cpu_calibrate(data: Path) -> dict:
     return {"cpu_calibrate": {"model": model, "cores": os.cpu_count(), "runs": runs}}
 
 
+# The runs replayed under other KV pools, each with the pools (GiB per GPU; None: as
+# vLLM would size it) it is replayed with: the Mixtral run that kvsim's pool leaves far
+# off, its other run, and the two dense runs past their capacity for comparison.
+POOL_RUNS = {
+    "mixtral-8x7b-v0-1-tp2-reasoning": (None, 16.0, 12.0, 10.0, 9.0, 8.5, 8.0),
+    "mixtral-8x7b-v0-1-tp2-general": (None, 8.5),
+    "codellama-34b-tp2-reasoning": (None, 16.0),
+    "llama-2-7b-tp1-reasoning": (None, 50.0, 42.0),
+}
+
+
+def pool(data: Path) -> pd.DataFrame:
+    """Each of POOL_RUNS replayed under each of its pools, with the shipped overhead: one
+    row per stage, predicted beside measured."""
+    from kvsim.calibrate.replay import Replay
+    from kvsim.calibrate.runs import read_run
+    from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
+
+    overhead, rows = load_overhead(VLLM_V1_H100), []
+    for name, pools in POOL_RUNS.items():
+        run = read_run(data / "vllm-h100" / name)
+        for gib in pools:
+            replay = Replay(run, kv_cache_gib=gib)
+            simulated = replay.simulate(overhead)
+            for got, seen in zip(replay.report(simulated, overhead), run.stages):
+                rows.append(
+                    {
+                        "run": name,
+                        "stage": seen.index,
+                        "kv_cache_gib": "vllm" if gib is None else gib,
+                        "kv_cache_tokens": simulated.capacity_slots,
+                        "preemptions": simulated.preemptions,
+                        **{
+                            f"{what}_{stat}_{side}_s": (got if side == "predicted" else seen).get(what, stat)
+                            for what, stat in (("e2e", "mean"), ("ttft", "p50"), ("itl", "mean"))
+                            for side in ("predicted", "measured")
+                        },
+                        "answered_predicted": got.answered,
+                        "answered_measured": seen.answered,
+                    }
+                )
+            print(f"{name} at {gib or 'vLLM'} GiB: {rows[-1]}", flush=True)
+    return pd.DataFrame(rows)
+
+
+def write_pool(table: pd.DataFrame) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    POOL.write_text(table.to_csv(index=False, float_format="%.6g"))
+    print(f"wrote {POOL.relative_to(ROOT)}")
+
+
 def tiers_csv(table: pd.DataFrame) -> str:
     """The tiers table as results/docs/mooncake_tiers.csv holds it."""
     return table.to_csv(index=False, float_format="%.6g")
@@ -238,6 +295,7 @@ PARTS = {  # part: (measure, write)
     "tiers": (tiers, write_tiers),
     "sources": (sources, lambda doc: _update(SOURCES, doc)),
     "cpu_calibrate": (cpu_calibrate, lambda doc: _update(SOURCES, doc)),
+    "pool": (pool, write_pool),
 }
 
 

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "docs" / "templates" / "step-costs.md"
 PAGE = ROOT / "docs" / "step-costs.md"
 SOURCES = ROOT / "results" / "docs" / "step_costs_sources.json"
+POOL = ROOT / "results" / "docs" / "vllm_kv_pool.csv"  # scripts/docs_results.py --only pool
 DATA = ROOT / "kvsim" / "data"
 H200 = ROOT / "tests" / "data" / "h200-calibrate"
 H200_MODELS = ("llama-3-8b", "llama-2-7b", "llama-3-70b")
@@ -519,6 +520,10 @@ def vllm_values(sources: dict) -> dict:
     past_dense = past[~past.run.str.startswith("mixtral")]
     mixtral = past[past.run.str.startswith("mixtral")].iloc[0]
     reasoning = held[held.run == "codellama-34b-tp2-reasoning"].iloc[0]
+    pool = pd.read_csv(POOL, dtype={"kv_cache_gib": str})
+    pool = pool[pool.run == mixtral.run]
+    sized, smaller = pool[pool.kv_cache_gib == "vllm"].iloc[0], pool[pool.kv_cache_gib != "vllm"]
+    nearest = smaller.loc[(smaller.answered_predicted - smaller.answered_measured).abs().idxmin()]
     return {
         "vllm_runs": len(pts.run.unique()),
         "vllm_step_ms": doc["host"]["step_ms"],
@@ -543,6 +548,9 @@ def vllm_values(sources: dict) -> dict:
         "vllm_fast_errors": " and ".join(f"{e:+.0%}" for e in sorted(dense_fast.e2e_mean_error)),
         "mixtral_answered": mixtral.answered_measured,
         "mixtral_e2e": mixtral.e2e_mean_error,
+        "mixtral_pool_gib": f"{float(nearest.kv_cache_gib):g}",
+        "mixtral_pool_share": nearest.kv_cache_tokens / sized.kv_cache_tokens,
+        "mixtral_pool_answered": nearest.answered_predicted,
         "reasoning_e2e": reasoning.e2e_mean_error,
         "reasoning_ttft": reasoning.ttft_p50_error,
         "dense_past_points": _points(math.ceil(max(abs(past_dense.answered_error_points)))),

@@ -212,6 +212,15 @@ def test_the_kv_tiers_table_is_the_results_file_s(tables):
     assert '--8<-- "docs/generated/kv_tiers_mooncake.md"' in (DOCS / "kv-tiers.md").read_text()
 
 
+def test_the_kv_pool_table_is_the_results_file_s(tables):
+    """docs/accuracy-vllm-h100.md quotes the runs past their capacity under other KV pools,
+    rendered from results/docs/vllm_kv_pool.csv (measured by `python scripts/docs_results.py
+    --data DIR --only pool`, which needs the runs); if this fails, run `python
+    scripts/docs_tables.py --only kv_pool`."""
+    assert tables.kv_pool_table() == (DOCS / "generated" / "vllm_kv_pool.md").read_text()
+    assert '--8<-- "docs/generated/vllm_kv_pool.md"' in (DOCS / "accuracy-vllm-h100.md").read_text()
+
+
 def test_the_step_costs_page_is_rendered_from_what_kvsim_ships():
     """Every figure on docs/step-costs.md comes from the shipped profiles and overheads,
     `kvsim cost`, the H200 profiles in tests/data or results/docs/step_costs_sources.json;

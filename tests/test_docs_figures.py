@@ -286,7 +286,48 @@ def test_the_whole_kv_tiers_file_is_what_the_data_give():
     assert results.tiers_csv(results.tiers(SHARED_DATA)) == TIERS.read_text()
 
 
-RENDERED_ELSEWHERE = {"kv_tiers", "overhead_accuracy", "flags_vllm", "flags_sglang", "rag_8k"}  # tests/test_docs.py
+POOL = ROOT / "results" / "docs" / "vllm_kv_pool.csv"
+VLLM_RUNS = SHARED_DATA / "vllm-h100"
+
+
+def test_the_kv_pool_file_holds_the_runs_the_script_makes():
+    """Its rows are the runs and pools scripts/docs_results.py replays, in its order."""
+    results = script("docs_results")
+    saved = pd.read_csv(POOL, dtype={"kv_cache_gib": str})
+    replayed = list(dict.fromkeys(zip(saved.run, saved.kv_cache_gib)))
+    planned = [
+        (run, "vllm" if gib is None else f"{gib:g}") for run, pools in results.POOL_RUNS.items() for gib in pools
+    ]
+    assert [(run, gib if gib == "vllm" else f"{float(gib):g}") for run, gib in replayed] == planned
+
+
+@pytest.mark.skipif(not VLLM_RUNS.is_dir(), reason="the vLLM H100 runs (../shared/data) are not beside the checkout")
+def test_the_mixtral_run_under_a_smaller_kv_pool_is_what_the_data_give(monkeypatch):
+    """The run the accuracy page explains replayed under its smallest and its own pool (a
+    few seconds each): the cheap check of the pool file that a change to the simulation or
+    the step costs moves; the whole file: `python scripts/docs_results.py --only pool`."""
+    results = script("docs_results")
+    name = "mixtral-8x7b-v0-1-tp2-reasoning"
+    pools = results.POOL_RUNS[name]
+    monkeypatch.setattr(results, "POOL_RUNS", {name: (pools[0], pools[-1])})
+    rows = results.pool(SHARED_DATA).to_csv(index=False, float_format="%.6g").splitlines()
+    saved = POOL.read_text().splitlines()
+    assert rows[0] == saved[0]
+    for row in rows[1:]:
+        assert row in saved, (
+            "results/docs/vllm_kv_pool.csv is not what the data give today: rerun "
+            "`python scripts/docs_results.py --data DIR --only pool` and `python scripts/docs_tables.py --only kv_pool`"
+        )
+
+
+RENDERED_ELSEWHERE = {
+    "kv_tiers",
+    "kv_pool",
+    "overhead_accuracy",
+    "flags_vllm",
+    "flags_sglang",
+    "rag_8k",
+}  # tests/test_docs.py
 
 
 @pytest.mark.slow

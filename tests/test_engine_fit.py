@@ -141,6 +141,18 @@ def test_a_run_is_replayed_as_the_scenario_its_files_describe(tmp_path):
     assert replay.settings.async_scheduling and len(replay.requests) == 120 + 120
 
 
+def test_a_replay_may_pin_the_kv_pool(tmp_path):
+    """kv_cache_gib pins the pool per GPU (what a server logged, or may have had) instead
+    of sizing it as vLLM would: the pool is that many GiB of the model's KV."""
+    d = write_run(tmp_path / "r", [(2, 30)])
+    sized, pinned = Replay(read_run(d)), Replay(read_run(d), kv_cache_gib=2.0)
+    assert "kv_cache_memory_gib" not in scenario_of(read_run(d))
+    assert scenario_of(read_run(d), kv_cache_gib=2.0)["kv_cache_memory_gib"] == 2.0
+    per_token = pinned.policy.kv.bytes_per_token
+    assert pinned.plan.pool.pool_bytes == 2.0 * 2**30 != sized.plan.pool.pool_bytes
+    assert pinned.simulate(engine_fit.overhead(TRUE)).capacity_slots == int(2.0 * 2**30 // per_token)
+
+
 TRUE = {"step_us": 400.0, "per_seq_us": 30.0, "api_ms": 8.0}
 
 

@@ -20,6 +20,10 @@ Two things the run's reports tell that its config does not:
   (kvsim.cost.engine_terms.ApiServer.respond) after the engine's simulation, so a fit
   varies it without simulating again.
 
+`kv_cache_gib` pins the KV pool per GPU instead of sizing it as vLLM would from the
+server's settings (kvsim.model.memory): what a run does with the pool a server logged,
+or with one it may have had.
+
 `window_s` shortens each stage that the report shows whole (no failures) to that many
 seconds of arrivals, to make the simulations of a fit cheap; a stage past its capacity
 keeps its whole length, since its share answered depends on how long its queue grows.
@@ -83,7 +87,13 @@ class PredictedStage:
         )
 
 
-def scenario_of(run: BenchmarkRun, gpu: str = "h100-80gb", window_s: float | None = None, seed: int = 0) -> dict:
+def scenario_of(
+    run: BenchmarkRun,
+    gpu: str = "h100-80gb",
+    window_s: float | None = None,
+    seed: int = 0,
+    kv_cache_gib: float | None = None,
+) -> dict:
     """The scenario (as YAML would give it) that simulates `run`; see the module docstring."""
     src = str(run.inference_perf)
     workload = expand(read_yaml(run.inference_perf, "inference-perf config sections"), src)
@@ -105,6 +115,7 @@ def scenario_of(run: BenchmarkRun, gpu: str = "h100-80gb", window_s: float | Non
     else:
         model = run.model.split("/")[-1].lower()
     limits = {k: run.setting(k, v) for k, v in V1_DEFAULTS.items()}
+    pool = {} if kv_cache_gib is None else {"kv_cache_memory_gib": kv_cache_gib}
     return {
         "name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in run.name) or "run",
         "seed": seed,
@@ -113,6 +124,7 @@ def scenario_of(run: BenchmarkRun, gpu: str = "h100-80gb", window_s: float | Non
         "engine": "vllm-v1",
         "tensor_parallel_size": run.tp,
         "gpu_memory_utilization": 0.9,
+        **pool,
         "max_model_len": limits["max_model_len"],
         "scheduler": {
             "max_num_seqs": limits["max_num_seqs"],
@@ -128,10 +140,18 @@ class Replay:
     """One run, ready to simulate under any overhead (see the module docstring): the
     scenario, its KV pool and its request stream are built once."""
 
-    def __init__(self, run: BenchmarkRun, gpu: str = "h100-80gb", *, window_s: float | None = None, seed: int = 0):
+    def __init__(
+        self,
+        run: BenchmarkRun,
+        gpu: str = "h100-80gb",
+        *,
+        window_s: float | None = None,
+        seed: int = 0,
+        kv_cache_gib: float | None = None,
+    ):
         self.run, self.window_s = run, window_s
         src = str(run.inference_perf)
-        self.scenario = scn = validate_scenario(scenario_of(run, gpu, window_s, seed), src)
+        self.scenario = scn = validate_scenario(scenario_of(run, gpu, window_s, seed, kv_cache_gib), src)
         self.plan = plan = resolve(scn, run.path, src)
         self.policy = plan.policies[0]
         self.settings = self.policy.settings  # every default filled
