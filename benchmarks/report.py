@@ -158,6 +158,7 @@ def render(table: dict, command: str, started: str, loads: tuple, extra: list[st
         f"{os.cpu_count()} cores; load average {before[0]:.1f} / {before[1]:.1f} / {before[2]:.1f} before, "
         f"{after[0]:.1f} / {after[1]:.1f} / {after[2]:.1f} after (shared machine: compare only figures of one file).",
         "- Peak RSS is that of the run's largest process (kvsim draws its figures in forked worker processes).",
+        "- kvsim runs from compiled bytecode, as an installed package does (compiled once before the runs).",
         "",
         "## Runs (medians of alternated runs)",
         "",
