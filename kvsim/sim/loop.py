@@ -321,14 +321,14 @@ class StepLoop:
 
     Quiet steps (every running request decoding lazily, nothing waiting that the step
     could admit: most steps of a light load) are planned without the engine's rules
-    (`_quiet_steps`), and one that completes no request is completed at its end without
-    the event queue, the next step planned there: between the events that change the
-    batch (a request due or finishing, a client giving up, an arrival the next step may
-    admit) the steps follow one another, each priced and recorded as `_plan` does, its
-    clock one float addition from the last. With one replica, the arrivals during such a
-    step are received at their times as the event queue would receive them: nothing a
-    quiet step does depends on the waiting queue, and the next step is planned after
-    them either way."""
+    (`_quiet_steps`), and one that ends before any other event is completed at its end
+    without the event queue, the next step planned there: between the events that change
+    the batch (a request due, a client giving up, an arrival the next step may admit) the
+    steps follow one another, each priced and recorded as `_plan` does, its clock one
+    float addition from the last. With one replica, the arrivals during such a step are
+    received at their times as the event queue would receive them: nothing a quiet step
+    does depends on the waiting queue, and the next step is planned after them either
+    way."""
 
     def __init__(
         self,
@@ -478,12 +478,14 @@ class StepLoop:
     def _quiet_steps(self, rep: _Replica, now: float) -> float | None:
         """Quiet steps (Scheduler.quiet_next: every running request only decodes), from
         `now` while the next is quiet, each planned without the engine's rules. A step
-        that completes no request, ends before the time limit and before every event but
-        the arrivals it runs through (received here at their times, where one replica
-        serves them all), and before which no client's deadline passes, is completed here
-        and the next planned at its end; else it goes in flight like any step and None is
-        returned. Returns the time the next step, not quiet, is to be planned at. Each
-        step's price and row are those `_plan` gives it."""
+        that ends before the time limit and before every event but the arrivals it runs
+        through (received here at their times, where one replica serves them all), and
+        before which no client's deadline passes, is completed here as the event queue
+        would complete it, and the next planned at its end; else it goes in flight like any
+        step and None is returned (None too where the event queue goes on from its end: an
+        event its completion made at that instant, or nothing left to do). Returns the time
+        the next step, not quiet, is to be planned at. Each step's price and row are those
+        `_plan` gives it."""
         sched, run = rep.sched, rep.run
         running, events, limit, checking = sched.running, self.events, self.limit, self.checking
         deadlines, receive = rep.deadlines, self.pick is None  # (a fleet routes each arrival)
