@@ -91,11 +91,10 @@ class _CachedSeq(_Seq):
 class PrefixCachingPagedAllocator(PagedAllocator):
     """Paged blocks shared between sequences through a chained-key block cache."""
 
-    _ref: list[int]  # kept from the start: hits share blocks
-
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)  # cached blocks stay whole: no window
-        self._ref = [0] * num_blocks  # hits share blocks: counts kept throughout
+        # Reference counts are kept from the first hit or fork on, as in the plain paged
+        # allocator: until then a block outside the queue has one holder.
         # The free queue doubles as the LRU of cached blocks: a hit takes its block
         # back out of the middle (PagedAllocator._share), a new block comes off the head.
         self._key_of: list[int | None] = [None] * num_blocks  # cached block -> key
@@ -288,22 +287,30 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         no prefix can match, goes to the head, to be reused first."""
         seq = self._seqs.pop(seq_id)
         table = seq.table[::-1]
-        ref = self._ref
-        left = [ref[b] - 1 for b in table]
-        for b, n in zip(table, left):
-            ref[b] = n
-        self._shared -= left.count(1)
         partial = len(table) - seq.tokens // self.block_size  # leading entries of `table`
-        self._free.put_front([b for b, n in zip(table[:partial], left) if not n])
-        self._free.put(compress(table[partial:], map(not_, left[partial:])))
+        ref = self._ref
+        if ref is None:  # nothing shared yet: every block loses its only holder
+            self._free.put_front(table[:partial])
+            self._free.put(table[partial:])
+        else:
+            left = [ref[b] - 1 for b in table]
+            for b, n in zip(table, left):
+                ref[b] = n
+            self._shared -= left.count(1)
+            self._free.put_front([b for b, n in zip(table[:partial], left) if not n])
+            self._free.put(compress(table[partial:], map(not_, left[partial:])))
         if self._names.next > self._forget_after:
             self._forget_keys()
 
     def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:
         """(cache hits, new blocks needed beyond the free queue left after the hits)."""
         hits = self._hits(shape, num_tokens)
-        revived = list(map(self._ref.__getitem__, hits)).count(0)
         need = blocks_for(num_tokens, self.block_size) - len(hits)
+        if not hits:
+            return hits, need - len(self._free)
+        if self._ref is None:  # counts from the first hit on: a hit shares its blocks
+            self._ref = self._counts()
+        revived = list(map(self._ref.__getitem__, hits)).count(0)
         return hits, need - (len(self._free) - revived)
 
     # -- KVAllocator ----------------------------------------------------------------
@@ -317,7 +324,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         hits, short = self._new_blocks_needed(shape, num_tokens)
         if short + blocks_for(keep_free, self.block_size) > 0:  # the watermark stays free
             return False
-        self._share(hits)
+        if hits:  # counts are kept from the first hit on
+            self._share(hits)
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
         # the hits hold their keys already: the chain's first ones
         chain = self._chain(shape)
