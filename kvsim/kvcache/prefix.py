@@ -66,6 +66,8 @@ table or queued behind it).
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import not_
@@ -78,6 +80,8 @@ from kvsim.kvcache.paged import PagedAllocator, _Seq, blocks_for
 CHAINS_KEPT = 256  # shapes whose key chains are kept for lookups
 
 KEYS_SLACK = 4  # keys made between two prunings: at least this many per block of the pool
+
+NO_ANSWER = (None, 0, (), None)  # no lookup's answer kept
 
 
 @dataclass
@@ -109,12 +113,17 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # gets a new key.
         self._names = ContentNames(block_size)
         self._forget_after = KEYS_SLACK * num_blocks  # free() forgets past it
-        self._chains: dict[SeqShape, Chain] = {}  # shape -> _make_chain's answer, by recency
-        # The last lookup's answer, good while no key it read has changed its first copy:
-        # admitting a request looks its prefix up three times (its need, whether it fits,
-        # allocate), and a request that waits for memory is looked up at every step.
-        self._touched: set[int] = set()  # keys whose first copy changed since then
-        self._last_hits: tuple = (None, 0, set(), ())  # (shape, blocks, keys read, hits)
+        # id(shape) -> _make_chain's answer: by identity, as a request keeps its shape
+        # object, and hashing a shape (a dataclass) runs Python code; the shapes are kept
+        # with them, so that no other shape takes one of their ids meanwhile
+        self._chains: dict[int, Chain] = {}
+        self._chained: deque[SeqShape] = deque()  # oldest first
+        # The last lookup's answer, good while its hits' keys keep their first copies
+        # (_first_changed) and the key it missed is still not cached: admitting a request
+        # looks its prefix up three times (its need, whether it fits, allocate), and a
+        # request that waits for memory is looked up every step.
+        self._last_hits: tuple = NO_ANSWER  # (shape, blocks, hits, the key missed or None)
+        self._read: set[int] = set()  # its hits' keys
 
     @property
     def cached_blocks(self) -> list[int]:
@@ -138,13 +147,15 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         A shape's keys change only when unheld keys are forgotten (_forget_keys, which
         drops the kept chains), so the chains of the shapes looked up lately are kept: a
         waiting request is looked up every step."""
-        kept = self._chains.pop(shape, None)
-        if kept is None or (len(kept.keys) < blocks and not kept.ended):
-            kept = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
-        self._chains[shape] = kept  # most recent last
-        if len(self._chains) > CHAINS_KEPT:
-            del self._chains[next(iter(self._chains))]
-        return kept.keys
+        chain = self._chains.get(id(shape))
+        if chain is not None and (len(chain.keys) >= blocks or chain.ended):
+            return chain.keys
+        chain = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
+        if len(self._chained) >= CHAINS_KEPT:
+            self._chains.pop(id(self._chained.popleft()), None)  # (None: kept twice, gone)
+        self._chains[id(shape)] = chain
+        self._chained.append(shape)
+        return chain.keys
 
     def _make_chain(self, shape: SeqShape, total: int) -> Chain:
         """The keys of the shape's first `total` full blocks, and whether a block holding
@@ -157,16 +168,19 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         within its hits, or any if a miss ended them (a chunk's lookup then the whole
         prompt's, a recompute's after a shorter one)."""
         blocks = max(num_tokens - 1, 0) // self.block_size
-        last_shape, last_blocks, read, hits = self._last_hits
-        if last_shape == shape and (blocks <= len(hits) or len(hits) < last_blocks) and self._touched.isdisjoint(read):
+        last_shape, last_blocks, hits, missed = self._last_hits
+        if last_shape is shape and (blocks <= len(hits) or len(hits) < last_blocks) and missed not in self._first:
             return list(hits[:blocks])
-        chain = self._chain(shape, blocks)[:blocks]
-        hits = list(map(self._first.get, chain))
-        if None in hits:
-            del hits[hits.index(None) :]
-        # the answer depends on the hits' keys and on the first key missed
-        self._touched = set()
-        self._last_hits = (shape, blocks, set(chain[: len(hits) + 1]), tuple(hits))
+        chain = self._chain(shape, blocks)
+        if blocks and chain and chain[0] in self._first:
+            hits = list(map(self._first.get, chain[:blocks]))
+            if None in hits:
+                del hits[hits.index(None) :]
+        else:  # most lookups miss at once
+            hits = []
+        # it holds while the hits keep their first copies and the next key stays uncached
+        missed = chain[len(hits)] if len(hits) < min(blocks, len(chain)) else None
+        self._last_hits, self._read = (shape, blocks, tuple(hits), missed), set(chain[: len(hits)])
         return hits
 
     def _cache_full_blocks(self, seq: _CachedSeq) -> None:
@@ -189,9 +203,10 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         if [key_of[b] for b in blocks].count(None) == len(blocks) and first.keys().isdisjoint(keys):
             # the usual case, in bulk: fresh blocks whose keys no block holds yet
             first.update(zip(keys, blocks))
-            self._touched.update(keys)
             for block, key in zip(blocks, keys):
                 key_of[block] = key
+            if self._read:
+                self._first_changed(keys)
             return
         for block, key in zip(blocks, keys):
             if key_of[block] is None:  # a hit keeps the key it has: this one
@@ -203,7 +218,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             self._more.setdefault(key, []).append(block)
         else:
             self._first[key] = block
-            self._touched.add(key)
+            self._first_changed((key,))
         self._key_of[block] = key
 
     def _take(self, count: int) -> list[int]:
@@ -220,7 +235,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             first = self._first
             for key in keys:
                 del first[key]
-            self._touched.update(keys)
+            if self._read:
+                self._first_changed(keys)
             return taken
         for block, owner in zip(taken, owned):
             if owner is not None:
@@ -236,12 +252,17 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             later.remove(block)
         elif later:
             self._first[key] = later.pop(0)
-            self._touched.add(key)
+            self._first_changed((key,))
         else:
             del self._first[key]
-            self._touched.add(key)
+            self._first_changed((key,))
         if later is not None and not later:
             del self._more[key]
+
+    def _first_changed(self, keys: Iterable[int]) -> None:
+        """These keys' first copies changed: the last lookup's answer goes if one is a hit's."""
+        if not self._read.isdisjoint(keys):
+            self._last_hits = NO_ANSWER
 
     def _grown(self, seq: _CachedSeq) -> None:  # type: ignore[override]  # its sequences are _CachedSeq
         self._cache_full_blocks(seq)
@@ -276,7 +297,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         if orphans:
             raise InvariantError(f"key entries {orphans[:3]} are kept, but not the keys they hang below")
         self._chains.clear()
-        self._touched, self._last_hits = set(), (None, 0, set(), ())
+        self._chained.clear()
+        self._last_hits = NO_ANSWER
         kept = sum(map(len, names.runs.values())) + len(names.ids)
         self._forget_after = names.next + max(KEYS_SLACK * self.num_blocks, kept)
 
