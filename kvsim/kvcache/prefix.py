@@ -84,7 +84,7 @@ KEYS_SLACK = 4  # keys made between two prunings: at least this many per block o
 NO_ANSWER = (None, 0, (), None)  # no lookup's answer kept
 
 
-@dataclass
+@dataclass(slots=True)
 class _CachedSeq(_Seq):
     keyed: int = 0  # leading blocks that hold their keys: chain[:keyed]
     hashed: int = 0  # full blocks looked at so far
@@ -200,8 +200,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             return
         blocks = seq.table[start : start + len(keys)]
         key_of, first = self._key_of, self._first
-        if [key_of[b] for b in blocks].count(None) == len(blocks) and first.keys().isdisjoint(keys):
-            # the usual case, in bulk: fresh blocks whose keys no block holds yet
+        if first.keys().isdisjoint(keys):  # the usual case, in bulk: keys no block holds yet
+            # (and the blocks hold none: a table's blocks past `keyed` have no key)
             first.update(zip(keys, blocks))
             for block, key in zip(blocks, keys):
                 key_of[block] = key
@@ -223,24 +223,26 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _take(self, count: int) -> list[int]:
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
-        taken = super()._take(count)
+        taken = self._free.take(count)  # PagedAllocator._take's, inline: the fast path
+        if self._ref is not None:  # takes blocks for its lazy requests every step
+            for b in taken:
+                self._ref[b] = 1
         key_of = self._key_of
-        owned = [key_of[b] for b in taken]
-        keys = [key for key in owned if key is not None]
+        keys = [key_of[b] for b in taken if key_of[b] is not None]
         if not keys:
+            return taken
+        if self._more and not self._more.keys().isdisjoint(keys):  # some have other copies
+            for b in taken:
+                key = key_of[b]
+                if key is not None:
+                    key_of[b] = None
+                    self._evict(b, key)
             return taken
         for b in taken:
             key_of[b] = None
-        if self._more.keys().isdisjoint(keys):  # each key's only copy: the block taken
-            first = self._first
-            for key in keys:
-                del first[key]
-            if self._read:
-                self._first_changed(keys)
-            return taken
-        for block, owner in zip(taken, owned):
-            if owner is not None:
-                self._evict(block, owner)
+        list(map(self._first.pop, keys))  # each key's only copy is the block taken (one pass)
+        if self._read:
+            self._first_changed(keys)
         return taken
 
     def _evict(self, block: int, key: int) -> None:
@@ -283,14 +285,16 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         keys. Both hold whole prefixes (a chain runs from the table's start, and a cached
         key's prefix key is cached too: the module's invariants), so every entry that a
         kept one hangs below is kept with it (checked here: its parent key is held), and
-        equal prefixes keep equal keys wherever they can still meet. Forgetting the rest
-        is exact: a prefix seen again gets a new key, and no block or chain holds the old
-        one to tell the difference. The chains kept for lookups and the last lookup's
+        equal prefixes keep equal keys wherever they can still meet. For the same reason a
+        run's entry (kvsim.kvcache.naming: keys each the parent of the next) holds a held
+        key only if its first key is held: only that one is looked up. Forgetting the
+        rest is exact: a prefix seen again gets a new key, and no block or chain holds the
+        old one to tell the difference. The chains kept for lookups and the last lookup's
         answer go too (a waiting request's chain is made again, from what is kept, when
         it is next looked up)."""
         held = self._held_keys()
         names = self._names
-        names.runs = {ident: run for ident, run in names.runs.items() if not held.isdisjoint(run)}
+        names.runs = {ident: run for ident, run in names.runs.items() if run[0] in held}
         names.ids = {ident: key for ident, key in names.ids.items() if key in held}
         held.add(ROOT)
         orphans = [ident for ident in [*names.runs, *names.ids] if ident[0] not in held]
