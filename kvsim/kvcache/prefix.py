@@ -167,19 +167,19 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         last lookup of the same shape answers for any length whose answer it holds: one
         within its hits, or any if a miss ended them (a chunk's lookup then the whole
         prompt's, a recompute's after a shorter one)."""
-        blocks = max(num_tokens - 1, 0) // self.block_size
+        blocks = (num_tokens - 1) // self.block_size if num_tokens > 0 else 0
         last_shape, last_blocks, hits, missed = self._last_hits
         if last_shape is shape and (blocks <= len(hits) or len(hits) < last_blocks) and missed not in self._first:
             return list(hits[:blocks])
-        chain = self._chain(shape, blocks)
-        if blocks and chain and chain[0] in self._first:
-            hits = list(map(self._first.get, chain[:blocks]))
+        chain = self._chain(shape, blocks)[:blocks]
+        if chain and chain[0] in self._first:
+            hits = list(map(self._first.get, chain))
             if None in hits:
                 del hits[hits.index(None) :]
         else:  # most lookups miss at once
             hits = []
         # it holds while the hits keep their first copies and the next key stays uncached
-        missed = chain[len(hits)] if len(hits) < min(blocks, len(chain)) else None
+        missed = chain[len(hits)] if len(hits) < len(chain) else None
         self._last_hits, self._read = (shape, blocks, tuple(hits), missed), set(chain[: len(hits)])
         return hits
 
