@@ -254,10 +254,10 @@ class Model:
         matched = self.alloc.match_prefix(shape, tokens)
         assert 0 <= matched <= max(tokens - 1, 0)
         if hasattr(self.alloc, "_last_hits"):  # the last lookup's answer, where it serves,
-            memo = self.alloc._last_hits, self.alloc._touched  # is a fresh lookup's
-            self.alloc._last_hits = (None, 0, set(), ())
+            memo = self.alloc._last_hits, self.alloc._read  # is a fresh lookup's
+            self.alloc._last_hits = (None, 0, (), None)
             assert self.alloc.match_prefix(shape, tokens) == matched
-            self.alloc._last_hits, self.alloc._touched = memo
+            self.alloc._last_hits, self.alloc._read = memo
         before = self.alloc.breakdown(None)
         if self.alloc.allocate(seq_id, shape, tokens, keep_free=keep_free):
             self.live[seq_id] = [shape, tokens]

@@ -15,8 +15,9 @@ before its live one (the list is in release order), so the next entry of a block
 removals pending is one of them. Runs are still taken and returned in slices; only a
 run that holds a removed entry is walked in Python. Blocks that hold no cached prefix
 go back to the head instead (`put_front`, vLLM 0.33.0's FreeKVCacheBlockQueue.prepend_n):
-they sit on a stack in front of the list, and are never taken out of the middle (only
-cached blocks are hit).
+they take the places of the taken entries before the head index, so that a take is
+one slice wherever its blocks were released; they are never taken out of the middle
+(only cached blocks are hit).
 """
 
 from __future__ import annotations
@@ -60,24 +61,19 @@ class FreeQueue:
 
 
 class LinkedFreeQueue(FreeQueue):
-    """Free block ids 0..n-1 in queue order, released to the tail; any may be taken out
-    of the middle (`remove`)."""
+    """Free block ids 0..n-1 in queue order, released to the tail or (`put_front`) the
+    head; any may be taken out of the middle (`remove`)."""
 
     def __init__(self, n: int):
         super().__init__(n)
         self._skip: dict[int, int] = {}  # block -> its removed entries still in the list
         self._removed = 0  # their total
-        self._front: list[int] = []  # put_front's blocks, the head last
 
-    def __len__(self) -> int:  # FreeQueue's count, less the removed, plus the front's (each step asks)
-        return len(self._ids) - self._head - self._removed + len(self._front)
+    def __len__(self) -> int:  # each step asks
+        return len(self._ids) - self._head - self._removed
 
     def __iter__(self) -> Iterator[int]:
-        yield from reversed(self._front)
-        yield from self._listed()
-
-    def _listed(self) -> Iterator[int]:
-        """The list's live blocks, in order."""
+        """The live blocks, the head first."""
         skip = dict(self._skip)
         for b in super().__iter__():
             if skip.get(b):
@@ -86,21 +82,19 @@ class LinkedFreeQueue(FreeQueue):
                 yield b
 
     def put_front(self, blocks: list[int]) -> None:
-        """Released blocks to the head, as one run: the first given is taken first."""
-        self._front.extend(reversed(blocks))
+        """Released blocks to the head, as one run: the first given is taken first. They
+        take the places before the head, whose blocks were taken (the list grows only when
+        there are too few). None may have removed entries left, which would then follow
+        its live one: only cached blocks are hit, and they go to the tail."""
+        if self._skip and not self._skip.keys().isdisjoint(blocks):
+            raise ValueError(f"blocks {blocks} still have removed entries: they cannot go to the head")
+        head = self._head
+        self._head = start = max(head - len(blocks), 0)
+        self._ids[start:head] = blocks
 
     def take(self, count: int) -> list[int]:
-        front = self._front
-        if front:
-            k = min(count, len(front))
-            taken = front[len(front) - k :][::-1]
-            del front[len(front) - k :]
-            return taken if k == count else taken + self._take_listed(count - k)
-        return self._take_listed(count)
-
-    def _take_listed(self, count: int) -> list[int]:
         skip, kept = self._skip, []
-        run = super().take(count)
+        run = FreeQueue.take(self, count)  # (not super(): the fast path takes every step)
         while skip and not skip.keys().isdisjoint(run):  # drop removed entries, take more
             for b in run:
                 n = skip.get(b)
@@ -112,7 +106,7 @@ class LinkedFreeQueue(FreeQueue):
                 else:
                     skip[b] = n - 1
                 self._removed -= 1
-            run = super().take(count - len(kept))
+            run = FreeQueue.take(self, count - len(kept))
         return kept + run if kept else run
 
     def remove(self, block: int) -> None:
@@ -122,5 +116,5 @@ class LinkedFreeQueue(FreeQueue):
         self._skip[block] = self._skip.get(block, 0) + 1
         self._removed += 1
         if self._removed > 1024 and self._removed * 2 > len(self._ids) - self._head:
-            self._ids, self._head = list(self._listed()), 0
+            self._ids, self._head = list(self), 0
             self._skip, self._removed = {}, 0

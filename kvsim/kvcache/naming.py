@@ -54,8 +54,7 @@ class ContentNames:
         `total` asks for more), and whether content -1 ended them first (no later
         stretch is named)."""
         size = self.size
-        pieces = [(content, length) for content, length in shape.segments if length]
-        pieces.append((shape.tail_id, max(shape.final_tokens, total * size)))
+        pieces = [*shape.segments, (shape.tail_id, max(shape.final_tokens, total * size))]
         names: list[int] = []
         part: list[tuple[int, int, int]] = []
         room, parent = size, ROOT

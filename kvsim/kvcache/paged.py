@@ -64,7 +64,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Seq:
     shape: SeqShape
     tokens: int

@@ -66,6 +66,8 @@ table or queued behind it).
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import not_
@@ -79,8 +81,10 @@ CHAINS_KEPT = 256  # shapes whose key chains are kept for lookups
 
 KEYS_SLACK = 4  # keys made between two prunings: at least this many per block of the pool
 
+NO_ANSWER = (None, 0, (), None)  # no lookup's answer kept
 
-@dataclass
+
+@dataclass(slots=True)
 class _CachedSeq(_Seq):
     keyed: int = 0  # leading blocks that hold their keys: chain[:keyed]
     hashed: int = 0  # full blocks looked at so far
@@ -91,11 +95,10 @@ class _CachedSeq(_Seq):
 class PrefixCachingPagedAllocator(PagedAllocator):
     """Paged blocks shared between sequences through a chained-key block cache."""
 
-    _ref: list[int]  # kept from the start: hits share blocks
-
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)  # cached blocks stay whole: no window
-        self._ref = [0] * num_blocks  # hits share blocks: counts kept throughout
+        # Reference counts are kept from the first hit or fork on, as in the plain paged
+        # allocator: until then a block outside the queue has one holder.
         # The free queue doubles as the LRU of cached blocks: a hit takes its block
         # back out of the middle (PagedAllocator._share), a new block comes off the head.
         self._key_of: list[int | None] = [None] * num_blocks  # cached block -> key
@@ -110,12 +113,17 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         # gets a new key.
         self._names = ContentNames(block_size)
         self._forget_after = KEYS_SLACK * num_blocks  # free() forgets past it
-        self._chains: dict[SeqShape, Chain] = {}  # shape -> _make_chain's answer, by recency
-        # The last lookup's answer, good while no key it read has changed its first copy:
-        # admitting a request looks its prefix up three times (its need, whether it fits,
-        # allocate), and a request that waits for memory is looked up at every step.
-        self._touched: set[int] = set()  # keys whose first copy changed since then
-        self._last_hits: tuple = (None, 0, set(), ())  # (shape, blocks, keys read, hits)
+        # id(shape) -> _make_chain's answer: by identity, as a request keeps its shape
+        # object, and hashing a shape (a dataclass) runs Python code; the shapes are kept
+        # with them, so that no other shape takes one of their ids meanwhile
+        self._chains: dict[int, Chain] = {}
+        self._chained: deque[SeqShape] = deque()  # oldest first
+        # The last lookup's answer, good while its hits' keys keep their first copies
+        # (_first_changed) and the key it missed is still not cached: admitting a request
+        # looks its prefix up three times (its need, whether it fits, allocate), and a
+        # request that waits for memory is looked up every step.
+        self._last_hits: tuple = NO_ANSWER  # (shape, blocks, hits, the key missed or None)
+        self._read: set[int] = set()  # its hits' keys
 
     @property
     def cached_blocks(self) -> list[int]:
@@ -139,13 +147,15 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         A shape's keys change only when unheld keys are forgotten (_forget_keys, which
         drops the kept chains), so the chains of the shapes looked up lately are kept: a
         waiting request is looked up every step."""
-        kept = self._chains.pop(shape, None)
-        if kept is None or (len(kept.keys) < blocks and not kept.ended):
-            kept = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
-        self._chains[shape] = kept  # most recent last
-        if len(self._chains) > CHAINS_KEPT:
-            del self._chains[next(iter(self._chains))]
-        return kept.keys
+        chain = self._chains.get(id(shape))
+        if chain is not None and (len(chain.keys) >= blocks or chain.ended):
+            return chain.keys
+        chain = self._make_chain(shape, max(blocks, shape.final_tokens // self.block_size))
+        if len(self._chained) >= CHAINS_KEPT:
+            self._chains.pop(id(self._chained.popleft()), None)  # (None: kept twice, gone)
+        self._chains[id(shape)] = chain
+        self._chained.append(shape)
+        return chain.keys
 
     def _make_chain(self, shape: SeqShape, total: int) -> Chain:
         """The keys of the shape's first `total` full blocks, and whether a block holding
@@ -157,17 +167,20 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         last lookup of the same shape answers for any length whose answer it holds: one
         within its hits, or any if a miss ended them (a chunk's lookup then the whole
         prompt's, a recompute's after a shorter one)."""
-        blocks = max(num_tokens - 1, 0) // self.block_size
-        last_shape, last_blocks, read, hits = self._last_hits
-        if last_shape == shape and (blocks <= len(hits) or len(hits) < last_blocks) and self._touched.isdisjoint(read):
+        blocks = (num_tokens - 1) // self.block_size if num_tokens > 0 else 0
+        last_shape, last_blocks, hits, missed = self._last_hits
+        if last_shape is shape and (blocks <= len(hits) or len(hits) < last_blocks) and missed not in self._first:
             return list(hits[:blocks])
         chain = self._chain(shape, blocks)[:blocks]
-        hits = list(map(self._first.get, chain))
-        if None in hits:
-            del hits[hits.index(None) :]
-        # the answer depends on the hits' keys and on the first key missed
-        self._touched = set()
-        self._last_hits = (shape, blocks, set(chain[: len(hits) + 1]), tuple(hits))
+        if chain and chain[0] in self._first:
+            hits = list(map(self._first.get, chain))
+            if None in hits:
+                del hits[hits.index(None) :]
+        else:  # most lookups miss at once
+            hits = []
+        # it holds while the hits keep their first copies and the next key stays uncached
+        missed = chain[len(hits)] if len(hits) < len(chain) else None
+        self._last_hits, self._read = (shape, blocks, tuple(hits), missed), set(chain[: len(hits)])
         return hits
 
     def _cache_full_blocks(self, seq: _CachedSeq) -> None:
@@ -187,12 +200,13 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             return
         blocks = seq.table[start : start + len(keys)]
         key_of, first = self._key_of, self._first
-        if [key_of[b] for b in blocks].count(None) == len(blocks) and first.keys().isdisjoint(keys):
-            # the usual case, in bulk: fresh blocks whose keys no block holds yet
+        if first.keys().isdisjoint(keys):  # the usual case, in bulk: keys no block holds yet
+            # (and the blocks hold none: a table's blocks past `keyed` have no key)
             first.update(zip(keys, blocks))
-            self._touched.update(keys)
             for block, key in zip(blocks, keys):
                 key_of[block] = key
+            if self._read:
+                self._first_changed(keys)
             return
         for block, key in zip(blocks, keys):
             if key_of[block] is None:  # a hit keeps the key it has: this one
@@ -204,28 +218,31 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             self._more.setdefault(key, []).append(block)
         else:
             self._first[key] = block
-            self._touched.add(key)
+            self._first_changed((key,))
         self._key_of[block] = key
 
     def _take(self, count: int) -> list[int]:
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
-        taken = super()._take(count)
+        taken = self._free.take(count)  # PagedAllocator._take's, inline: the fast path
+        if self._ref is not None:  # takes blocks for its lazy requests every step
+            for b in taken:
+                self._ref[b] = 1
         key_of = self._key_of
-        owned = [key_of[b] for b in taken]
-        keys = [key for key in owned if key is not None]
+        keys = [key_of[b] for b in taken if key_of[b] is not None]
         if not keys:
+            return taken
+        if self._more and not self._more.keys().isdisjoint(keys):  # some have other copies
+            for b in taken:
+                key = key_of[b]
+                if key is not None:
+                    key_of[b] = None
+                    self._evict(b, key)
             return taken
         for b in taken:
             key_of[b] = None
-        if self._more.keys().isdisjoint(keys):  # each key's only copy: the block taken
-            first = self._first
-            for key in keys:
-                del first[key]
-            self._touched.update(keys)
-            return taken
-        for block, owner in zip(taken, owned):
-            if owner is not None:
-                self._evict(block, owner)
+        list(map(self._first.pop, keys))  # each key's only copy is the block taken (one pass)
+        if self._read:
+            self._first_changed(keys)
         return taken
 
     def _evict(self, block: int, key: int) -> None:
@@ -237,12 +254,17 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             later.remove(block)
         elif later:
             self._first[key] = later.pop(0)
-            self._touched.add(key)
+            self._first_changed((key,))
         else:
             del self._first[key]
-            self._touched.add(key)
+            self._first_changed((key,))
         if later is not None and not later:
             del self._more[key]
+
+    def _first_changed(self, keys: Iterable[int]) -> None:
+        """These keys' first copies changed: the last lookup's answer goes if one is a hit's."""
+        if not self._read.isdisjoint(keys):
+            self._last_hits = NO_ANSWER
 
     def _grown(self, seq: _CachedSeq) -> None:  # type: ignore[override]  # its sequences are _CachedSeq
         self._cache_full_blocks(seq)
@@ -263,21 +285,24 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         keys. Both hold whole prefixes (a chain runs from the table's start, and a cached
         key's prefix key is cached too: the module's invariants), so every entry that a
         kept one hangs below is kept with it (checked here: its parent key is held), and
-        equal prefixes keep equal keys wherever they can still meet. Forgetting the rest
-        is exact: a prefix seen again gets a new key, and no block or chain holds the old
-        one to tell the difference. The chains kept for lookups and the last lookup's
+        equal prefixes keep equal keys wherever they can still meet. For the same reason a
+        run's entry (kvsim.kvcache.naming: keys each the parent of the next) holds a held
+        key only if its first key is held: only that one is looked up. Forgetting the
+        rest is exact: a prefix seen again gets a new key, and no block or chain holds the
+        old one to tell the difference. The chains kept for lookups and the last lookup's
         answer go too (a waiting request's chain is made again, from what is kept, when
         it is next looked up)."""
         held = self._held_keys()
         names = self._names
-        names.runs = {ident: run for ident, run in names.runs.items() if not held.isdisjoint(run)}
+        names.runs = {ident: run for ident, run in names.runs.items() if run[0] in held}
         names.ids = {ident: key for ident, key in names.ids.items() if key in held}
         held.add(ROOT)
         orphans = [ident for ident in [*names.runs, *names.ids] if ident[0] not in held]
         if orphans:
             raise InvariantError(f"key entries {orphans[:3]} are kept, but not the keys they hang below")
         self._chains.clear()
-        self._touched, self._last_hits = set(), (None, 0, set(), ())
+        self._chained.clear()
+        self._last_hits = NO_ANSWER
         kept = sum(map(len, names.runs.values())) + len(names.ids)
         self._forget_after = names.next + max(KEYS_SLACK * self.num_blocks, kept)
 
@@ -288,22 +313,30 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         no prefix can match, goes to the head, to be reused first."""
         seq = self._seqs.pop(seq_id)
         table = seq.table[::-1]
-        ref = self._ref
-        left = [ref[b] - 1 for b in table]
-        for b, n in zip(table, left):
-            ref[b] = n
-        self._shared -= left.count(1)
         partial = len(table) - seq.tokens // self.block_size  # leading entries of `table`
-        self._free.put_front([b for b, n in zip(table[:partial], left) if not n])
-        self._free.put(compress(table[partial:], map(not_, left[partial:])))
+        ref = self._ref
+        if ref is None:  # nothing shared yet: every block loses its only holder
+            self._free.put_front(table[:partial])
+            self._free.put(table[partial:])
+        else:
+            left = [ref[b] - 1 for b in table]
+            for b, n in zip(table, left):
+                ref[b] = n
+            self._shared -= left.count(1)
+            self._free.put_front([b for b, n in zip(table[:partial], left) if not n])
+            self._free.put(compress(table[partial:], map(not_, left[partial:])))
         if self._names.next > self._forget_after:
             self._forget_keys()
 
     def _new_blocks_needed(self, shape: SeqShape, num_tokens: int) -> tuple[list[int], int]:
         """(cache hits, new blocks needed beyond the free queue left after the hits)."""
         hits = self._hits(shape, num_tokens)
-        revived = list(map(self._ref.__getitem__, hits)).count(0)
         need = blocks_for(num_tokens, self.block_size) - len(hits)
+        if not hits:
+            return hits, need - len(self._free)
+        if self._ref is None:  # counts from the first hit on: a hit shares its blocks
+            self._ref = self._counts()
+        revived = list(map(self._ref.__getitem__, hits)).count(0)
         return hits, need - (len(self._free) - revived)
 
     # -- KVAllocator ----------------------------------------------------------------
@@ -317,7 +350,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         hits, short = self._new_blocks_needed(shape, num_tokens)
         if short + blocks_for(keep_free, self.block_size) > 0:  # the watermark stays free
             return False
-        self._share(hits)
+        if hits:  # counts are kept from the first hit on
+            self._share(hits)
         table = hits + self._take(blocks_for(num_tokens, self.block_size) - len(hits))
         # the hits hold their keys already: the chain's first ones
         chain = self._chain(shape)

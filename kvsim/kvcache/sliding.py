@@ -84,8 +84,11 @@ class SlidingWindowPrefixCache(PrefixCachingPagedAllocator):
     """vLLM V1's prefix cache under a sliding window: sparse hashing, hits that end in a
     window's worth of cached blocks, skipped blocks released into the LRU."""
 
+    _ref: list[int]  # kept from the start: its lookups and releases read them
+
     def __init__(self, num_blocks: int, block_size: int, window: int, cap: int):
         super().__init__(num_blocks, block_size)
+        self._ref = [0] * num_blocks
         self.window = self.width = window  # width: the window, as an int
         self.cap = cap
         self.need = blocks_for(window - 1, block_size)  # a hit's run of cached blocks
