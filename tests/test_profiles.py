@@ -204,27 +204,31 @@ def test_breakdown_sums_to_step_time_and_parts_behave():
 
 def test_price_is_the_sum_of_the_parts_to_the_last_bit():
     """A step's price sums its parts in PARTS order, whether its counts were priced before
-    (the parts they alone decide are kept per counts) or not: eager steps (the launch
-    wait), graph steps, piecewise ones, with a kernel factor, tp 1 and 2."""
-    models = (
-        cost(),  # splitwise-a100-v2: no graphs, every step eager
-        cost("llama-2-7b", "h100-80gb", engine="vllm-v1", limits=(128, 2048)),  # graphs, kernel factors
-        cost("llama-2-70b", "h100-80gb", 2, engine="vllm-v1", limits=(128, 2048)),
+    (the parts they alone decide are kept per counts) or not, and the same as a model
+    that priced nothing before: eager steps (the launch wait), graph steps, piecewise
+    ones, with a kernel factor, tp 1 and 2."""
+    makers = (
+        lambda: cost(),  # splitwise-a100-v2: no graphs, every step eager
+        lambda: cost("llama-2-7b", "h100-80gb", engine="vllm-v1", limits=(128, 2048)),  # graphs, kernel factors
+        lambda: cost("llama-2-70b", "h100-80gb", 2, engine="vllm-v1", limits=(128, 2048)),
     )
     batches = [
         StepBatch.build([], [700] * 80),
         StepBatch.build([], [701] * 80),  # the same counts, other contexts
+        StepBatch.build([(1, 0)], [700] * 79),  # the same tokens and sequences, a decode fewer
         StepBatch.build([(150, 0)], [700] * 80),  # piecewise
         StepBatch.build([(300, 512), (40, 0)], [900] * 3),
         StepBatch.build([(4000, 0)], []),  # beyond the captured sizes: eager
         StepBatch.build([], [1]),
     ]
-    for c in models:
+    for make in makers:
+        c = make()
         for batch in batches * 2:
             parts, why = c.parts(batch)
             assert tuple(parts) == PARTS
             assert c.price(batch) == (sum(parts.values()), why)
-    assert models[1].scale  # the H100 overhead scales some kernels
+            assert c.price(batch) == make().price(batch)  # what it kept is what a fresh model computes
+    assert makers[1]().scale  # the H100 overhead scales some kernels
 
 
 def test_profiled_is_slower_than_the_roofline_bound():

@@ -360,11 +360,11 @@ class Profiled:
         else:
             launch = 0.0
         return _Counted(
-            L * layer_linear * scale["linear"] if "linear" in scale else L * layer_linear,
+            L * layer_linear * scale.get("linear", 1.0),  # (x * 1.0 is x to the last bit)
             L * kv_write,
             self.comm.seconds(self.tp, self.layers, self.shape["hidden_size"], run),
             emb,
-            lm_head * scale["lm_head"] if "lm_head" in scale else lm_head,
+            lm_head * scale.get("lm_head", 1.0),
             tuple(self.overhead.host(seqs, pre_tokens).values()),
             launch,
             tuple(lwhy + hwhy),
@@ -400,11 +400,8 @@ class Profiled:
             )
         why += counted.why_after
         L, scale = self.layers, self.scale
-        prefill, decode = L * prefill, L * decode
-        if "attention_prefill" in scale:
-            prefill *= scale["attention_prefill"]
-        if "attention_decode" in scale:
-            decode *= scale["attention_decode"]
+        prefill = L * prefill * scale.get("attention_prefill", 1.0)
+        decode = L * decode * scale.get("attention_decode", 1.0)
         device = (
             counted.linear,
             prefill,
