@@ -111,6 +111,21 @@ CASES = {
             }
         ],
     },
+    # every request at one instant: each replica plans then, in turn, before any runs ahead
+    "fleet, shared KV tier, bursts": {
+        "replicas": 3,
+        "workload__arrival": {"process": "burst"},
+        "workload__prefix": {"groups": 3, "tokens": 100},
+        "policies": [
+            {
+                "name": "shared-tier",
+                "allocator": "paged",
+                "block_size": 8,
+                "enable_prefix_caching": True,
+                "kv_offload": {"cpu_gib": 0.02, "chunk_tokens": 8, "shared": True},
+            }
+        ],
+    },
 }
 
 

@@ -42,11 +42,14 @@ class Results:
 
 def total_footprint(allocator: KVAllocator, requests: RequestTable) -> int:
     """The sum of every request's footprint (allocator.footprint), asked once per distinct
-    (prompt, output) pair: a footprint depends on a shape's lengths alone."""
-    pairs, counts = np.unique(
-        np.stack([requests.prompt_tokens, requests.output_tokens], axis=1), axis=0, return_counts=True
+    (prompt, output) pair: a footprint depends on a shape's lengths alone. Each pair is
+    one integer, prompt * base + output (so that finding the pairs is one sort)."""
+    base = int(requests.output_tokens.max()) + 1 if len(requests) else 1
+    pairs, counts = np.unique(requests.prompt_tokens * base + requests.output_tokens, return_counts=True)
+    return sum(
+        allocator.footprint(SeqShape(*divmod(pair, base))) * count
+        for pair, count in zip(pairs.tolist(), counts.tolist())
     )
-    return sum(allocator.footprint(SeqShape(int(p), int(o))) * int(c) for (p, o), c in zip(pairs, counts))
 
 
 @dataclass

@@ -125,9 +125,10 @@ def simulate(
     check_invariants: verify allocator and scheduler after every planned and every
     completed step; a violation raises InvariantError naming the step and the time.
     time_limit_s: stop the clock there; requests not finished stay "unfinished".
-    exact_steps: the plain path: every running request visited in every step. By
-    default decoding requests advance lazily (kvsim.sim.lazy); the records are the same
-    to the last bit (tests/test_fast_path.py).
+    exact_steps: the plain path: every running request visited in every step, and
+    every step's end an event of the queue. By default decoding requests advance lazily
+    (kvsim.sim.lazy) and a step that ends first is completed without the queue
+    (StepLoop); the records are the same to the last bit (tests/test_fast_path.py).
     bucket_s: record steps as sums per bucket of that many simulated seconds (a long
     run's memory then holds its buckets, not its steps); None: every step.
     allocator: a list of several allocators runs a fleet, one engine per allocator on
@@ -189,6 +190,7 @@ def simulate(
         check_invariants=check_invariants,
         time_limit_s=math.inf if time_limit_s is None else time_limit_s,
         request_timeout_s=request_timeout_s,
+        run_ahead=not exact_steps,
     )
     loop.run()
     for rep in reps:
@@ -319,16 +321,15 @@ class StepLoop:
     stage that waits for the previous one to drain makes its first arrival's event when
     the last of those requests ends, and goes on from that instant.
 
+    On the fast path (`run_ahead`), a step that ends before any other event (and before
+    the time limit and every client deadline, with no other replica still to plan at its
+    start) is completed at its end without the event queue, and the next step planned
+    there (`_complete_first`): the steps follow one another, each clock reading one float
+    addition from the last. With one replica, the arrivals during a step are received at
+    their times first, as the event queue would receive them before the step's end.
     Quiet steps (every running request decoding lazily, nothing waiting that the step
     could admit: most steps of a light load) are planned without the engine's rules
-    (`_quiet_steps`), and one that ends before any other event is completed at its end
-    without the event queue, the next step planned there: between the events that change
-    the batch (a request due, a client giving up, an arrival the next step may admit) the
-    steps follow one another, each priced and recorded as `_plan` does, its clock one
-    float addition from the last. With one replica, the arrivals during such a step are
-    received at their times as the event queue would receive them: nothing a quiet step
-    does depends on the waiting queue, and the next step is planned after them either
-    way."""
+    (`_quiet_steps`), each priced and recorded as `_plan` does."""
 
     def __init__(
         self,
@@ -345,6 +346,7 @@ class StepLoop:
         check_invariants: bool,
         time_limit_s: float,
         request_timeout_s: float | None = None,
+        run_ahead: bool = True,
     ):
         self.name, self.reps, self.requests, self.records, self.cost = name, reps, requests, records, cost
         self.per, self.width = per, width
@@ -352,6 +354,7 @@ class StepLoop:
         self.served = np.full(len(requests), -1, dtype=np.int64)  # each request's replica
         self.left = [per] * len(requests) if self.pick else None  # its sequences not ended yet
         self.on_step, self.checking, self.limit = on_step, check_invariants, time_limit_s
+        self.run_ahead = run_ahead  # complete the engine's steps that end first here (`_complete_first`)
         self.ended = 0  # sequences ended so far (progress)
         self.events: list[Event] = []
         self.made = 0
@@ -449,46 +452,50 @@ class StepLoop:
                 rep.load -= 1
 
     def _plan(self, rep: _Replica, now: float) -> None:
-        if rep.sched.quiet_next():
-            now = self._quiet_steps(rep, now)
-            if now is None:  # one is in flight
-                return
+        """Plan `rep`'s steps from `now` on: quiet runs (`_quiet_steps`) and the engine's
+        steps, each completed here on the fast path where it ends first
+        (`_complete_first`) and the next planned at its end, as the event queue would;
+        the first that does not goes in flight."""
         sched, run = rep.sched, rep.run
-        step = sched.schedule(now)
-        for seq in step.rejected:
-            self._record_outcome(rep, seq.index, seq, now)
-        if not step.work and not step.lazy:
-            if rep.has_work():
-                raise RuntimeError(
-                    f"{self.name}: no progress possible at t={now:.6f}s with "
-                    f"{len(sched.waiting)} waiting; this is a kvsim bug"
-                )
-            return
-        dt = self._price(run, step.cost)
-        if step.swap_bytes:  # the step waits for its PCIe copies ...
-            dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
-        dt += step.load_s  # ... and for the KV its admissions load from tiers
-        prefill = sum(n for n, _ in step.cost.prefills)
-        _record(run, sched, now, dt, prefill, step.cost.decodes, step.head_need, LIMITS.index(step.limit))
-        if self.checking:
-            _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
-        rep.in_flight = step
-        self._push(now + dt, COMPLETE, rep)
+        while True:
+            if sched.quiet_next():
+                now = self._quiet_steps(rep, now)
+                if now is None:  # one is in flight, or the event queue goes on
+                    return
+            step = sched.schedule(now)
+            for seq in step.rejected:
+                self._record_outcome(rep, seq.index, seq, now)
+            if not step.work and not step.lazy:
+                if rep.has_work():
+                    raise RuntimeError(
+                        f"{self.name}: no progress possible at t={now:.6f}s with "
+                        f"{len(sched.waiting)} waiting; this is a kvsim bug"
+                    )
+                return
+            dt = self._price(run, step.cost)
+            if step.swap_bytes:  # the step waits for its PCIe copies ...
+                dt += step.swap_bytes / sched.swap.bandwidth_bytes_s
+            dt += step.load_s  # ... and for the KV its admissions load from tiers
+            prefill = sum(n for n, _ in step.cost.prefills)
+            _record(run, sched, now, dt, prefill, step.cost.decodes, step.head_need, LIMITS.index(step.limit))
+            if self.checking:
+                _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
+            rep.in_flight = step
+            now = self._complete_first(rep, now + dt)
+            if now is None:
+                return
 
     def _quiet_steps(self, rep: _Replica, now: float) -> float | None:
         """Quiet steps (Scheduler.quiet_next: every running request only decodes), from
         `now` while the next is quiet, each planned without the engine's rules. A step
-        that ends before the time limit and before every event but the arrivals it runs
-        through (received here at their times, where one replica serves them all), and
-        before which no client's deadline passes, is completed here as the event queue
-        would complete it, and the next planned at its end; else it goes in flight like any
-        step and None is returned (None too where the event queue goes on from its end: an
-        event its completion made at that instant, or nothing left to do). Returns the time
-        the next step, not quiet, is to be planned at. Each step's price and row are those
-        `_plan` gives it."""
+        that ends first (`_ends_first`, the arrivals before its end received) is completed
+        here, and the next planned at its end; else it goes in flight like any step and
+        None is returned (None too where the event queue goes on from its end:
+        `_completed_at`). Returns the time the next step, not quiet, is to be planned at.
+        Each step's price and row are those `_plan` gives it; one that completes no
+        request only ends the tick."""
         sched, run = rep.sched, rep.run
-        running, events, limit, checking = sched.running, self.events, self.limit, self.checking
-        deadlines, receive = rep.deadlines, self.pick is None  # (a fleet routes each arrival)
+        running, checking = sched.running, self.checking
         tiers = sched.allocator.store is not None
         rules, price, append = sched.rules, self.cost.price, run.steps.append
         # nothing is admitted or ends between quiet steps: the counts change with arrivals alone
@@ -505,25 +512,17 @@ class StepLoop:
             if checking:
                 _check(sched, f"{rep.label(self.name)}step {len(run.steps) - 1} planned at t={now:.6f}s")
             end = now + dt
-            arrived = receive and end < limit and events and events[0].time < end
-            while arrived and events and events[0].time < end and events[0].phase == ARRIVE:
-                self._arrivals(heapq.heappop(events).time)
-            if (events and events[0].time <= end) or end >= limit or (deadlines and deadlines[0].time <= end):
+            arrived = self._receive_before(end)
+            if not self._ends_first(rep, end):
                 rep.in_flight = Step(lazy=batch.decodes, cost=batch, limit="arrivals")
                 self._push(end, COMPLETE, rep)
                 return None
             if not running.completes_none():  # completed here, as the event queue would at its end
                 rep.in_flight = Step(lazy=batch.decodes, cost=batch, limit="arrivals")
-                self._complete(rep, end)
-                if events and events[0].time == end:  # a stage opened: the event queue goes on from here
-                    return None
-                if not rep.has_work():
-                    sched.rules.on_idle()
-                    return None
-                now = end
-                counts = (len(running), len(sched.waiting) + len(sched.swapped))
-                if not sched.quiet_next():
+                now = self._completed_at(rep, end)
+                if now is None or not sched.quiet_next():
                     return now
+                counts = (len(running), len(sched.waiting) + len(sched.swapped))
                 continue
             running.complete_quiet()
             if checking:
@@ -537,6 +536,54 @@ class StepLoop:
             # head can have changed since the last step: nothing ran or was swapped
             if not running.quiet() or (counts[1] and not rules.decodes_only(sched)):
                 return now
+
+    def _receive_before(self, end: float) -> bool:
+        """Receive the arrivals due before `end`, where one replica serves them all (a
+        fleet routes each arrival) and `end` is within the time limit: what the event
+        queue does before a step in flight that ends then completes. Whether any may have
+        come."""
+        events = self.events
+        if self.pick is not None or end >= self.limit or not events or events[0].time >= end:
+            return False
+        while events and events[0].time < end and events[0].phase == ARRIVE:
+            self._arrivals(heapq.heappop(events).time)
+        return True
+
+    def _ends_first(self, rep: _Replica, end: float) -> bool:
+        """Whether `rep`'s step in flight, ending at `end`, ends before every event left
+        (after `_receive_before(end)`) and every client deadline, within the time limit,
+        and no other replica of a fleet is still to plan at this instant (it plans before
+        this one's next step, as in the event queue: a shared KV store sees them in that
+        order): then it may be completed here, without the event queue."""
+        events, deadlines = self.events, rep.deadlines
+        if (events and events[0].time <= end) or end >= self.limit or (deadlines and deadlines[0].time <= end):
+            return False
+        return self.pick is None or all(r is rep or r.in_flight is not None or not r.has_work() for r in self.reps)
+
+    def _complete_first(self, rep: _Replica, end: float) -> float | None:
+        """`rep`'s step in flight, ending at `end`: completed here where the loop runs
+        ahead and it ends first (arrivals before it received), and the time the next step
+        is to be planned at returned; else put in the event queue (None). The plain path
+        (`--exact-steps`) takes every step through the queue: the oracle of the fast one."""
+        if self.run_ahead:
+            self._receive_before(end)
+            if self._ends_first(rep, end):
+                return self._completed_at(rep, end)
+        self._push(end, COMPLETE, rep)
+        return None
+
+    def _completed_at(self, rep: _Replica, end: float) -> float | None:
+        """Complete `rep`'s step in flight at its `end`, as the event queue would; `end`,
+        where the next step is to be planned then, else None: the event queue goes on from
+        there (an event that the completion made at that instant: a stage opened), or
+        nothing is left to do."""
+        self._complete(rep, end)
+        if self.events and self.events[0].time == end:
+            return None
+        if not rep.has_work():
+            rep.sched.rules.on_idle()
+            return None
+        return end
 
     def _price(self, run: PolicyRun, batch) -> float:
         """The cost model's seconds for a step's batch; a run counts the steps it priced
