@@ -112,7 +112,7 @@ CASES = {
         ],
     },
     # every request at one instant: each replica plans then, in turn, before any runs ahead
-    "fleet, shared KV tier, bursts": {
+    "fleet, shared KV tier, one burst": {
         "replicas": 3,
         "workload__arrival": {"process": "burst"},
         "workload__prefix": {"groups": 3, "tokens": 100},
