@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from kvsim.kvcache import ALLOCATORS, Breakdown, InvariantError, SeqShape, make_allocator
 from kvsim.kvcache import contiguous
 from kvsim.kvcache.paged import PagedAllocator
-from kvsim.kvcache.prefix import PrefixCachingPagedAllocator
+from kvsim.kvcache.prefix import NO_ANSWER, PrefixCachingPagedAllocator
 from kvsim.kvcache.hiradix import HiCacheSpec
 from kvsim.kvcache.host_tree import WRITE_THRESHOLD
 from kvsim.kvcache.tiers import TierSpec, TierStore
@@ -255,7 +255,7 @@ class Model:
         assert 0 <= matched <= max(tokens - 1, 0)
         if hasattr(self.alloc, "_last_hits"):  # the last lookup's answer, where it serves,
             memo = self.alloc._last_hits, self.alloc._read  # is a fresh lookup's
-            self.alloc._last_hits = (None, 0, (), None)
+            self.alloc._last_hits = NO_ANSWER
             assert self.alloc.match_prefix(shape, tokens) == matched
             self.alloc._last_hits, self.alloc._read = memo
         before = self.alloc.breakdown(None)

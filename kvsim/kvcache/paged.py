@@ -206,11 +206,17 @@ class PagedAllocator:
                 ref[b] = 0
             self._free.put(blocks)
             return
+        self._free.put(compress(blocks, map(not_, self._unref(blocks))))
+
+    def _unref(self, blocks: list[int]) -> list[int]:
+        """One reference fewer on each block (distinct), where counts are kept: their counts left."""
+        ref = self._ref
+        assert ref is not None
         left = [ref[b] - 1 for b in blocks]
         for b, n in zip(blocks, left):
             ref[b] = n
         self._shared -= left.count(1)
-        self._free.put(compress(blocks, map(not_, left)))
+        return left
 
     def _release(self, blocks: list[int]) -> None:
         """Drop a run of a table's blocks in table order: the deepest ends at the head."""

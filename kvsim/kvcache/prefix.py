@@ -223,12 +223,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def _take(self, count: int) -> list[int]:
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
-        taken = self._free.take(count)  # PagedAllocator._take's, inline: the fast path
-        if self._ref is not None:  # takes blocks for its lazy requests every step
-            for b in taken:
-                self._ref[b] = 1
+        taken = PagedAllocator._take(self, count)  # (by name, not super(): taken every step)
         key_of = self._key_of
-        keys = [key_of[b] for b in taken if key_of[b] is not None]
+        keys = [key for b in taken if (key := key_of[b]) is not None]
         if not keys:
             return taken
         if self._more and not self._more.keys().isdisjoint(keys):  # some have other copies
@@ -314,15 +311,11 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         seq = self._seqs.pop(seq_id)
         table = seq.table[::-1]
         partial = len(table) - seq.tokens // self.block_size  # leading entries of `table`
-        ref = self._ref
-        if ref is None:  # nothing shared yet: every block loses its only holder
+        if self._ref is None:  # nothing shared yet: every block loses its only holder
             self._free.put_front(table[:partial])
             self._free.put(table[partial:])
         else:
-            left = [ref[b] - 1 for b in table]
-            for b, n in zip(table, left):
-                ref[b] = n
-            self._shared -= left.count(1)
+            left = self._unref(table)
             self._free.put_front([b for b, n in zip(table[:partial], left) if not n])
             self._free.put(compress(table[partial:], map(not_, left[partial:])))
         if self._names.next > self._forget_after:
