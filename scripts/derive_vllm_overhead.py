@@ -28,7 +28,8 @@ a run no step of its fit saw. The leave-one-out fits run side by side, --jobs at
 and share each run's residuals at the points more than one of them reaches (their start
 and first differences: `Shared`), which changes no fit. Progress is kept in build/ (with
 the start, cap and tolerance it was made with: a state made otherwise is not resumed) so
-an interrupted run resumes. Deterministic: fixed seeds, sorted keys, rounded floats.
+an interrupted run resumes, with the same results. Deterministic: fixed seeds, sorted keys,
+rounded floats.
 
 Usage: python scripts/derive_vllm_overhead.py [RUNS_DIR] [--jobs N] [--only RUN,...]
 (--only: just the leave-one-out fits without those runs, kept in build/ for a later run
@@ -139,13 +140,18 @@ def main(argv: list[str]) -> None:
         full = engine_fit.fit(
             objective, start=START, free=free, max_iterations=MAX_ITERATIONS, on_iteration=progress, tolerance=TOLERANCE
         )
-        state["full"] = {
-            "theta": full["theta"],
-            "objective": full["objective"],
-            "iterations": full["iterations"],
-            "evaluations": full["evaluations"],
-            "converged": full["converged"],
-        }
+        # kept as saved (floats rounded: clean), as a resumed run reads it back, so that what
+        # is computed from it (the objective on the whole runs) does not depend on whether
+        # the run was interrupted
+        state["full"] = clean(
+            {
+                "theta": full["theta"],
+                "objective": full["objective"],
+                "iterations": full["iterations"],
+                "evaluations": full["evaluations"],
+                "converged": full["converged"],
+            }
+        )
         save_state(state)
     if "full" in state:
         log("fitted:", json.dumps(state["full"]["theta"]))
@@ -180,7 +186,8 @@ def main(argv: list[str]) -> None:
         }
 
     def done(_, result) -> None:
-        name, held[name] = result
+        name, found = result
+        held[name] = clean(found)  # as saved, and read back by a resumed run
         log(
             f"{clock()} without {name}: {held[name]['iterations']} iterations, converged {held[name]['converged']}; "
             f"held out: {held[name]['summary']}"
