@@ -192,7 +192,7 @@ def main(argv: list[str]) -> None:
             f"{clock()} without {name}: {held[name]['iterations']} iterations, converged {held[name]['converged']}; "
             f"held out: {held[name]['summary']}"
         )
-        (STATE.parent / f"{STATE.stem}.without-{name}.json").write_text(json.dumps(clean(held[name])))
+        (STATE.parent / f"{STATE.stem}.without-{name}.json").write_text(json.dumps(held[name]))
 
     for name in names:  # fits finished by this or another run of the script, made the same way
         kept = STATE.parent / f"{STATE.stem}.without-{name}.json"
