@@ -12,6 +12,7 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -251,6 +252,19 @@ def test_no_plots_writes_the_same_tables_and_no_figure(full_run, in_scenario_fol
     assert {p.name for p in out.iterdir()} == {n for n in OUTPUT_FILES if not n.endswith(".png")}
     for name in ("summary.csv", "summary.json", "stages.csv", "timeseries.parquet", "requests.parquet"):
         assert (out / name).read_bytes() == (full_run[1] / name).read_bytes()
+
+
+def test_no_plots_never_imports_matplotlib(in_scenario_folder):
+    """A run without figures prints its table and notes without loading the plotting stack."""
+    script = (
+        "import sys\nfrom kvsim.cli.app import main\n"
+        "code = main(['run', 'small.yaml', '--out', 'tables', '--no-plots'])\n"
+        "print(code, 'matplotlib' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "verdict:" in done.stdout  # the table and its notes were printed
+    assert done.stdout.splitlines()[-1] == "0 False"
 
 
 def test_no_plots_is_refused_with_rates(in_scenario_folder):

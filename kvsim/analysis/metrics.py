@@ -51,6 +51,14 @@ REQUEST_COLUMNS = (
     "reason",
 )
 
+# what each `fraction_basis` means, as the table notes and figures say it
+BASIS = {
+    "waiting": "time-weighted while requests wait",
+    "busy": "time-weighted over busy time",
+    "memory": "time-weighted over the steps memory kept a request waiting",
+    "none": "never memory-bound: no fractions",
+}
+
 
 def ten_digits(x: float) -> float:
     """Ten significant digits: summaries stay byte-identical across platforms' last-bit noise."""

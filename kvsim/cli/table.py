@@ -219,7 +219,7 @@ def print_run(summary, scn=None, wide: bool = False, width: int = WIDTH) -> None
 
 def column_note(summary, wide: bool) -> str:
     """What the table's memory columns mean (the time window they are weighted over)."""
-    from kvsim.plots.run_figures import BASIS
+    from kvsim.analysis.metrics import BASIS
 
     bases = list(dict.fromkeys(summary["fraction_basis"].astype(str))) if "fraction_basis" in summary else []
     if wide:

@@ -41,6 +41,7 @@ from kvsim.sim.parallel import ordered_map
 from kvsim.plots import tier_plots
 from kvsim.plots.style import bar_figure_width, policy_styles, same_as, set_policy_ticks
 from kvsim.plots.style import policy_colours, wrap_label  # noqa: F401 (re-exported)
+from kvsim.analysis.metrics import BASIS
 from kvsim.analysis.verdict import arrival_limited
 
 DPI = 110
@@ -63,12 +64,6 @@ CATEGORIES = (
     ("external_fraction", "external", "external fragmentation & others", "#c62828"),
     ("free_fraction", "free", "free", "#cfd8dc"),
 )
-BASIS = {
-    "waiting": "time-weighted while requests wait",
-    "busy": "time-weighted over busy time",
-    "memory": "time-weighted over the steps memory kept a request waiting",
-    "none": "never memory-bound: no fractions",
-}
 
 
 TIMED = {"latency.png", "throughput_batch.png", "latency_percentiles.png"}  # figures of time
