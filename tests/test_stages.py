@@ -12,7 +12,7 @@ import pytest
 
 from kvsim.kvcache import PagedAllocator
 from kvsim.analysis.metrics import request_table
-from kvsim.analysis.stages import stage_rows, weighted_percentile
+from kvsim.analysis.stages import stage_rows, weighted_percentiles
 from kvsim.config.scenario import Scenario
 from kvsim.workload.requests import RequestTable, generate_requests
 from kvsim.workload.stages import StagePlan, draw_stage
@@ -198,14 +198,14 @@ def test_a_preemption_is_one_long_gap():
     assert row["itl_p99_s"] == pytest.approx(np.percentile(gaps, 99))
 
 
-def test_weighted_percentile_is_numpys_on_the_repeated_values():
+def test_weighted_percentiles_are_numpys_on_the_repeated_values():
     rng = np.random.default_rng(3)
     for _ in range(20):
         v = rng.random(7)
         w = rng.integers(0, 4, 7)
         w[0] += 1
-        for q in (0, 10, 50, 90, 99, 100):
-            assert weighted_percentile(v, w, q) == pytest.approx(np.percentile(np.repeat(v, w), q))
+        qs = [0, 10, 50, 90, 99, 100]
+        assert weighted_percentiles(v, w, qs) == pytest.approx(np.percentile(np.repeat(v, w), qs))
 
 
 def test_stages_csv_from_the_command(tmp_path):
