@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 PERCENTILES = {"mean": None, "p50": 50, "p90": 90, "p99": 99}
+QUANTILES = {key: q for key, q in PERCENTILES.items() if q is not None}  # the percentiles alone
 METRICS = ("ttft", "e2e", "itl", "tpot")
 COLUMNS = (
     "policy",
@@ -101,11 +102,11 @@ def stage_rows(run, table: pd.DataFrame, stages: list[tuple[float, float]], stre
 
 
 def _spread(name: str, x: np.ndarray) -> dict:
-    out = {f"{name}_mean_s": float(np.mean(x)) if len(x) else math.nan}
-    for key, q in PERCENTILES.items():
-        if q is not None:
-            out[f"{name}_{key}_s"] = float(np.percentile(x, q)) if len(x) else math.nan
-    return out
+    at = np.percentile(x, list(QUANTILES.values())) if len(x) else [math.nan] * len(QUANTILES)
+    return {
+        f"{name}_mean_s": float(np.mean(x)) if len(x) else math.nan,
+        **{f"{name}_{key}_s": float(v) for key, v in zip(QUANTILES, at)},
+    }
 
 
 def _itl(run, done: pd.DataFrame, n: np.ndarray, span: np.ndarray) -> dict:
@@ -118,9 +119,8 @@ def _itl(run, done: pd.DataFrame, n: np.ndarray, span: np.ndarray) -> dict:
         values.append(gaps)
         weights.append(w)
     values, weights = np.concatenate(values), np.concatenate(weights)
-    qs = {key: q for key, q in PERCENTILES.items() if q is not None}
-    at = weighted_percentiles(values, weights, list(qs.values()))
-    return {"itl_mean_s": float(span.sum() / count), **{f"itl_{key}_s": x for key, x in zip(qs, at)}}
+    at = weighted_percentiles(values, weights, list(QUANTILES.values()))
+    return {"itl_mean_s": float(span.sum() / count), **{f"itl_{key}_s": x for key, x in zip(QUANTILES, at)}}
 
 
 def _token_gaps(run, done: pd.DataFrame, n: np.ndarray, span: np.ndarray):
