@@ -27,6 +27,9 @@ scripts/derive_overheads.py) and `vllm-h100/` (vLLM V1 benchmark runs). Parts:
   kvsim sizes from vLLM's rules and with smaller pools pinned per GPU
   (kvsim.calibrate.replay, `kv_cache_gib`): what each pool makes of every stage (~2
   minutes).
+- `per_seq` (results/docs/vllm_per_seq.csv): every vLLM H100 run replayed as `kvsim
+  validate` replays it, with the shipped overhead and with its per-sequence host term at
+  zero, everything else as shipped: what that term carries in the fit (~1 minute).
 
 The tests check that the pages are what these files give, and, where DIR is beside the
 checkout (../shared/data), that `sources` is what the data give, and that `tiers` holds
@@ -52,6 +55,7 @@ OUT = ROOT / "results" / "docs"
 TIERS = OUT / "mooncake_tiers.csv"
 SOURCES = OUT / "step_costs_sources.json"
 POOL = OUT / "vllm_kv_pool.csv"
+PER_SEQ = OUT / "vllm_per_seq.csv"
 MOONCAKE = "traces/mooncake_synthetic_trace.jsonl"
 
 
@@ -240,37 +244,64 @@ POOL_RUNS = {
 }
 
 
+def replayed(name: str, run, overhead, pool_gib: float | None = None, **columns) -> list[dict]:
+    """`run` replayed as `kvsim validate` replays it under `overhead` (the KV pool per GPU
+    pinned to `pool_gib`): one row per stage, `columns` first, predicted beside measured."""
+    from kvsim.calibrate.replay import Replay
+
+    replay = Replay(run, kv_cache_gib=pool_gib)
+    simulated = replay.simulate(overhead)
+    rows = [
+        {
+            "run": name,
+            "stage": seen.index,
+            **columns,
+            "kv_cache_tokens": simulated.capacity_slots,
+            "preemptions": simulated.preemptions,
+            **{
+                f"{what}_{stat}_{side}_s": (got if side == "predicted" else seen).get(what, stat)
+                for what, stat in (("e2e", "mean"), ("ttft", "p50"), ("itl", "mean"))
+                for side in ("predicted", "measured")
+            },
+            "answered_predicted": got.answered,
+            "answered_measured": seen.answered,
+        }
+        for got, seen in zip(replay.report(simulated, overhead), run.stages)
+    ]
+    print(f"{name} ({columns}): {rows[-1]}", flush=True)
+    return rows
+
+
 def pool(data: Path) -> pd.DataFrame:
     """Each of POOL_RUNS replayed under each of its pools, with the shipped overhead: one
     row per stage, predicted beside measured."""
-    from kvsim.calibrate.replay import Replay
     from kvsim.calibrate.runs import read_run
     from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
 
-    overhead, rows = load_overhead(VLLM_V1_H100), []
+    overhead = load_overhead(VLLM_V1_H100)
+    rows = []
     for name, pools in POOL_RUNS.items():
         run = read_run(data / "vllm-h100" / name)
         for gib in pools:
-            replay = Replay(run, kv_cache_gib=gib)
-            simulated = replay.simulate(overhead)
-            for got, seen in zip(replay.report(simulated, overhead), run.stages):
-                rows.append(
-                    {
-                        "run": name,
-                        "stage": seen.index,
-                        "kv_cache_gib": "vllm" if gib is None else gib,
-                        "kv_cache_tokens": simulated.capacity_slots,
-                        "preemptions": simulated.preemptions,
-                        **{
-                            f"{what}_{stat}_{side}_s": (got if side == "predicted" else seen).get(what, stat)
-                            for what, stat in (("e2e", "mean"), ("ttft", "p50"), ("itl", "mean"))
-                            for side in ("predicted", "measured")
-                        },
-                        "answered_predicted": got.answered,
-                        "answered_measured": seen.answered,
-                    }
-                )
-            print(f"{name} at {gib or 'vLLM'} GiB: {rows[-1]}", flush=True)
+            rows += replayed(name, run, overhead, gib, kv_cache_gib="vllm" if gib is None else gib)
+    return pd.DataFrame(rows)
+
+
+def per_seq(data: Path, names: list[str] | None = None) -> pd.DataFrame:
+    """Every run (or those `names`) replayed with the shipped overhead and with its
+    per-sequence host term at zero: one row per stage and overhead."""
+    from dataclasses import replace
+
+    from kvsim.calibrate.runs import read_run
+    from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
+
+    shipped = load_overhead(VLLM_V1_H100)
+    rows = []
+    for name in names or sorted(p.name for p in (data / "vllm-h100").iterdir() if p.name != "models" and p.is_dir()):
+        run = read_run(data / "vllm-h100" / name)
+        for overhead in (shipped, replace(shipped, per_seq_s=0.0)):
+            got = replayed(name, run, overhead, per_seq_us=round(overhead.per_seq_s * 1e6, 3))
+            rows += [{**row, "rate_per_s": seen.rate_per_s} for row, seen in zip(got, run.stages)]
     return pd.DataFrame(rows)
 
 
@@ -278,6 +309,12 @@ def write_pool(table: pd.DataFrame) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     POOL.write_text(table.to_csv(index=False, float_format="%.6g"))
     print(f"wrote {POOL.relative_to(ROOT)}")
+
+
+def write_per_seq(table: pd.DataFrame) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    PER_SEQ.write_text(table.to_csv(index=False, float_format="%.6g"))
+    print(f"wrote {PER_SEQ.relative_to(ROOT)}")
 
 
 def tiers_csv(table: pd.DataFrame) -> str:
@@ -296,6 +333,7 @@ PARTS = {  # part: (measure, write)
     "sources": (sources, lambda doc: _update(SOURCES, doc)),
     "cpu_calibrate": (cpu_calibrate, lambda doc: _update(SOURCES, doc)),
     "pool": (pool, write_pool),
+    "per_seq": (per_seq, write_per_seq),
 }
 
 

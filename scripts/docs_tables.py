@@ -14,8 +14,9 @@ error against measured serving steps (`overhead_accuracy.md`), every engine flag
 local against shared KV tiers on Mooncake's trace from results/docs/mooncake_tiers.csv
 (`kv_tiers_mooncake.md`; scripts/docs_results.py measures the file where the trace is at
 hand), the vLLM H100 runs past their capacity under other KV pools from
-results/docs/vllm_kv_pool.csv (`vllm_kv_pool.md`; scripts/docs_results.py --only pool), and
-with `--trace PATH` the cache curve of Mooncake's synthetic trace
+results/docs/vllm_kv_pool.csv (`vllm_kv_pool.md`; scripts/docs_results.py --only pool), the
+same runs with and without the overhead's per-sequence term from results/docs/vllm_per_seq.csv
+(`vllm_per_seq.md`; scripts/docs_results.py --only per_seq), and with `--trace PATH` the cache curve of Mooncake's synthetic trace
 (`cache_curve_mooncake.md`). docs/step-costs.md is rendered whole by
 scripts/step_costs_page.py. Rerun after any change that moves results; the suite checks
 that the flagship's table, the tutorial's run, the overhead's error table, the tiers
@@ -449,6 +450,57 @@ def kv_pool_table() -> str:
     )
 
 
+PER_SEQ = ROOT / "results" / "docs" / "vllm_per_seq.csv"  # written by scripts/docs_results.py --only per_seq
+LONG = "reasoning"  # the profile of long requests: ~1,060-token prompts, 1,448 output tokens
+
+
+def per_seq_table() -> str:
+    """Every vLLM H100 run replayed with the shipped overhead and with its per-sequence
+    term at zero, from the file scripts/docs_results.py measures."""
+    t = pd.read_csv(PER_SEQ).assign(error=lambda d: d.e2e_mean_predicted_s / d.e2e_mean_measured_s - 1)
+    shipped, zero = t[t.per_seq_us > 0].reset_index(drop=True), t[t.per_seq_us == 0].reset_index(drop=True)
+    assert (shipped[["run", "stage"]] == zero[["run", "stage"]]).all().all(), "the two replays' stages differ"
+    us = shipped.per_seq_us.iloc[0]
+
+    def e2e(r) -> str:
+        return f"{_s(r.e2e_mean_predicted_s)} ({r.error:+.1%})"
+
+    heads = ["run", "stage", "rate (req/s)", "E2E mean measured (s)", f"kvsim, {us:g} µs per sequence"]
+    heads += ["kvsim, 0 µs per sequence", "answered: measured / shipped / 0 µs"]
+    rows = [
+        [
+            a.run,
+            str(a.stage),
+            f"{a.rate_per_s:g}",
+            _s(a.e2e_mean_measured_s),
+            e2e(a),
+            e2e(b),
+            f"{a.answered_measured:.1%} / {a.answered_predicted:.1%} / {b.answered_predicted:.1%}",
+        ]
+        for a, b in zip(shipped.itertuples(), zero.itertuples())
+    ]
+    short = ~shipped.run.str.contains(LONG)
+    mae = {k: d.error[short].abs().mean() for k, d in (("shipped", shipped), ("zero", zero))}
+    worst = {k: d.error[short].abs().max() for k, d in (("shipped", shipped), ("zero", zero))}
+    dense = shipped.run.str.startswith("codellama") & ~short
+    moved = (zero.error[dense] - shipped.error[dense]).iloc[0]
+    # the sentences below say what these numbers show; refuse to render them if they stop showing it
+    assert mae["zero"] < mae["shipped"] and worst["zero"] < worst["shipped"], "the term no longer costs the short runs"
+    assert moved < -0.2, "the term no longer carries CodeLlama's long run"
+    text = (
+        f"\nOver the {short.sum()} stages of the runs with short requests, the E2E mean is within "
+        f"{mae['shipped']:.1%} on average ({worst['shipped']:.1%} at worst) with the term and within "
+        f"{mae['zero']:.1%} ({worst['zero']:.1%} at worst) without it; CodeLlama's run of long requests "
+        f"goes from {shipped.error[dense].iloc[0]:+.1%} to {zero.error[dense].iloc[0]:+.1%}"
+    )
+    return (
+        header("from results/docs/vllm_per_seq.csv, written by scripts/docs_results.py")
+        + markdown(rows, heads)
+        + text
+        + ".\n"
+    )
+
+
 PARTS = {
     **{name: (f"scenario_{name}.md", lambda n=name: scenario_table(n)) for name in SCENARIOS},
     "claims": ("claims.md", claims_table),
@@ -462,6 +514,7 @@ PARTS = {
     "cache_curve": ("cache_curve_mooncake.md", lambda: cache_curve_table(TRACE)),
     "kv_tiers": ("kv_tiers_mooncake.md", kv_tiers_table),
     "kv_pool": ("vllm_kv_pool.md", kv_pool_table),
+    "per_seq": ("vllm_per_seq.md", per_seq_table),
 }
 TRACE: Path | None = None
 

@@ -221,6 +221,15 @@ def test_the_kv_pool_table_is_the_results_file_s(tables):
     assert '--8<-- "docs/generated/vllm_kv_pool.md"' in (DOCS / "accuracy-vllm-h100.md").read_text()
 
 
+def test_the_per_seq_table_is_the_results_file_s(tables):
+    """docs/accuracy-vllm-h100.md quotes every run with and without the overhead's
+    per-sequence term, rendered from results/docs/vllm_per_seq.csv (measured by `python
+    scripts/docs_results.py --data DIR --only per_seq`, which needs the runs); if this
+    fails, run `python scripts/docs_tables.py --only per_seq`."""
+    assert tables.per_seq_table() == (DOCS / "generated" / "vllm_per_seq.md").read_text()
+    assert '--8<-- "docs/generated/vllm_per_seq.md"' in (DOCS / "accuracy-vllm-h100.md").read_text()
+
+
 def test_the_step_costs_page_is_rendered_from_what_kvsim_ships():
     """Every figure on docs/step-costs.md comes from the shipped profiles and overheads,
     `kvsim cost`, the H200 profiles in tests/data or results/docs/step_costs_sources.json;

@@ -320,9 +320,45 @@ def test_the_mixtral_run_under_a_smaller_kv_pool_is_what_the_data_give(monkeypat
         )
 
 
+PER_SEQ = ROOT / "results" / "docs" / "vllm_per_seq.csv"
+
+
+def test_the_per_seq_file_holds_each_run_with_the_shipped_term_and_without_it():
+    """Every run twice, stage by stage: under the shipped overhead's per-sequence term,
+    then at zero (scripts/docs_results.py's order)."""
+    shipped = json.loads((ROOT / "kvsim" / "data" / "overheads" / "vllm-v1-h100-v1.json").read_text())
+    saved = pd.read_csv(PER_SEQ)
+    us = round(shipped["host"]["per_seq_ms"] * 1e3, 3)
+    for run, rows in saved.groupby("run", sort=False):
+        stages = len(rows) // 2
+        assert rows.per_seq_us.tolist() == [us] * stages + [0.0] * stages, run
+        assert rows.stage.tolist() == list(range(stages)) * 2, run
+    if VLLM_RUNS.is_dir():
+        assert sorted(saved.run.unique()) == sorted(
+            p.name for p in VLLM_RUNS.iterdir() if p.is_dir() and p.name != "models"
+        )
+
+
+@pytest.mark.skipif(not VLLM_RUNS.is_dir(), reason="the vLLM H100 runs (../shared/data) are not beside the checkout")
+def test_a_run_with_and_without_the_per_seq_term_is_what_the_data_give():
+    """One short run replayed both ways (a few seconds): the cheap check of the file that a
+    change to the simulation or the step costs moves; the whole file: `python
+    scripts/docs_results.py --only per_seq`."""
+    results = script("docs_results")
+    rows = results.per_seq(SHARED_DATA, ["llama-2-7b-tp1-codegen"]).to_csv(index=False, float_format="%.6g")
+    saved = PER_SEQ.read_text().splitlines()
+    assert rows.splitlines()[0] == saved[0]
+    for row in rows.splitlines()[1:]:
+        assert row in saved, (
+            "results/docs/vllm_per_seq.csv is not what the data give today: rerun "
+            "`python scripts/docs_results.py --data DIR --only per_seq` and `python scripts/docs_tables.py --only per_seq`"
+        )
+
+
 RENDERED_ELSEWHERE = {
     "kv_tiers",
     "kv_pool",
+    "per_seq",
     "overhead_accuracy",
     "flags_vllm",
     "flags_sglang",
