@@ -278,8 +278,7 @@ def pool(data: Path) -> pd.DataFrame:
     from kvsim.calibrate.runs import read_run
     from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
 
-    overhead = load_overhead(VLLM_V1_H100)
-    rows = []
+    overhead, rows = load_overhead(VLLM_V1_H100), []
     for name, pools in POOL_RUNS.items():
         run = read_run(data / "vllm-h100" / name)
         for gib in pools:
@@ -295,8 +294,7 @@ def per_seq(data: Path, names: list[str] | None = None) -> pd.DataFrame:
     from kvsim.calibrate.runs import read_run
     from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
 
-    shipped = load_overhead(VLLM_V1_H100)
-    rows = []
+    shipped, rows = load_overhead(VLLM_V1_H100), []
     for name in names or sorted(p.name for p in (data / "vllm-h100").iterdir() if p.name != "models" and p.is_dir()):
         run = read_run(data / "vllm-h100" / name)
         for overhead in (shipped, replace(shipped, per_seq_s=0.0)):
@@ -305,16 +303,15 @@ def per_seq(data: Path, names: list[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_pool(table: pd.DataFrame) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    POOL.write_text(table.to_csv(index=False, float_format="%.6g"))
-    print(f"wrote {POOL.relative_to(ROOT)}")
+def write_csv(path: Path):
+    """What writes a replay's table into `path`."""
 
+    def write(table: pd.DataFrame) -> None:
+        OUT.mkdir(parents=True, exist_ok=True)
+        path.write_text(table.to_csv(index=False, float_format="%.6g"))
+        print(f"wrote {path.relative_to(ROOT)}")
 
-def write_per_seq(table: pd.DataFrame) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    PER_SEQ.write_text(table.to_csv(index=False, float_format="%.6g"))
-    print(f"wrote {PER_SEQ.relative_to(ROOT)}")
+    return write
 
 
 def tiers_csv(table: pd.DataFrame) -> str:
@@ -332,8 +329,8 @@ PARTS = {  # part: (measure, write)
     "tiers": (tiers, write_tiers),
     "sources": (sources, lambda doc: _update(SOURCES, doc)),
     "cpu_calibrate": (cpu_calibrate, lambda doc: _update(SOURCES, doc)),
-    "pool": (pool, write_pool),
-    "per_seq": (per_seq, write_per_seq),
+    "pool": (pool, write_csv(POOL)),
+    "per_seq": (per_seq, write_csv(PER_SEQ)),
 }
 
 

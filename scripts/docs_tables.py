@@ -482,8 +482,8 @@ def per_seq_table() -> str:
     short = ~shipped.run.str.contains(LONG)
     mae = {k: d.error[short].abs().mean() for k, d in (("shipped", shipped), ("zero", zero))}
     worst = {k: d.error[short].abs().max() for k, d in (("shipped", shipped), ("zero", zero))}
-    dense = shipped.run.str.startswith("codellama") & ~short
-    moved = (zero.error[dense] - shipped.error[dense]).iloc[0]
+    long_run = shipped.run.str.startswith("codellama") & ~short
+    moved = (zero.error[long_run] - shipped.error[long_run]).iloc[0]
     # the sentences below say what these numbers show; refuse to render them if they stop showing it
     assert mae["zero"] < mae["shipped"] and worst["zero"] < worst["shipped"], "the term no longer costs the short runs"
     assert moved < -0.2, "the term no longer carries CodeLlama's long run"
@@ -491,7 +491,7 @@ def per_seq_table() -> str:
         f"\nOver the {short.sum()} stages of the runs with short requests, the E2E mean is within "
         f"{mae['shipped']:.1%} on average ({worst['shipped']:.1%} at worst) with the term and within "
         f"{mae['zero']:.1%} ({worst['zero']:.1%} at worst) without it; CodeLlama's run of long requests "
-        f"goes from {shipped.error[dense].iloc[0]:+.1%} to {zero.error[dense].iloc[0]:+.1%}"
+        f"goes from {shipped.error[long_run].iloc[0]:+.1%} to {zero.error[long_run].iloc[0]:+.1%}"
     )
     return (
         header("from results/docs/vllm_per_seq.csv, written by scripts/docs_results.py")
