@@ -14,9 +14,10 @@ error against measured serving steps (`overhead_accuracy.md`), every engine flag
 local against shared KV tiers on Mooncake's trace from results/docs/mooncake_tiers.csv
 (`kv_tiers_mooncake.md`; scripts/docs_results.py measures the file where the trace is at
 hand), the vLLM H100 runs past their capacity under other KV pools from
-results/docs/vllm_kv_pool.csv (`vllm_kv_pool.md`; scripts/docs_results.py --only pool), the
-same runs with and without the overhead's per-sequence term from results/docs/vllm_per_seq.csv
-(`vllm_per_seq.md`; scripts/docs_results.py --only per_seq), and with `--trace PATH` the cache curve of Mooncake's synthetic trace
+results/docs/vllm_kv_pool.csv (`vllm_kv_pool.md`; scripts/docs_results.py --only pool), every
+vLLM H100 run with and without the overhead's per-sequence term from
+results/docs/vllm_per_seq.csv (`vllm_per_seq.md`; scripts/docs_results.py --only per_seq),
+and with `--trace PATH` the cache curve of Mooncake's synthetic trace
 (`cache_curve_mooncake.md`). docs/step-costs.md is rendered whole by
 scripts/step_costs_page.py. Rerun after any change that moves results; the suite checks
 that the flagship's table, the tutorial's run, the overhead's error table, the tiers
@@ -465,7 +466,7 @@ def per_seq_table() -> str:
     def e2e(r) -> str:
         return f"{_s(r.e2e_mean_predicted_s)} ({r.error:+.1%})"
 
-    heads = ["run", "stage", "rate (req/s)", "E2E mean measured (s)", f"kvsim, {us:g} µs per sequence"]
+    heads = ["run", "stage", "rate (req/s)", "E2E mean measured", f"kvsim, {us:g} µs per sequence"]
     heads += ["kvsim, 0 µs per sequence", "answered: measured / shipped / 0 µs"]
     rows = [
         [
