@@ -295,7 +295,8 @@ def per_seq(data: Path, names: list[str] | None = None) -> pd.DataFrame:
     from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
 
     shipped, rows = load_overhead(VLLM_V1_H100), []
-    for name in names or sorted(p.name for p in (data / "vllm-h100").iterdir() if p.name != "models" and p.is_dir()):
+    runs = sorted(p.name for p in (data / "vllm-h100").iterdir() if (p / "exp-config.yaml").is_file())
+    for name in names or runs:
         run = read_run(data / "vllm-h100" / name)
         for overhead in (shipped, replace(shipped, per_seq_s=0.0)):
             got = replayed(name, run, overhead, per_seq_us=round(overhead.per_seq_s * 1e6, 3))
@@ -303,30 +304,24 @@ def per_seq(data: Path, names: list[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def csv_text(table: pd.DataFrame) -> str:
+    """A table as its file under results/docs/ holds it."""
+    return table.to_csv(index=False, float_format="%.6g")
+
+
 def write_csv(path: Path):
-    """What writes a replay's table into `path`."""
+    """What writes a table into `path`."""
 
     def write(table: pd.DataFrame) -> None:
         OUT.mkdir(parents=True, exist_ok=True)
-        path.write_text(table.to_csv(index=False, float_format="%.6g"))
+        path.write_text(csv_text(table))
         print(f"wrote {path.relative_to(ROOT)}")
 
     return write
 
 
-def tiers_csv(table: pd.DataFrame) -> str:
-    """The tiers table as results/docs/mooncake_tiers.csv holds it."""
-    return table.to_csv(index=False, float_format="%.6g")
-
-
-def write_tiers(table: pd.DataFrame) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    TIERS.write_text(tiers_csv(table))
-    print(f"wrote {TIERS.relative_to(ROOT)}")
-
-
 PARTS = {  # part: (measure, write)
-    "tiers": (tiers, write_tiers),
+    "tiers": (tiers, write_csv(TIERS)),
     "sources": (sources, lambda doc: _update(SOURCES, doc)),
     "cpu_calibrate": (cpu_calibrate, lambda doc: _update(SOURCES, doc)),
     "pool": (pool, write_csv(POOL)),

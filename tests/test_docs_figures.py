@@ -247,7 +247,7 @@ def test_the_kv_tiers_file_holds_the_runs_the_script_makes(tmp_path):
 def test_the_kv_tiers_unlimited_row_is_what_the_trace_gives():
     results = script("docs_results")
     row = pd.DataFrame([results.unlimited_row(TRACE)])
-    assert results.tiers_csv(row).splitlines()[1] == TIERS.read_text().splitlines()[-1]
+    assert results.csv_text(row).splitlines()[1] == TIERS.read_text().splitlines()[-1]
 
 
 @needs_trace
@@ -264,7 +264,7 @@ def test_one_kv_tiers_fleet_is_what_the_trace_gives():
     key = results.fleet_key(name, scn, policy)
     saved = TIERS.read_text().splitlines()
     mine = next(line for line in saved if line.startswith(",".join(_csv(v) for v in key.values()) + ","))
-    assert results.tiers_csv(row).splitlines()[1] == mine, (
+    assert results.csv_text(row).splitlines()[1] == mine, (
         "results/docs/mooncake_tiers.csv is not what the data give today: rerun "
         "`python scripts/docs_results.py --data DIR --only tiers` and `python scripts/docs_tables.py --only kv_tiers`"
     )
@@ -283,7 +283,7 @@ def _csv(value) -> str:
 )
 def test_the_whole_kv_tiers_file_is_what_the_data_give():
     results = script("docs_results")
-    assert results.tiers_csv(results.tiers(SHARED_DATA)) == TIERS.read_text()
+    assert results.csv_text(results.tiers(SHARED_DATA)) == TIERS.read_text()
 
 
 POOL = ROOT / "results" / "docs" / "vllm_kv_pool.csv"
@@ -310,13 +310,17 @@ def test_the_mixtral_run_under_a_smaller_kv_pool_is_what_the_data_give(monkeypat
     name = "mixtral-8x7b-v0-1-tp2-reasoning"
     pools = results.POOL_RUNS[name]
     monkeypatch.setattr(results, "POOL_RUNS", {name: (pools[0], pools[-1])})
-    rows = results.pool(SHARED_DATA).to_csv(index=False, float_format="%.6g").splitlines()
-    saved = POOL.read_text().splitlines()
+    assert_rows_saved(results.csv_text(results.pool(SHARED_DATA)), POOL, "pool", "kv_pool")
+
+
+def assert_rows_saved(text: str, path: Path, part: str, table: str) -> None:
+    """Every row of a replay's CSV `text` is in the results file `path` (same header)."""
+    rows, saved = text.splitlines(), path.read_text().splitlines()
     assert rows[0] == saved[0]
     for row in rows[1:]:
         assert row in saved, (
-            "results/docs/vllm_kv_pool.csv is not what the data give today: rerun "
-            "`python scripts/docs_results.py --data DIR --only pool` and `python scripts/docs_tables.py --only kv_pool`"
+            f"{path.relative_to(ROOT)} is not what the data give today: rerun "
+            f"`python scripts/docs_results.py --data DIR --only {part}` and `python scripts/docs_tables.py --only {table}`"
         )
 
 
@@ -335,7 +339,7 @@ def test_the_per_seq_file_holds_each_run_with_the_shipped_term_and_without_it():
         assert rows.stage.tolist() == list(range(stages)) * 2, run
     if VLLM_RUNS.is_dir():
         assert sorted(saved.run.unique()) == sorted(
-            p.name for p in VLLM_RUNS.iterdir() if p.is_dir() and p.name != "models"
+            p.name for p in VLLM_RUNS.iterdir() if (p / "exp-config.yaml").is_file()
         )
 
 
@@ -345,14 +349,8 @@ def test_a_run_with_and_without_the_per_seq_term_is_what_the_data_give():
     change to the simulation or the step costs moves; the whole file: `python
     scripts/docs_results.py --only per_seq`."""
     results = script("docs_results")
-    rows = results.per_seq(SHARED_DATA, ["llama-2-7b-tp1-codegen"]).to_csv(index=False, float_format="%.6g")
-    saved = PER_SEQ.read_text().splitlines()
-    assert rows.splitlines()[0] == saved[0]
-    for row in rows.splitlines()[1:]:
-        assert row in saved, (
-            "results/docs/vllm_per_seq.csv is not what the data give today: rerun "
-            "`python scripts/docs_results.py --data DIR --only per_seq` and `python scripts/docs_tables.py --only per_seq`"
-        )
+    text = results.csv_text(results.per_seq(SHARED_DATA, ["llama-2-7b-tp1-codegen"]))
+    assert_rows_saved(text, PER_SEQ, "per_seq", "per_seq")
 
 
 RENDERED_ELSEWHERE = {
