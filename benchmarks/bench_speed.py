@@ -27,6 +27,7 @@ the tables give medians, every run's wall time, and ratios of medians.
     python benchmarks/bench_speed.py --blis-variants "BLIS, snapshot off"   # BLIS as the targets judge it
     python benchmarks/bench_speed.py --only vidur_10k --repeats 5 [--exact-steps]
     python benchmarks/bench_speed.py --profile sharegpt_100k   # cProfile of one run, in-process
+    python benchmarks/bench_speed.py --compiled          # also kvsim's compiled build (setup.py)
 
 --write regenerates benchmarks/RESULTS.md from the runs just made (never edit it by
 hand). Not part of the test suite: it takes many minutes.
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # setup.py's compiled_copy
 import others  # noqa: E402
 import report  # noqa: E402
 
@@ -102,17 +104,19 @@ def timed(cmd: list[str], cwd: Path, env: dict | None = None) -> dict:
     }
 
 
-def kvsim_env() -> dict:
-    """kvsim's environment: this checkout, whose compiled bytecode it may use."""
+def kvsim_env(package: Path = ROOT) -> dict:
+    """kvsim's environment: the package in `package` (this checkout, or its compiled copy),
+    whose compiled bytecode it may use."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "PYTHONPATH": str(ROOT)}
+    return {**env, "PYTHONPATH": str(package)}
 
 
-def compile_kvsim() -> None:
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "kvsim")], env=kvsim_env(), check=True)
+def compile_kvsim(package: Path = ROOT) -> None:
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(package / "kvsim")], env=kvsim_env(), check=True)
 
 
-def run_kvsim(name: str, extra: list[str], tmp: Path) -> dict:
+def run_kvsim(name: str, extra: list[str], tmp: Path, package: Path = ROOT) -> dict:
+    """`kvsim run` on workload `name`, from the package in `package`, started there."""
     w = WORKLOADS[name]
     out = tmp / name
     cmd = [
@@ -128,7 +132,7 @@ def run_kvsim(name: str, extra: list[str], tmp: Path) -> dict:
         *w.kvsim_args(),
         *extra,
     ]
-    run = timed(cmd, ROOT, kvsim_env())
+    run = timed(cmd, package, kvsim_env(package))
     import pandas as pd
 
     s = pd.read_csv(out / "summary.csv").iloc[0]
@@ -147,31 +151,54 @@ def run_blis(name: str, variant: str, source: Path) -> dict:
 
 
 NO_FIGURES = "kvsim, no figures"  # `kvsim run --no-plots`: beside simulators that draw none
+COMPILED = "kvsim, compiled"  # the compiled build (setup.py, KVSIM_COMPILE=1)
+COMPILED_NO_FIGURES = "kvsim, compiled, no figures"
+KVSIM_RUNS = {  # contender: (compiled, its extra arguments)
+    "kvsim": (False, []),
+    NO_FIGURES: (False, ["--no-plots"]),
+    COMPILED: (True, []),
+    COMPILED_NO_FIGURES: (True, ["--no-plots"]),
+}
 
 
-def contenders(name: str, blis: Path | None, variants: list[str]) -> list[str]:
+def contenders(name: str, blis: Path | None, variants: list[str], compiled: bool) -> list[str]:
     """kvsim as it runs by default (its five figures drawn), and on the workloads that
-    other simulators run, kvsim without figures and those simulators."""
+    other simulators run, kvsim without figures and those simulators; with `compiled`,
+    kvsim's compiled build beside each."""
     others_run = WORKLOADS[name].blis
-    return ["kvsim"] + ([NO_FIGURES] if others_run else []) + (variants if blis and others_run else [])
+    kvsim = ["kvsim"] + ([NO_FIGURES] if others_run else [])
+    if compiled:
+        kvsim += [COMPILED] + ([COMPILED_NO_FIGURES] if others_run else [])
+    return kvsim + (variants if blis and others_run else [])
 
 
 def measure(
-    names: list[str], repeats: int, extra: list[str], blis: Path | None, million_repeats: int, variants: list[str]
+    names: list[str],
+    repeats: int,
+    extra: list[str],
+    blis: Path | None,
+    million_repeats: int,
+    variants: list[str],
+    compiled: bool,
 ) -> dict:
     """{(workload, simulator): [run, ...]}, the runs made round-robin."""
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
-        compile_kvsim()
+        packages = {False: ROOT}
+        if compiled:
+            from setup import compiled_copy
+
+            packages[True] = compiled_copy(Path(tmp) / "compiled")
+        for package in packages.values():
+            compile_kvsim(package)
         for round_ in range(max(repeats, million_repeats)):
             for name in names:
                 if round_ >= (million_repeats if name in MILLION else repeats):
                     continue
-                for who in contenders(name, blis, variants):
-                    if who == "kvsim":
-                        r = run_kvsim(name, extra, Path(tmp))
-                    elif who == NO_FIGURES:
-                        r = run_kvsim(name, [*extra, "--no-plots"], Path(tmp))
+                for who in contenders(name, blis, variants, compiled):
+                    if who in KVSIM_RUNS:
+                        built, args = KVSIM_RUNS[who]
+                        r = run_kvsim(name, [*extra, *args], Path(tmp), packages[built])
                     else:
                         r = run_blis(name, who, blis)
                     r.pop("stdout")
@@ -252,6 +279,9 @@ def main() -> None:
         default=list(others.BLIS_VARIANTS),
         help="the BLIS runs to make (default: all; the targets are judged on its snapshot off)",
     )
+    ap.add_argument(
+        "--compiled", action="store_true", help="also kvsim's compiled build (setup.py; needs Cython and a C compiler)"
+    )
     ap.add_argument("--write", action="store_true", help="regenerate benchmarks/RESULTS.md")
     ap.add_argument("--profile", choices=list(WORKLOADS))
     opts = ap.parse_args()
@@ -263,7 +293,9 @@ def main() -> None:
     blis = None if opts.no_blis else opts.blis
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M")
-    runs = measure(names, opts.repeats, extra, blis, opts.million_repeats or opts.repeats, opts.blis_variants)
+    runs = measure(
+        names, opts.repeats, extra, blis, opts.million_repeats or opts.repeats, opts.blis_variants, opts.compiled
+    )
     table = {key: summarize(r) for key, r in runs.items()}
     text = report.render(
         table,

@@ -225,7 +225,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         """Blocks from the queue head; a cached one loses its key (it is evicted)."""
         taken = PagedAllocator._take(self, count)  # (by name, not super(): taken every step)
         key_of = self._key_of
-        keys = [key for b in taken if (key := key_of[b]) is not None]
+        # (no `:=` in the comprehension: Cython, which the compiled build uses, would give it
+        # another variable than the `key` below, cython/cython#6547)
+        keys = [k for k in map(key_of.__getitem__, taken) if k is not None]
         if not keys:
             return taken
         if self._more and not self._more.keys().isdisjoint(keys):  # some have other copies
