@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest.importorskip("setuptools")  # (setup.py's)
 sys.path.insert(0, str(ROOT))
 from setup import STEP_LOOP, compiled_copy  # noqa: E402
 
@@ -48,7 +49,6 @@ def test_no_assignment_in_a_comprehension():
 def compiled(tmp_path_factory) -> Path:
     """A copy of the package with the step loop's modules compiled beside their source."""
     pytest.importorskip("Cython")
-    pytest.importorskip("setuptools")
     if not shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]):
         pytest.skip("no C compiler")
     return compiled_copy(tmp_path_factory.mktemp("compiled"))

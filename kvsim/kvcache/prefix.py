@@ -71,6 +71,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import not_
+from typing import cast
 
 from kvsim.kvcache.base import InvariantError, SeqShape
 from kvsim.kvcache.free_queue import LinkedFreeQueue
@@ -227,7 +228,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         key_of = self._key_of
         # (no `:=` in the comprehension: Cython, which the compiled build uses, would give it
         # another variable than the `key` below, cython/cython#6547)
-        keys = [k for k in map(key_of.__getitem__, taken) if k is not None]
+        keys = cast("list[int]", [key_of[b] for b in taken if key_of[b] is not None])
         if not keys:
             return taken
         if self._more and not self._more.keys().isdisjoint(keys):  # some have other copies
