@@ -2,9 +2,9 @@
 
 With KVSIM_COMPILE=1 the step loop's modules (STEP_LOOP) are also compiled by Cython from
 their unchanged source, in pure-Python mode: the annotations are not read as C types, so
-every operation is the interpreted one and every output is the same byte for byte; the
-simulation runs about 1.5x faster (benchmarks/RESULTS.md). It needs Cython and a C
-compiler in the installing environment:
+every operation is still Python's own and every output is the same byte for byte, while
+the interpreter's work between operations goes (benchmarks/RESULTS.md times the build,
+docs/performance.md says more). It needs Cython and a C compiler where it installs:
 
     pip install cython wheel && KVSIM_COMPILE=1 pip install --no-build-isolation .
 
