@@ -330,9 +330,10 @@ PER_SEQ = ROOT / "results" / "docs" / "vllm_per_seq.csv"
 def test_the_per_seq_file_holds_each_run_with_the_shipped_term_and_without_it():
     """Every run twice, stage by stage: under the shipped overhead's per-sequence term,
     then at zero (scripts/docs_results.py's order)."""
-    shipped = json.loads((ROOT / "kvsim" / "data" / "overheads" / "vllm-v1-h100-v1.json").read_text())
+    from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
+
     saved = pd.read_csv(PER_SEQ)
-    us = round(shipped["host"]["per_seq_ms"] * 1e3, 3)
+    us = round(load_overhead(VLLM_V1_H100).per_seq_s * 1e6, 3)
     for run, rows in saved.groupby("run", sort=False):
         stages = len(rows) // 2
         assert rows.per_seq_us.tolist() == [us] * stages + [0.0] * stages, run
