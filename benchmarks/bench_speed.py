@@ -61,17 +61,18 @@ class Workload:
     scenario: str
     requests: int
     blis: bool = False  # BLIS runs the same requests (others.BLIS_WORKLOAD)
+    args: tuple[str, ...] = ()  # kvsim's further arguments
 
     def kvsim_args(self) -> list[str]:
-        args = ["--num-requests", str(self.requests)]
-        if self.requests > 10_000 or self.scenario.startswith("sharegpt"):
-            args += ["--timeseries-bucket", "10"]  # the step series in sums per 10 s
-        return args
+        return ["--num-requests", str(self.requests), *self.args]
 
 
+# The ShareGPT scenarios record the step series in sums per 10 simulated seconds
+# (timeseries_bucket_s in their files); vidur_10k.yaml records every step, as its 10k run
+# does here, and its 100k run takes the same buckets from the command line.
 WORKLOADS = {
     "vidur_10k": Workload("vidur_10k", 10_000, blis=True),
-    "vidur_100k": Workload("vidur_10k", 100_000, blis=True),
+    "vidur_100k": Workload("vidur_10k", 100_000, blis=True, args=("--timeseries-bucket", "10")),
     "sharegpt_10k": Workload("sharegpt_1m", 10_000),
     "sharegpt_100k": Workload("sharegpt_1m", 100_000),
     "sharegpt_1m": Workload("sharegpt_1m", 1_000_000),
@@ -153,20 +154,23 @@ def run_blis(name: str, variant: str, source: Path) -> dict:
 NO_FIGURES = "kvsim, no figures"  # `kvsim run --no-plots`: beside simulators that draw none
 COMPILED = "kvsim, compiled"  # the compiled build (setup.py, KVSIM_COMPILE=1)
 COMPILED_NO_FIGURES = "kvsim, compiled, no figures"
+EVERY_STEP = "kvsim, every step"  # the step series of a million requests row by row
 KVSIM_RUNS = {  # contender: (compiled, its extra arguments)
     "kvsim": (False, []),
     NO_FIGURES: (False, ["--no-plots"]),
     COMPILED: (True, []),
     COMPILED_NO_FIGURES: (True, ["--no-plots"]),
+    EVERY_STEP: (False, ["--timeseries-bucket", "0"]),
 }
 
 
 def contenders(name: str, blis: Path | None, variants: list[str], compiled: bool) -> list[str]:
     """kvsim as it runs by default (its five figures drawn), and on the workloads that
-    other simulators run, kvsim without figures and those simulators; with `compiled`,
-    kvsim's compiled build beside each."""
+    other simulators run, kvsim without figures and those simulators; on a million
+    ShareGPT requests, also kvsim recording every step; with `compiled`, kvsim's
+    compiled build beside each."""
     others_run = WORKLOADS[name].blis
-    kvsim = ["kvsim"] + ([NO_FIGURES] if others_run else [])
+    kvsim = ["kvsim"] + ([NO_FIGURES] if others_run else []) + ([EVERY_STEP] if name == "sharegpt_1m" else [])
     if compiled:
         kvsim += [COMPILED] + ([COMPILED_NO_FIGURES] if others_run else [])
     return kvsim + (variants if blis and others_run else [])
@@ -303,6 +307,7 @@ def main() -> None:
         started=started,
         loads=(load_before, os.getloadavg()),
         extra=extra,
+        arguments={name: " ".join(WORKLOADS[name].kvsim_args()) for name in names},
     )
     print(text)
     if opts.write:

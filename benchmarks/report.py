@@ -97,7 +97,8 @@ def _targets(table: dict) -> list[str]:
                 f"{_both(wall > 1, cpu > 1)}. Peak RSS kvsim {k['peak_rss_mb']:,.0f} MB against BLIS's "
                 f"{off['peak_rss_mb']:,.0f} MB: {_verdict(k['peak_rss_mb'] < off['peak_rss_mb'])}."
             )
-    for who, label in kinds[::2]:  # (figures drawn)
+    every_step = ("kvsim, every step", "kvsim recording every step (--timeseries-bucket 0; its figures drawn)")
+    for who, label in (*kinds[::2], every_step):  # (figures drawn)
         m = get(("sharegpt_1m", who))
         if m:
             lines.append(
@@ -151,7 +152,8 @@ def _recorded() -> list[str]:
     return lines
 
 
-def render(table: dict, command: str, started: str, loads: tuple, extra: list[str]) -> str:
+def render(table: dict, command: str, started: str, loads: tuple, extra: list[str], arguments: dict) -> str:
+    """arguments: each workload's kvsim arguments beyond its scenario file."""
     (before, after) = loads
     out = [
         "# Speed benchmarks",
@@ -165,6 +167,10 @@ def render(table: dict, command: str, started: str, loads: tuple, extra: list[st
         f"{after[0]:.1f} / {after[1]:.1f} / {after[2]:.1f} after (shared machine: compare only figures of one file).",
         "- Peak RSS is that of the run's largest process (kvsim draws its figures in forked worker processes).",
         "- kvsim runs from compiled bytecode, as an installed package does (compiled once before the runs).",
+        "- kvsim's arguments beyond the scenario file (benchmarks/scenarios/; the ShareGPT ones record the step "
+        "series in sums per 10 simulated seconds, `timeseries_bucket_s: 10`): "
+        + "; ".join(f"{name} `{args}`" for name, args in arguments.items())
+        + ".",
         *(
             [
                 "- kvsim's compiled build: this commit's package built with KVSIM_COMPILE=1 (setup.py), its step "

@@ -425,6 +425,28 @@ def test_time_limit_leaves_requests_unfinished(in_scenario_folder):
     ).all()
 
 
+def test_timeseries_bucket_from_the_scenario_and_the_flag(full_run, in_scenario_folder):
+    """The scenario's timeseries_bucket_s writes the series in buckets, as the flag does;
+    the flag wins over it, and 0 writes every step."""
+    assert kvsim("run", "small.yaml", "--quiet", "--no-plots", "--timeseries-bucket", "0.5", "--out", "flag")[0] == 0
+    write_scenario(in_scenario_folder, timeseries_bucket_s=0.5)
+    assert kvsim("run", "small.yaml", "--quiet", "--no-plots", "--out", "field")[0] == 0
+    assert kvsim("run", "small.yaml", "--quiet", "--no-plots", "--timeseries-bucket", "0", "--out", "steps")[0] == 0
+    series = {name: in_scenario_folder / name / "timeseries.parquet" for name in ("flag", "field", "steps")}
+    every_step = full_run[1] / "timeseries.parquet"
+    field = pd.read_parquet(series["field"])
+    assert "bucket" in field.columns and field.steps.sum() == len(pd.read_parquet(every_step))
+    assert series["field"].read_bytes() == series["flag"].read_bytes()
+    assert series["steps"].read_bytes() == every_step.read_bytes()
+
+
+def test_bad_timeseries_bucket_is_refused(in_scenario_folder):
+    write_scenario(in_scenario_folder, timeseries_bucket_s=0)
+    line = one_error_line(*kvsim("run", "small.yaml"))
+    assert "small.yaml" in line and "timeseries_bucket_s" in line
+    assert not (in_scenario_folder / "results").exists()
+
+
 def test_default_output_never_lands_on_the_results_folder_itself(tmp_path, monkeypatch):
     other = tmp_path / "results" / "other"
     other.mkdir(parents=True)

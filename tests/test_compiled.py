@@ -25,9 +25,10 @@ sys.path.insert(0, str(ROOT))
 from setup import STEP_LOOP, compiled_copy  # noqa: E402
 
 TABLES = ("summary.csv", "summary.json", "requests.parquet", "timeseries.parquet")
+EVERY_STEP = ["--timeseries-bucket", "0"]  # (over the file's buckets: each step's row compared)
 CASES = {  # scenario: its arguments (small runs that go through each compiled module)
-    "benchmarks/scenarios/sharegpt_1m.yaml": ["--num-requests", "3000"],  # vLLM V1, quiet steps
-    "benchmarks/scenarios/sharegpt_1m_prefix.yaml": ["--num-requests", "3000"],  # its prefix cache
+    "benchmarks/scenarios/sharegpt_1m.yaml": ["--num-requests", "3000", *EVERY_STEP],  # vLLM V1, quiet steps
+    "benchmarks/scenarios/sharegpt_1m_prefix.yaml": ["--num-requests", "3000", *EVERY_STEP],  # its prefix cache
     "benchmarks/scenarios/vidur_10k.yaml": ["--num-requests", "1000"],  # vLLM V0
     "scenarios/rag_8k_overload.yaml": ["--num-requests", "100"],  # contiguous, FP8, preemptions
     "scenarios/chat_multiturn.yaml": ["--num-requests", "200"],  # shared prefixes keyed one by one

@@ -83,11 +83,12 @@ EMPTY_RUN = 3  # exit status of a run that completed nothing (as of an invariant
 @click.option(
     "--timeseries-bucket",
     "bucket_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=click.FloatRange(min=0),
     metavar="SECONDS",
     help="Write the time series as sums per SECONDS of simulated time "
     "instead of one row per step (bounded memory for long runs; the summary is the same "
-    "up to the last bits of its time-weighted means).",
+    "up to the last bits of its time-weighted means); over the scenario's timeseries_bucket_s, "
+    "0 for every step.",
 )
 @click.option("--force", is_flag=True, help="Replace an --out folder that holds something else.")
 @click.option(

@@ -575,6 +575,7 @@ class Scenario(Strict):
     max_model_len: int | None = Field(None, ge=1)  # default: the model's context length (filled at load)
     engine: Engine | None = None  # vllm-v0, vllm-v1 (default), sglang, vllm-reference or trtllm; or under scheduler:
     time_limit_s: float | None = Field(None, gt=0)  # simulated seconds; the rest is "unfinished"
+    timeseries_bucket_s: float | None = Field(None, gt=0)  # the step series in sums per that many simulated s
     replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS)  # engines behind a router (default 1)
     router: Literal["round-robin", "least-loaded", "prefix-aware"] | None = None  # default round-robin
     cost_model: Annotated[

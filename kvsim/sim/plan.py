@@ -168,6 +168,7 @@ class Plan:
     streaming: bool  # clients read tokens as they come (inference-perf's streaming)
     policies: tuple[PolicyPlan, ...]
     ignore_eos: bool = False  # the clients send ignore_eos (SGLang reserves their whole outputs)
+    timeseries_bucket_s: float | None = None  # record the steps in sums per bucket (kvsim.sim.records.BucketLog)
 
 
 def plan_pool(scn: Scenario, model: ModelSpec, gpu: GPUSpec, src: str) -> PoolSizing:
@@ -393,6 +394,7 @@ def resolve(scn: Scenario, base_dir: Path, src: str = "scenario") -> Plan:
         wl.inference_perf.streaming if wl.inference_perf else True,
         tuple(policies),
         ignore_eos=wl.sends_ignore_eos,
+        timeseries_bucket_s=scn.timeseries_bucket_s,
     )
 
 

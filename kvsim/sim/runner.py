@@ -31,8 +31,10 @@ def simulate_plan(
     workers: simulate the policies in up to that many processes (the same results;
     progress is then reported as each policy ends).
     exact_steps: the plain path, every running request visited in every step; the same
-    results. bucket_s: the time series in buckets of that many simulated seconds."""
+    results. bucket_s: the time series in buckets of that many simulated seconds, 0 for
+    every step; None: the scenario's timeseries_bucket_s (None there too: every step)."""
     requests, n = plan.requests, len(plan.policies)
+    bucket_s = plan.timeseries_bucket_s if bucket_s is None else bucket_s or None
     parallel = workers > 1 and n > 1
 
     def run_policy(i: int) -> PolicyRun:  # in a worker where parallel: plain records travel back
