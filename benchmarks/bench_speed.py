@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # setup.py's compiled_copy
 import others  # noqa: E402
@@ -65,6 +67,12 @@ class Workload:
 
     def kvsim_args(self) -> list[str]:
         return ["--num-requests", str(self.requests), *self.args]
+
+    def described(self) -> str:
+        """Its scenario file (with the step series' buckets the file sets) and kvsim's arguments."""
+        bucket = yaml.safe_load((SCENARIOS / f"{self.scenario}.yaml").read_text()).get("timeseries_bucket_s")
+        setting = f" (timeseries_bucket_s: {bucket:g})" if bucket else ""
+        return f"{self.scenario}.yaml{setting} {' '.join(self.kvsim_args())}"
 
 
 # The ShareGPT scenarios record the step series in sums per 10 simulated seconds
@@ -307,7 +315,7 @@ def main() -> None:
         started=started,
         loads=(load_before, os.getloadavg()),
         extra=extra,
-        arguments={name: " ".join(WORKLOADS[name].kvsim_args()) for name in names},
+        workloads={name: WORKLOADS[name].described() for name in names},
     )
     print(text)
     if opts.write:

@@ -152,8 +152,8 @@ def _recorded() -> list[str]:
     return lines
 
 
-def render(table: dict, command: str, started: str, loads: tuple, extra: list[str], arguments: dict) -> str:
-    """arguments: each workload's kvsim arguments beyond its scenario file."""
+def render(table: dict, command: str, started: str, loads: tuple, extra: list[str], workloads: dict) -> str:
+    """workloads: each one's scenario file and kvsim's arguments (Workload.described)."""
     (before, after) = loads
     out = [
         "# Speed benchmarks",
@@ -167,9 +167,9 @@ def render(table: dict, command: str, started: str, loads: tuple, extra: list[st
         f"{after[0]:.1f} / {after[1]:.1f} / {after[2]:.1f} after (shared machine: compare only figures of one file).",
         "- Peak RSS is that of the run's largest process (kvsim draws its figures in forked worker processes).",
         "- kvsim runs from compiled bytecode, as an installed package does (compiled once before the runs).",
-        "- kvsim's arguments beyond the scenario file (benchmarks/scenarios/; the ShareGPT ones record the step "
-        "series in sums per 10 simulated seconds, `timeseries_bucket_s: 10`): "
-        + "; ".join(f"{name} `{args}`" for name, args in arguments.items())
+        "- Each workload's scenario (benchmarks/scenarios/; timeseries_bucket_s: the step series recorded in sums "
+        "per that many simulated seconds) and kvsim's arguments: "
+        + "; ".join(f"{name}: `{what}`" for name, what in workloads.items())
         + ".",
         *(
             [
