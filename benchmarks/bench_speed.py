@@ -121,7 +121,9 @@ def kvsim_env(package: Path = ROOT) -> dict:
 
 
 def compile_kvsim(package: Path = ROOT) -> None:
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(package / "kvsim")], env=kvsim_env(), check=True)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(package / "kvsim")], env=kvsim_env(package), check=True
+    )
 
 
 def run_kvsim(name: str, extra: list[str], tmp: Path, package: Path = ROOT) -> dict:

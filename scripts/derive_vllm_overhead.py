@@ -51,7 +51,7 @@ import numpy as np
 
 from kvsim.calibrate import engine_fit, run_check
 from kvsim.calibrate.replay import Replay
-from kvsim.calibrate.runs import read_run
+from kvsim.calibrate.runs import read_run, run_dirs
 from kvsim.cli.fit import clean
 from kvsim.sim.parallel import ordered_map
 
@@ -122,7 +122,7 @@ def main(argv: list[str]) -> None:
         if a not in ("--jobs", "--only") and (i == 0 or argv[i - 1] not in ("--jobs", "--only"))
     ]
     root = Path(args[0]) if args else DEFAULT_IN
-    dirs = {p.name: p for p in sorted(root.iterdir()) if (p / "exp-config.yaml").is_file()}
+    dirs = {p.name: p for p in run_dirs(root)}
     replays = {n: Replay(read_run(d), window_s=WINDOW_S) for n, d in dirs.items()}
     names = list(replays)
     state = json.loads(STATE.read_text()) if STATE.is_file() else {}

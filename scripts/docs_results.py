@@ -291,12 +291,11 @@ def per_seq(data: Path, names: list[str] | None = None) -> pd.DataFrame:
     per-sequence host term at zero: one row per stage and overhead."""
     from dataclasses import replace
 
-    from kvsim.calibrate.runs import read_run
+    from kvsim.calibrate.runs import read_run, run_dirs
     from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
 
     shipped, rows = load_overhead(VLLM_V1_H100), []
-    runs = sorted(p.name for p in (data / "vllm-h100").iterdir() if (p / "exp-config.yaml").is_file())
-    for name in names or runs:
+    for name in names or [p.name for p in run_dirs(data / "vllm-h100")]:
         run = read_run(data / "vllm-h100" / name)
         for overhead in (shipped, replace(shipped, per_seq_s=0.0)):
             got = replayed(name, run, overhead, per_seq_us=round(overhead.per_seq_s * 1e6, 3))

@@ -330,6 +330,7 @@ PER_SEQ = ROOT / "results" / "docs" / "vllm_per_seq.csv"
 def test_the_per_seq_file_holds_each_run_with_the_shipped_term_and_without_it():
     """Every run twice, stage by stage: under the shipped overhead's per-sequence term,
     then at zero (scripts/docs_results.py's order)."""
+    from kvsim.calibrate.runs import run_dirs
     from kvsim.cost.overhead import VLLM_V1_H100, load_overhead
 
     saved = pd.read_csv(PER_SEQ)
@@ -339,9 +340,7 @@ def test_the_per_seq_file_holds_each_run_with_the_shipped_term_and_without_it():
         assert rows.per_seq_us.tolist() == [us] * stages + [0.0] * stages, run
         assert rows.stage.tolist() == list(range(stages)) * 2, run
     if VLLM_RUNS.is_dir():
-        assert sorted(saved.run.unique()) == sorted(
-            p.name for p in VLLM_RUNS.iterdir() if (p / "exp-config.yaml").is_file()
-        )
+        assert sorted(saved.run.unique()) == [p.name for p in run_dirs(VLLM_RUNS)]
 
 
 @pytest.mark.skipif(not VLLM_RUNS.is_dir(), reason="the vLLM H100 runs (../shared/data) are not beside the checkout")

@@ -84,6 +84,11 @@ class BenchmarkRun:
         return self.setting("tensor_parallelism", 1)
 
 
+def run_dirs(root: Path) -> list[Path]:
+    """The runs in folder `root`: its folders that hold an exp-config.yaml, by name."""
+    return sorted(p for p in root.iterdir() if (p / "exp-config.yaml").is_file())
+
+
 def read_run(path: str | Path) -> BenchmarkRun:
     """The run in folder `path`; InputError naming the file and field that is missing or wrong."""
     d = Path(path)
