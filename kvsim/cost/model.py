@@ -200,10 +200,11 @@ class Roofline:
         return {"roofline": self.step_time(batch)}, ()  # a bound, in one piece
 
     def step_time(self, batch: StepBatch) -> float:
-        new_tokens, kv_read = batch.decodes, batch.decode_total
-        pairs: float = kv_read  # decodes alone: each attends to, and reads, its context
         if batch.prefills:
             new_tokens, pairs, kv_read = batch.new_tokens, batch.attended_pairs, batch.kv_tokens_read
+        else:  # decodes alone: each attends to, and reads, its context
+            new_tokens, kv_read = batch.decodes, batch.decode_total
+            pairs = kv_read
         flops = new_tokens * self.flops_per_token + pairs * self.flops_per_pair
         # Weights are read once per step; KV is read for attention and written for new tokens.
         weights = self.weight_bytes

@@ -236,7 +236,8 @@ class BulkBlockAllocator(CountedAllocator, Protocol):
         to let its blocks go in bulk)."""
 
     def take_free(self, count: int) -> list[int]:
-        """`count` blocks off the free queue's head, to be attached by `extend`."""
+        """`count` blocks off the free queue's head, to be attached by `extend`; the free
+        part of `pool_free(None)` is `count` blocks smaller after it."""
 
     def extend(self, seq_id: int, num_tokens: int, blocks: list[int]) -> None:
         """Grow a sequence to `num_tokens` tokens with `blocks` from take_free, in order."""

@@ -390,11 +390,11 @@ class LazyRunningSet(RunningSet):
         """`crossing` lazy requests take a block at the next tick: their new blocks, in
         bulk (which id goes where does not matter), attached when they are caught up."""
         if crossing:
-            sums = self.sums
+            sums, slots = self.sums, crossing * self.bs
             self.taken_ahead += self.allocator.take_free(crossing)
-            sums.version += 1
-            sums.reservation += crossing * self.bs
-            sums.slots += crossing * self.bs
+            sums.took(slots)
+            sums.reservation += slots
+            sums.slots += slots
             if self.cost_block_size:
                 self.lazy_blocks += crossing
 

@@ -13,7 +13,8 @@ which is how the paged and contiguous allocators split their pools. The sums fol
 lazy requests tick by tick (their owner moves them: a decode turns a reserved slot into
 a token slot, a crossing adds a block's slots); a request's own share is updated when
 it is seen again. `version` counts changes to the pool: the free part alone (no next
-sequence; O(holes) in a contiguous pool) is asked again only after one. Asked for a next
+sequence; O(holes) in a contiguous pool) is asked again only after one, except blocks
+taken in bulk for the lazy requests' crossings, which it follows (`took`). Asked for a next
 sequence, the allocator is asked each time: the same question seldom comes back before
 the pool changes.
 """
@@ -83,6 +84,13 @@ class PoolSums:
         if self._version != self.version:
             self._version, self._free = self.version, self.allocator.pool_free(None)
         return self._free
+
+    def took(self, slots: int) -> None:
+        """`slots` free slots were taken off the free queue in whole blocks (a bulk
+        allocator's take_free): the free part, where it is known, follows without asking."""
+        if self._version == self.version:
+            unusable, free, starved = self._free
+            self._free = (unusable, free - slots, starved)
 
     def free_slots(self) -> int:
         """Free slots in the pool, evictable ones too (RunningSet.free_slots)."""
