@@ -29,7 +29,8 @@ def test_every_notebook_is_listed_and_committed_without_outputs():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path):
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # what a notebook writes to a temporary folder goes there
     nb = nbformat.read(path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
     for old, new in FAST[path.name].items():
