@@ -146,6 +146,10 @@ SGLANG = {"engine": "sglang"}
         ({**RADIX, "kv_offload": {"hicache_ratio": -1}}, "greater than 0", SGLANG),
         ({**RADIX, "kv_offload": {"cpu_gib": 1, "write_policy": "write_around"}}, "write_through", SGLANG),
         ({**PREFIX, "kv_offload": {"cpu_gib": -1}}, "greater than or equal to 0", {}),
+        # sizes whose bytes overflow a float
+        ({**PREFIX, "kv_offload": {"cpu_gib": 1e300}}, "cpu_gib: Input should be less than or equal to", {}),
+        ({**PREFIX, "kv_offload": {"cpu_gib": 1, "disk_gib": 1e300}}, "disk_gib: Input should be less than", {}),
+        ({**RADIX, "kv_offload": {"hicache_ratio": 6.7e299}}, "hicache_ratio: Input should be less than", SGLANG),
         (
             {"name": "c", "allocator": "contiguous", "kv_offload": {"cpu_gib": 1}},
             "contiguous allocation cannot share",

@@ -123,6 +123,9 @@ Arrival = Annotated[
 
 
 MAX_TOKENS = 1 << 30  # lengths beyond this are typos, not workloads
+# KV tiers beyond these are typos, not hardware (and their bytes would overflow a float)
+MAX_TIER_GIB = 1 << 30  # 1 EiB in one tier
+MAX_HICACHE_RATIO = 1e4  # a host pool 10,000 times the GPU's (SGLang's default is 2)
 
 
 class Bounded(Strict):
@@ -337,8 +340,8 @@ class KVOffload(Strict):
     HiCache (kvsim.kvcache.hiradix): a host pool of cpu_gib (its --hicache-size) or of
     hicache_ratio times the GPU pool, with its write_policy (--hicache-write-policy)."""
 
-    cpu_gib: float = Field(0.0, ge=0)
-    disk_gib: float = Field(0.0, ge=0)
+    cpu_gib: float = Field(0.0, ge=0, le=MAX_TIER_GIB)
+    disk_gib: float = Field(0.0, ge=0, le=MAX_TIER_GIB)
     policy: Literal["lru", "arc"] = "lru"  # host memory's (vLLM's eviction_policy); disk: LRU
     chunk_tokens: int | None = Field(None, ge=1)  # tokens per stored chunk; default the block size
     # Samsung 980 PRO (PCIe 4.0 x4 NVMe) data sheet: 7,000 MB/s sequential read
@@ -346,7 +349,7 @@ class KVOffload(Strict):
     shared: bool = False
     # one 200 Gb/s port (InfiniBand HDR, or 200GbE) per GPU: 25 GB/s
     network_gb_s: float = Field(25.0, gt=0)
-    hicache_ratio: float | None = Field(None, gt=0)  # radix cache only; SGLang's default 2.0
+    hicache_ratio: float | None = Field(None, gt=0, le=MAX_HICACHE_RATIO)  # radix cache only; SGLang's default 2.0
     write_policy: Literal["write_through", "write_through_selective", "write_back"] | None = None
 
     @property
