@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # setup.py's compiled_copy
 import others  # noqa: E402
 import report  # noqa: E402
+from report import COMPILED, COMPILED_NO_FIGURES, EVERY_STEP, NO_FIGURES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -161,10 +162,6 @@ def run_blis(name: str, variant: str, source: Path) -> dict:
     return {**run, **others.blis_work(run["stdout"])}
 
 
-NO_FIGURES = "kvsim, no figures"  # `kvsim run --no-plots`: beside simulators that draw none
-COMPILED = "kvsim, compiled"  # the compiled build (setup.py, KVSIM_COMPILE=1)
-COMPILED_NO_FIGURES = "kvsim, compiled, no figures"
-EVERY_STEP = "kvsim, every step"  # the step series of a million requests row by row
 KVSIM_RUNS = {  # contender: (compiled, its extra arguments)
     "kvsim": (False, []),
     NO_FIGURES: (False, ["--no-plots"]),

@@ -13,6 +13,12 @@ import others
 ROOT = Path(__file__).resolve().parents[1]
 GIB_MB = 1024
 
+# kvsim's contenders beside plain `kvsim run` (bench_speed.py runs them; the targets name them)
+NO_FIGURES = "kvsim, no figures"  # `kvsim run --no-plots`: beside simulators that draw none
+COMPILED = "kvsim, compiled"  # the compiled build (setup.py, KVSIM_COMPILE=1)
+COMPILED_NO_FIGURES = "kvsim, compiled, no figures"
+EVERY_STEP = "kvsim, every step"  # the step series of a million requests row by row
+
 
 def _commit() -> str:
     def git(*args):
@@ -64,9 +70,9 @@ def _targets(table: dict) -> list[str]:
     # with and without kvsim's figures
     kinds = (
         ("kvsim", "kvsim (its figures drawn)"),
-        ("kvsim, no figures", "kvsim --no-plots (no figures)"),
-        ("kvsim, compiled", "kvsim's compiled build (its figures drawn)"),
-        ("kvsim, compiled, no figures", "kvsim's compiled build --no-plots (no figures)"),
+        (NO_FIGURES, "kvsim --no-plots (no figures)"),
+        (COMPILED, "kvsim's compiled build (its figures drawn)"),
+        (COMPILED_NO_FIGURES, "kvsim's compiled build --no-plots (no figures)"),
     )
     for who, label in kinds:
         k = get(("vidur_10k", who))
@@ -97,7 +103,7 @@ def _targets(table: dict) -> list[str]:
                 f"{_both(wall > 1, cpu > 1)}. Peak RSS kvsim {k['peak_rss_mb']:,.0f} MB against BLIS's "
                 f"{off['peak_rss_mb']:,.0f} MB: {_verdict(k['peak_rss_mb'] < off['peak_rss_mb'])}."
             )
-    every_step = ("kvsim, every step", "kvsim recording every step (--timeseries-bucket 0; its figures drawn)")
+    every_step = (EVERY_STEP, "kvsim recording every step (--timeseries-bucket 0; its figures drawn)")
     for who, label in (*kinds[::2], every_step):  # (figures drawn)
         m = get(("sharegpt_1m", who))
         if m:
@@ -176,7 +182,7 @@ def render(table: dict, command: str, started: str, loads: tuple, extra: list[st
                 "- kvsim's compiled build: this commit's package built with KVSIM_COMPILE=1 (setup.py), its step "
                 "loop compiled by Cython from the same source; its outputs are the same bytes (tests/test_compiled.py)."
             ]
-            if any(who.startswith("kvsim, compiled") for _, who in table)
+            if any(who.startswith(COMPILED) for _, who in table)
             else []
         ),
         "",
