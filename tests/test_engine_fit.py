@@ -17,7 +17,7 @@ import yaml
 
 from kvsim.calibrate import engine_fit, run_check
 from kvsim.calibrate.replay import Replay, scenario_of
-from kvsim.calibrate.runs import read_run
+from kvsim.calibrate.runs import read_run, run_dirs
 from kvsim.config.errors import InputError
 from helpers import kvsim
 
@@ -244,7 +244,7 @@ def test_run_check_rows_and_summary():
 
 @needs_data
 def test_the_given_runs_replay_the_requests_their_reports_count():
-    for d in sorted(p for p in DATA.iterdir() if (p / "exp-config.yaml").is_file()):
+    for d in run_dirs(DATA):
         run = read_run(d)
         replay = Replay(run)
         sent = [int((replay.requests.stage == i).sum()) for i in range(len(run.stages))]
